@@ -1,0 +1,190 @@
+"""The command line: the only module that knows typer, prints errors and picks exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet import launch, remote, state
+from fleet.console import Console
+from fleet.errors import FleetError
+from fleet.group import each, reason
+from fleet.inventory import load_inventory
+from fleet.job import load_job
+from fleet.plan import Plan, make_plan, new_run_id
+from fleet.shell import join
+from fleet.transport import open_transport
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Run a PyTorch distributed job across the hosts of an inventory.")
+
+JobArg = Annotated[Path, typer.Argument(help="Job file (TOML), e.g. jobs/mnist.toml.")]
+InvOpt = Annotated[Path | None, typer.Option("--inventory", "-i",
+                                             help="Inventory file; overrides the job's own.")]
+RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")]
+
+
+def _fail(e: FleetError) -> typer.Exit:
+    print(f"fleet: error: {e}", file=sys.stderr)
+    return typer.Exit(e.exit_code)
+
+
+def _load(job_path: Path, inventory: Path | None) -> tuple[object, object]:
+    job = load_job(job_path, inventory)
+    return job, load_inventory(job.inventory)
+
+
+@app.command()
+def up(job_path: JobArg, inventory: InvOpt = None,
+       detach: Annotated[bool, typer.Option("--detach", "-d",
+                                            help="Return once every node has started.")] = False,
+       ) -> None:
+    """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
+    console = Console()
+    try:
+        job = load_job(job_path, inventory)
+        inv = load_inventory(job.inventory)
+        launch.up(inv, job, console, detach=detach)
+    except FleetError as e:
+        raise _fail(e) from e
+    except KeyboardInterrupt:
+        print("fleet: interrupted; the job was stopped on every node", file=sys.stderr)
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def plan(job_path: JobArg, inventory: InvOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+         ) -> None:
+    """Dry run: each node's rank, env and command, without connecting to anything."""
+    try:
+        job = load_job(job_path, inventory)
+        inv = load_inventory(job.inventory)
+    except FleetError as e:
+        raise _fail(e) from e
+    p = make_plan(inv, job, new_run_id(job.name))
+    if as_json:
+        print(json.dumps(_plan_json(p), indent=2))
+        return
+    print(f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
+          f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}")
+    for note in p.notes:
+        print(f"note: {note}")
+    for n in p.nodes:
+        h = n.host
+        print(f"\n[{h.name}] node rank {n.node_rank}, {h.transport} "
+              f"{(h.user + '@') if h.user else ''}{h.address}:{h.port}")
+        print(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
+        print(f"  run dir:   {n.run_dir}")
+        for k, v in n.env.items():
+            print(f"  env {k}={v}")
+        print(f"  command:   {join(n.argv)}")
+
+
+def _plan_json(p: Plan) -> dict[str, object]:
+    return {"run_id": p.run_id, "job": p.job.name, "notes": list(p.notes), "nodes": [
+        {"host": n.host.name, "address": n.host.address, "transport": n.host.transport,
+         "node_rank": n.node_rank, "nnodes": n.nnodes, "nproc_per_node": n.nproc,
+         "master_addr": n.master_addr, "master_port": n.master_port,
+         "interface": n.net.interface, "interface_reason": n.net.reason,
+         "run_dir": n.run_dir, "code_dir": n.code_dir, "env": n.env, "argv": list(n.argv)}
+        for n in p.nodes]}
+
+
+@app.command()
+def stop(run_id: RunArg = None) -> None:
+    """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
+    console = Console()
+    try:
+        rec = state.load(run_id)
+    except FleetError as e:
+        raise _fail(e) from e
+    console.hosts([n.host.name for n in rec.nodes])
+
+    def one(node: state.NodeRecord) -> list[int]:
+        with open_transport(node.host) as t:
+            return remote.stop(t, t.path(node.run_dir))
+
+    results = each(((n.host.name, n) for n in rec.nodes), one)
+    bad = 0
+    for name, r in results.items():
+        if isinstance(r, Exception):
+            bad += 1
+            console.phase(name, f"could not stop: {reason(r)}")
+        elif r:
+            bad += 1
+            console.phase(name, f"still alive after SIGKILL: {r}")
+        else:
+            console.phase(name, "stopped (nothing of the run left)")
+    if bad:
+        raise typer.Exit(3)
+    console.info(f"run {rec.run_id} stopped on every node")
+
+
+@app.command()
+def status(run_id: RunArg = None) -> None:
+    """Each node's state for a run: starting, running, succeeded, failed, stopped, unreachable."""
+    try:
+        rec = state.load(run_id)
+    except FleetError as e:
+        raise _fail(e) from e
+
+    def one(node: state.NodeRecord) -> remote.NodeState:
+        with open_transport(node.host) as t:
+            return remote.state(t, t.path(node.run_dir))
+
+    results = each(((n.host.name, n) for n in rec.nodes), one)
+    print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}")
+    for n in rec.nodes:
+        r = results[n.host.name]
+        if isinstance(r, Exception):
+            print(f"  {n.host.name:<16} rank {n.node_rank}  unreachable: {reason(r)}")
+        else:
+            code = f" (exit {r.code})" if r.code is not None else ""
+            print(f"  {n.host.name:<16} rank {n.node_rank}  {r.state}{code}")
+
+
+@app.command()
+def logs(run_id: RunArg = None,
+         follow: Annotated[bool, typer.Option("--follow", "-f",
+                                              help="Keep following a live run.")] = False,
+         node: Annotated[str | None, typer.Option("--node", help="Only this host.")] = None,
+         ) -> None:
+    """Print a run's logs from the nodes (re-attach with -f)."""
+    console = Console()
+    try:
+        rec = state.load(run_id)
+    except FleetError as e:
+        raise _fail(e) from e
+    nodes = [n for n in rec.nodes if node is None or n.host.name == node]
+    if not nodes:
+        print(f"fleet: error: run {rec.run_id} has no node {node!r}", file=sys.stderr)
+        raise typer.Exit(2)
+    console.hosts([n.host.name for n in nodes])
+    from fleet.plan import NodeNet, NodePlan
+
+    def one(i_node: tuple[int, state.NodeRecord]) -> int:
+        i, n = i_node
+        with open_transport(n.host) as t:
+            run_dir = t.path(n.run_dir)
+            st = remote.state(t, run_dir)
+            pid = st.pid if follow and not st.done else None
+            fake = NodePlan(n.host, n.node_rank, len(rec.nodes), n.nproc, "", 0, NodeNet(), {},
+                            (), run_dir, "")
+            return remote.follow(t, run_dir, pid,
+                                 lambda line: console.line(*launch.tag_for(fake, line)[:1], i,
+                                                           launch.tag_for(fake, line)[1]))
+
+    results = each(((n.host.name, (i, n)) for i, n in enumerate(nodes)), one)
+    for name, r in results.items():
+        if isinstance(r, Exception):
+            console.phase(name, f"unreachable: {reason(r)}")
+
+
+def main() -> None:
+    app()

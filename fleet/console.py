@@ -1,0 +1,43 @@
+"""Terminal output: phase lines on stderr, the tagged log stream on stdout, NO_COLOR honoured."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import TextIO
+
+_COLORS = ("36", "33", "35", "32", "34", "91", "96", "93")
+
+
+class Console:
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None,
+                 color: bool | None = None) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        if color is None:
+            color = "NO_COLOR" not in os.environ and self.out.isatty()
+        self.color = color
+        self._lock = threading.Lock()
+        self._width = 0
+
+    def hosts(self, names: list[str]) -> None:
+        """Align tags for these host names."""
+        self._width = max((len(n) for n in names), default=0)
+
+    def _paint(self, text: str, index: int) -> str:
+        if not self.color:
+            return text
+        return f"\033[{_COLORS[index % len(_COLORS)]}m{text}\033[0m"
+
+    def phase(self, host: str, message: str) -> None:
+        with self._lock:
+            print(f"fleet: {host:<{self._width}}  {message}", file=self.err, flush=True)
+
+    def info(self, message: str) -> None:
+        with self._lock:
+            print(f"fleet: {message}", file=self.err, flush=True)
+
+    def line(self, tag: str, index: int, text: str) -> None:
+        with self._lock:
+            print(f"{self._paint(tag, index)} | {text}", file=self.out, flush=True)

@@ -1,0 +1,57 @@
+"""The one error tree of fleet; the CLI turns each class into a message and an exit code."""
+
+from __future__ import annotations
+
+
+class FleetError(Exception):
+    """Base of every error fleet reports to the user."""
+
+    exit_code = 1
+
+
+class ConfigError(FleetError):
+    """An inventory or job file is missing, malformed, or says something impossible."""
+
+    exit_code = 2
+
+    def __init__(self, path: object, key: str | None, message: str) -> None:
+        self.path = str(path)
+        self.key = key
+        where = f"{self.path}: {key}" if key else self.path
+        super().__init__(f"{where}: {message}")
+
+
+class HostError(FleetError):
+    """One or more hosts could not be reached, authenticated or prepared; nothing was started."""
+
+    exit_code = 3
+
+    def __init__(self, action: str, failures: dict[str, str]) -> None:
+        self.failures = failures
+        lines = [f"{action} failed on {len(failures)} host(s); nothing was started:"]
+        lines += [f"  {host}: {reason}" for host, reason in failures.items()]
+        super().__init__("\n".join(lines))
+
+
+class RemoteCommandError(FleetError):
+    """A command fleet ran on a node exited non-zero."""
+
+    exit_code = 3
+
+    def __init__(self, host: str, command: str, code: int, output: str) -> None:
+        self.host, self.command, self.code = host, command, code
+        tail = "\n".join(output.strip().splitlines()[-10:])
+        msg = f"{host}: command exited {code}: {command}"
+        super().__init__(msg + (f"\n{tail}" if tail else ""))
+
+
+class RunNotFound(FleetError):
+    """A run id (or 'the latest run') names no run recorded under .fleet/runs."""
+
+    exit_code = 2
+
+
+class JobFailed(FleetError):
+    """The job ran and at least one node did not succeed."""
+
+    exit_code = 1

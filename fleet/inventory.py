@@ -1,0 +1,103 @@
+"""The inventory: which hosts a job runs on and how to reach each of them."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet.schema import Table, load_toml
+
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+# An address goes to ssh/paramiko as one argument; refuse anything that could be read as an option
+# or that no resolver would accept.
+ADDRESS = re.compile(r"[A-Za-z0-9_.:%\[\]-]{1,253}\Z")
+IFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}\Z")
+LOCAL_ADDRESSES = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node of the inventory, with its defaults already applied."""
+
+    name: str
+    address: str
+    transport: str = "ssh"  # "ssh" or "local"
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    known_hosts: str | None = None
+    python: str = "python3"
+    workdir: str = "~/fleet"
+    interface: str | None = None  # pin the NIC for NCCL/Gloo instead of detecting it
+    connect_timeout: float = 10.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    hosts: tuple[Host, ...]
+
+
+
+
+def _settings(t: Table, base: dict[str, object]) -> dict[str, object]:
+    out = dict(base)
+    for key in ("user", "identity", "known_hosts", "python", "workdir", "interface", "transport"):
+        if t.has(key):
+            out[key] = t.take(key, str)
+        else:
+            t.take(key, str, None)
+    if t.has("port"):
+        port = t.take("port", int)
+        if not 0 < port < 65536:
+            raise t.error("port", f"must be between 1 and 65535, not {port}")
+        out["port"] = port
+    if t.has("connect_timeout"):
+        timeout = t.take("connect_timeout", float)
+        if timeout <= 0:
+            raise t.error("connect_timeout", "must be positive")
+        out["connect_timeout"] = float(timeout)
+    if "transport" in out and out["transport"] not in ("ssh", "local"):
+        raise t.error("transport", f'must be "ssh" or "local", not {out["transport"]!r}')
+    if out.get("interface") is not None and not IFACE.match(str(out["interface"])):
+        raise t.error("interface", f"{out['interface']!r} is not a network interface name")
+    for key in ("python", "workdir"):
+        if key in out and not str(out[key]).strip():
+            raise t.error(key, "must not be empty")
+    out["env"] = {**base.get("env", {}), **t.take_env("env")}  # type: ignore[dict-item]
+    return out
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Read and check an inventory file; raises ConfigError naming the file and key."""
+    root = Table(path, load_toml(path, "inventory"))
+    defaults = root.table("defaults")
+    base = _settings(defaults, {})
+    defaults.done()
+    hosts: list[Host] = []
+    seen: dict[str, str] = {}
+    for t in root.tables("hosts"):
+        name = t.take("name", str)
+        if not HOST_NAME.match(name):
+            raise t.error("name", f"{name!r} is not a valid host name (letters, digits, '.', "
+                                  "'_' and '-', starting with a letter or digit)")
+        if name in seen:
+            raise t.error("name", f"duplicate host name {name!r} (also {seen[name]})")
+        seen[name] = t.key("name")
+        address = t.take("address", str)
+        if not ADDRESS.match(address) or address.startswith("-"):
+            raise t.error("address", f"{address!r} is not a host name or IP address")
+        settings = _settings(t, base)
+        t.done()
+        settings.setdefault("transport", "local" if address in LOCAL_ADDRESSES else "ssh")
+        if settings["transport"] == "local":
+            # This machine: the interpreter fleet itself runs under has what fleet installed.
+            settings.setdefault("python", sys.executable)
+        hosts.append(Host(name=name, address=address, **settings))  # type: ignore[arg-type]
+    if not hosts:
+        raise root.error("hosts", "the inventory lists no hosts")
+    root.done()
+    return Inventory(path=path, hosts=tuple(hosts))

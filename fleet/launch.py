@@ -1,0 +1,255 @@
+"""`fleet up`: connect, probe, plan, prepare, start (master first), stream, and tear down."""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet import remote, state
+from fleet.console import Console
+from fleet.errors import HostError, JobFailed
+from fleet.group import all_ok, each, failures, reason
+from fleet.inventory import Inventory
+from fleet.job import Job
+from fleet.plan import NodePlan, Plan, make_plan, new_run_id
+from fleet.probe import Facts, master_address, probe, python_problem, route_to
+from fleet.render import render_node
+from fleet.shell import AND, sh
+from fleet.sync import local_manifest, sync_dir
+from fleet.transport import Transport, TransportError, open_transport
+
+_RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    name: str
+    node_rank: int
+    state: str  # succeeded, failed, stopped, lost
+    code: int | None
+    detail: str = ""
+
+
+class Session:
+    """Open connections to every node of a plan, closed together."""
+
+    def __init__(self, transports: dict[str, Transport]) -> None:
+        self.t = transports
+
+    def close(self) -> None:
+        each(self.t.items(), lambda t: t.close())
+
+
+def connect(inventory: Inventory, console: Console) -> Session:
+    """Connect to every host in parallel; if any fails, close the rest and name each failure."""
+
+    def one(host: object) -> Transport:
+        from fleet.inventory import Host
+        assert isinstance(host, Host)
+        t0 = time.monotonic()
+        t = open_transport(host)
+        console.phase(host.name, f"connected ({host.transport}, {time.monotonic() - t0:.2f}s)")
+        return t
+
+    results = each(((h.name, h) for h in inventory.hosts), one)
+    bad = failures(results)
+    if bad:
+        for r in results.values():
+            if isinstance(r, Transport):
+                r.close()
+        raise HostError("connect", bad)
+    return Session({n: r for n, r in results.items() if isinstance(r, Transport)})
+
+
+def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
+                 console: Console) -> Plan:
+    """Probe every node, then plan with what was learnt (homes, master IP, interfaces)."""
+    hosts = {h.name: h for h in inventory.hosts}
+    facts: dict[str, Facts] = all_ok("probe", each(session.t.items(), probe))
+    problems = {name: p for name in facts
+                if (p := python_problem(hosts[name], facts[name])) is not None}
+    if problems:
+        raise HostError("checking python", problems)
+    master = inventory.hosts[0]
+    master_ip = master_address(master, facts[master.name])
+    if master.transport == "local" and len(inventory.hosts) == 1:
+        master_ip = "127.0.0.1"
+    nets = all_ok("finding the route to the master",
+                  each(((n, (t, facts[n])) for n, t in session.t.items()),
+                       lambda tf: route_to(tf[0], tf[1], master_ip)))
+    homes = {n: t.home for n, t in session.t.items()}
+    plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes)
+    for node in plan.nodes:
+        console.phase(node.host.name, f"node rank {node.node_rank}, interface "
+                      f"{node.net.interface or '-'} ({node.net.reason})")
+    return plan
+
+
+def upload(session: Session, plan: Plan, console: Console) -> None:
+    """Sync the code and write the rendered scripts on every node; on any failure remove what was
+    written everywhere and raise (nothing has started yet)."""
+    manifest = local_manifest(plan.job.workdir, plan.job.exclude)
+
+    def one(node: NodePlan) -> None:
+        t = session.t[node.host.name]
+        r = t.run(sh("mkdir", "-p", "-m", "700", node.run_dir) + f" {AND} " +
+                  sh("mkdir", "-p", node.code_dir))
+        if not r.ok:
+            raise RuntimeError(f"cannot create {node.run_dir}: {r.err.strip()}")
+        t0 = time.monotonic()
+        stats = sync_dir(t, plan.job.workdir, node.code_dir, plan.job.exclude, manifest)
+        for name, (text, mode) in render_node(plan, node).files.items():
+            t.write(f"{node.run_dir}/{name}", text.encode(), mode)
+        console.phase(node.host.name, f"synced {stats.files} file(s), {stats.bytes} bytes "
+                      f"({stats.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
+
+    results = each(((n.host.name, n) for n in plan.nodes), one)
+    if failures(results):
+        each(((n.host.name, n) for n in plan.nodes),
+             lambda n: session.t[n.host.name].run(sh("rm", "-rf", n.run_dir)))
+        all_ok("prepare", results)
+
+
+def start_all(session: Session, plan: Plan, console: Console) -> dict[str, int]:
+    """Start the master, wait for its rendezvous port, then start the others in parallel."""
+    m = plan.master
+    tm = session.t[m.host.name]
+    pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
+    console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
+    try:
+        remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout)
+        console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
+        others = plan.nodes[1:]
+        started = all_ok("start", each(((n.host.name, n) for n in others),
+                                       lambda n: remote.start(session.t[n.host.name], n.run_dir,
+                                                              plan.run_id)))
+    except Exception:
+        stop_all(session, plan, console)
+        raise
+    for name, pid in started.items():
+        console.phase(name, f"started (pid {pid})")
+    pids.update(started)
+    return pids
+
+
+def stop_all(session: Session, plan: Plan, console: Console,
+             skip: set[str] | None = None) -> dict[str, str]:
+    """Stop the run on every node (but `skip`); returns per host a problem, if any."""
+    nodes = [n for n in plan.nodes if n.host.name not in (skip or set())]
+    results = each(((n.host.name, n) for n in nodes),
+                   lambda n: remote.stop(session.t[n.host.name], n.run_dir))
+    problems = failures(results)
+    for name, r in results.items():
+        if isinstance(r, list) and r:
+            problems[name] = f"processes still alive after SIGKILL: {r}"
+    for name, why in problems.items():
+        console.phase(name, f"stop: {why}")
+    return problems
+
+
+def tag_for(node: NodePlan, line: str) -> tuple[str, str]:
+    """Split torchrun's `[defaultN]:` prefix into a host+rank tag."""
+    m = _RANK_PREFIX.match(line)
+    if not m:
+        return node.host.name, line
+    local = int(m.group(1))
+    g = node.global_rank(local)
+    return (f"{node.host.name} r{g}" if g is not None else f"{node.host.name} l{local}",
+            m.group(2))
+
+
+def stream(session: Session, plan: Plan, pids: dict[str, int], console: Console,
+           logdir: Path | None = None) -> list[NodeOutcome]:
+    """Follow every node's log until all have ended; the first failure stops the rest."""
+    events: queue.Queue[tuple[str, int | Exception]] = queue.Queue()
+    stop_streams = threading.Event()
+    index = {n.host.name: i for i, n in enumerate(plan.nodes)}
+
+    def follow(node: NodePlan) -> None:
+        t = session.t[node.host.name]
+        local_log = open(logdir / f"{node.host.name}.log", "a") if logdir else None  # noqa: SIM115
+        try:
+            def on_line(line: str) -> None:
+                if local_log:
+                    local_log.write(line + "\n")
+                tag, text = tag_for(node, line)
+                console.line(tag, index[node.host.name], text)
+            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, stop_streams)
+            events.put((node.host.name, code))
+        except Exception as e:
+            events.put((node.host.name, e))
+        finally:
+            if local_log:
+                local_log.close()
+
+    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in plan.nodes]
+    for th in threads:
+        th.start()
+    outcomes: dict[str, NodeOutcome] = {}
+    first_failure: str | None = None
+    nodes = {n.host.name: n for n in plan.nodes}
+    try:
+        while len(outcomes) < len(plan.nodes):
+            name, result = events.get()
+            node = nodes[name]
+            if isinstance(result, Exception):
+                outcome = NodeOutcome(name, node.node_rank, "lost", None, reason(result))
+            else:
+                st = remote.state(session.t[name], node.run_dir)
+                outcome = NodeOutcome(name, node.node_rank, st.state, st.code)
+            outcomes[name] = outcome
+            if outcome.state != "succeeded" and first_failure is None:
+                first_failure = name
+                console.info(f"{name} (node rank {node.node_rank}) {outcome.state}"
+                             f"{_code(outcome)}; stopping the job on every other node")
+                stop_all(session, plan, console, skip={name} | set(outcomes))
+    except KeyboardInterrupt:
+        console.info("interrupted: stopping the job on every node")
+        stop_all(session, plan, console)
+        stop_streams.set()
+        raise
+    return [outcomes[n.host.name] for n in plan.nodes]
+
+
+def _code(o: NodeOutcome) -> str:
+    if o.code is None:
+        return f": {o.detail}" if o.detail else ""
+    if o.code > 128:
+        return f" (exit {o.code}, signal {o.code - 128})"
+    return f" (exit {o.code})"
+
+
+def up(inventory: Inventory, job: Job, console: Console, detach: bool = False) -> str:
+    """Run the job on every host of the inventory; returns the run id, raises JobFailed."""
+    run_id = new_run_id(job.name)
+    console.hosts([h.name for h in inventory.hosts])
+    console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
+    session = connect(inventory, console)
+    try:
+        plan = prepare_plan(session, inventory, job, run_id, console)
+        upload(session, plan, console)
+        record = state.save(plan)
+        pids = start_all(session, plan, console)
+        if detach:
+            console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")
+            return run_id
+        outcomes = stream(session, plan, pids, console, record.dir)
+    finally:
+        session.close()
+    summarize(outcomes, console)
+    if any(o.state != "succeeded" for o in outcomes):
+        raise JobFailed(f"run {run_id} failed")
+    console.info(f"run {run_id} succeeded on all {len(outcomes)} node(s)")
+    return run_id
+
+
+def summarize(outcomes: list[NodeOutcome], console: Console) -> None:
+    for o in outcomes:
+        console.phase(o.name, f"{o.state}{_code(o)}")
+
+
+__all__ = ["up", "connect", "stop_all", "tag_for", "TransportError"]

@@ -1,0 +1,134 @@
+"""Pure planning: inventory + job (+ what the probe learnt) -> one plan per node. No I/O."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from fleet.inventory import Host, Inventory
+from fleet.job import Job
+
+TORCHRUN = ("-m", "torch.distributed.run")
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    """How one node reaches the master, as detected on the node (or pinned in the inventory)."""
+
+    interface: str | None = None
+    address: str | None = None  # this node's own IPv4 on that interface
+    reason: str = "not detected"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    host: Host
+    node_rank: int
+    nnodes: int
+    nproc: int | str
+    master_addr: str
+    master_port: int
+    net: NodeNet
+    env: dict[str, str]
+    argv: tuple[str, ...]
+    run_dir: str
+    code_dir: str
+
+    @property
+    def global_ranks_known(self) -> bool:
+        return isinstance(self.nproc, int)
+
+    def global_rank(self, local_rank: int) -> int | None:
+        if isinstance(self.nproc, int):
+            return self.node_rank * self.nproc + local_rank
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_id: str
+    job: Job
+    inventory: Inventory
+    nodes: tuple[NodePlan, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def master(self) -> NodePlan:
+        return self.nodes[0]
+
+
+def new_run_id(job_name: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{job_name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str | None = None,
+              nets: dict[str, NodeNet] | None = None,
+              homes: dict[str, str] | None = None) -> Plan:
+    """The plan for every node. Without probe facts (a dry run) addresses and interfaces are the
+    inventory's own and paths keep their ~."""
+    hosts = inventory.hosts
+    nets = nets or {}
+    homes = homes or {}
+    master = hosts[0]
+    addr = master_addr or master.address
+    if master.transport == "local" and len(hosts) == 1:
+        addr = "127.0.0.1"
+    notes = []
+    if job.rendezvous.backend == "c10d":
+        notes.append("c10d rendezvous assigns global ranks itself: logs are tagged by local rank")
+    nodes = []
+    for rank, host in enumerate(hosts):
+        net = nets.get(host.name) or NodeNet(host.interface, None,
+                                             "pinned in the inventory" if host.interface
+                                             else "detected at launch")
+        workdir = _expand(host.workdir, homes.get(host.name))
+        run_dir = f"{workdir}/runs/{run_id}"
+        code_dir = f"{workdir}/code/{job.name}"
+        env = _env(job, host, run_id, rank, net)
+        argv = _torchrun_argv(job, host, rank, len(hosts), addr, net, run_id, run_dir, code_dir)
+        nodes.append(NodePlan(host=host, node_rank=rank, nnodes=len(hosts),
+                              nproc=job.nproc_per_node, master_addr=addr,
+                              master_port=job.rendezvous.port, net=net, env=env, argv=argv,
+                              run_dir=run_dir, code_dir=code_dir))
+    return Plan(run_id=run_id, job=job, inventory=inventory, nodes=tuple(nodes),
+                notes=tuple(notes))
+
+
+def _expand(path: str, home: str | None) -> str:
+    path = path.rstrip("/") or "/"
+    if home and (path == "~" or path.startswith("~/")):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if net.interface:
+        # '=' asks NCCL for this exact interface, not every name starting with it.
+        env["NCCL_SOCKET_IFNAME"] = f"={net.interface}"
+        env["GLOO_SOCKET_IFNAME"] = net.interface
+    env.update(job.env)
+    env.update(host.env)
+    # fleet finds and stops a run's processes by these; a job cannot override them.
+    env.update(FLEET_RUN_ID=run_id, FLEET_NODE=host.name, FLEET_NODE_RANK=str(rank))
+    return env
+
+
+def _torchrun_argv(job: Job, host: Host, rank: int, nnodes: int, master_addr: str,
+                   net: NodeNet, run_id: str, run_dir: str, code_dir: str) -> tuple[str, ...]:
+    rdzv = job.rendezvous
+    argv = [host.python, *TORCHRUN, "--nnodes", str(nnodes),
+            "--nproc-per-node", str(job.nproc_per_node), "--node-rank", str(rank)]
+    if rdzv.backend == "static":
+        argv += ["--master-addr", master_addr, "--master-port", str(rdzv.port),
+                 "--rdzv-conf", f"timeout={rdzv.timeout}"]
+    else:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{rdzv.port}",
+                 "--rdzv-id", run_id, "--rdzv-conf", f"join_timeout={rdzv.timeout}"]
+    if net.address:
+        argv += ["--local-addr", net.address]
+    argv += ["--log-dir", f"{run_dir}/torchrun", "--tee", "3",
+             f"{code_dir}/{job.script}", *job.args]
+    return tuple(argv)

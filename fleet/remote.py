@@ -1,0 +1,107 @@
+"""Operations on one node's run directory: start, wait for the port, follow, state, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleet.errors import RemoteCommandError
+from fleet.shell import AND, Raw, sh
+from fleet.transport import Transport
+
+# How long to wait for run.sh to record its pid after it was started.
+PID_WAIT_TICKS = 100
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a node's run directory says about the run there."""
+
+    state: str  # starting, running, succeeded, failed, stopped, missing
+    code: int | None = None
+    pid: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed", "stopped", "missing")
+
+
+def start(t: Transport, run_dir: str, run_id: str) -> int:
+    """Start run.sh detached from this connection (own session, no tty); returns its pid."""
+    cmd = " ".join([
+        sh("cd", run_dir), Raw("|| exit 1;"),
+        sh("env", f"FLEET_RUN_ID={run_id}", "setsid", "bash", "./run.sh"),
+        Raw("> node.log 2>&1 < /dev/null &"),
+        Raw(f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.05; "
+            "i=$((i+1)); done; cat pid"),
+    ])
+    r = t.run(cmd, timeout=30)
+    if not r.ok or not r.out.strip().isdigit():
+        raise RemoteCommandError(t.host.name, "start run.sh", r.code, r.out + r.err)
+    return int(r.out.strip())
+
+
+def state(t: Transport, run_dir: str) -> NodeState:
+    script = " ".join([sh("cd", run_dir), Raw("2>/dev/null || { echo missing; exit 0; };"),
+                       Raw('echo "pid=$(cat pid 2>/dev/null)";'),
+                       Raw('echo "code=$(cat exit_code 2>/dev/null)";'),
+                       Raw('[ -e stopped ] && echo stopped;'),
+                       Raw('p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null '
+                           '&& echo alive; true')])
+    out = t.run(script, timeout=30).out.split()
+    if "missing" in out:
+        return NodeState("missing")
+    fields = dict(w.split("=", 1) for w in out if "=" in w)
+    pid = int(fields["pid"]) if fields.get("pid", "").isdigit() else None
+    code_text = fields.get("code", "")
+    code = int(code_text) if code_text.lstrip("-").isdigit() else None
+    stopped = "stopped" in out
+    if code is not None:
+        if stopped and code != 0:
+            return NodeState("stopped", code, pid)
+        return NodeState("succeeded" if code == 0 else "failed", code, pid)
+    if "alive" in out:
+        return NodeState("running", None, pid)
+    if pid is None:
+        return NodeState("starting")
+    return NodeState("stopped" if stopped else "failed", None, pid)
+
+
+def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) -> None:
+    """Wait until the master's rendezvous port accepts connections, checked on the master
+    itself; fails early if the master's run already ended."""
+    probe = sh("bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "probe", addr, str(port)) + \
+        " " + Raw("2>/dev/null")
+    deadline = time.monotonic() + timeout
+    while True:
+        if t.run(probe, timeout=15).ok:
+            return
+        st = state(t, run_dir)
+        if st.done:
+            raise RemoteCommandError(t.host.name, "torchrun (master)", st.code or 1,
+                                     "the master's torchrun ended before its rendezvous port "
+                                     f"{addr}:{port} opened; see its log above")
+        if time.monotonic() > deadline:
+            raise RemoteCommandError(t.host.name, f"wait for {addr}:{port}", 1,
+                                     f"rendezvous port {addr}:{port} not open after {timeout:.0f}s")
+        time.sleep(0.25)
+
+
+def follow(t: Transport, run_dir: str, pid: int | None, on_line: Callable[[str], None],
+           stop: threading.Event | None = None, from_line: int = 1) -> int:
+    """Stream node.log from a line on, until the run's wrapper process exits (or `stop`)."""
+    args = ["tail", "-n", f"+{from_line}"]
+    if pid is not None:
+        args += ["-F", "-s", "0.2", "--pid", str(pid)]
+    return t.stream(sh(*args, f"{run_dir}/node.log") + " " + Raw("2>/dev/null"), on_line, stop)
+
+
+def stop(t: Transport, run_dir: str) -> list[int]:
+    """Run the node's stop.sh; returns the pids of the run still alive after it (none, normally)."""
+    r = t.run(sh("bash", f"{run_dir}/stop.sh"), timeout=60)
+    left = r.out.rsplit("left=", 1)[-1].split() if "left=" in r.out else []
+    if not r.ok and "left=" not in r.out:
+        raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
+    return [int(p) for p in left if p.isdigit()]

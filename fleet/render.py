@@ -1,0 +1,44 @@
+"""Renders the per-node scripts from Jinja templates (shipped, or a job's own overrides)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+import fleet.templates
+from fleet.plan import NodePlan, Plan
+from fleet.shell import join, quote
+
+SHIPPED = Path(fleet.templates.__file__).parent
+STOP_GRACE_S = 10
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """The rendered files for one node: name in the run directory -> (text, mode)."""
+
+    files: dict[str, tuple[str, int]]
+
+
+def environment(override: Path | None = None) -> jinja2.Environment:
+    loaders: list[jinja2.BaseLoader] = []
+    if override is not None:
+        loaders.append(jinja2.FileSystemLoader(str(override)))
+    loaders.append(jinja2.FileSystemLoader(str(SHIPPED)))
+    env = jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined,
+                             autoescape=False, keep_trailing_newline=True)
+    env.filters["q"] = quote
+    env.filters["shjoin"] = join
+    return env
+
+
+def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFiles:
+    env = environment(plan.job.templates)
+    ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace}
+    return NodeFiles({
+        "env.sh": (env.get_template("env.sh.j2").render(ctx), 0o600),
+        "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),
+        "stop.sh": (env.get_template("stop.sh.j2").render(ctx), 0o700),
+    })

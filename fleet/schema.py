@@ -1,0 +1,125 @@
+"""A small checked reader for TOML tables: every error names the file and the key."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fleet.errors import ConfigError
+
+T = TypeVar("T")
+_MISSING: Any = object()
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}
+
+
+def load_toml(path: Path, what: str) -> dict[str, Any]:
+    """Read one TOML file, turning a missing file or a syntax error into a ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise ConfigError(path, None, f"{what} file not found") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(path, None, f"cannot read {what} file: {e}") from e
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, None, f"not valid TOML: {e}") from e
+
+
+class Table:
+    """One TOML table being read: take() each known key, then done() rejects the rest."""
+
+    def __init__(self, path: Path, data: dict[str, Any], prefix: str = "") -> None:
+        self.path, self.data, self.prefix = path, data, prefix
+        self._seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def error(self, name: str | None, message: str) -> ConfigError:
+        return ConfigError(self.path, self.key(name) if name else self.prefix.rstrip(".") or None,
+                           message)
+
+    def has(self, name: str) -> bool:
+        return name in self.data
+
+    def take(self, name: str, kind: type[T], default: Any = _MISSING) -> T:
+        """The value of a scalar key, of exactly this type (bool is not an int here)."""
+        self._seen.add(name)
+        if name not in self.data:
+            if default is _MISSING:
+                raise self.error(name, "required key is missing")
+            return default  # type: ignore[no-any-return]
+        value = self.data[name]
+        if type(value) is not kind and not (kind is float and type(value) is int):
+            raise self.error(name, f"must be {_TYPE_NAMES.get(kind, kind.__name__)}, "
+                                   f"not {_describe(value)}")
+        if isinstance(value, str) and "\0" in value:
+            raise self.error(name, "must not contain a NUL character")
+        return value  # type: ignore[no-any-return]
+
+    def take_str_list(self, name: str, default: list[str] | None = None) -> list[str]:
+        self._seen.add(name)
+        value = self.data.get(name, _MISSING)
+        if value is _MISSING:
+            if default is None:
+                raise self.error(name, "required key is missing")
+            return list(default)
+        if not isinstance(value, list) or not all(type(v) is str for v in value):
+            raise self.error(name, f"must be a list of strings, not {_describe(value)}")
+        if any("\0" in v for v in value):
+            raise self.error(name, "must not contain a NUL character")
+        return list(value)
+
+    def take_env(self, name: str) -> dict[str, str]:
+        """An environment table: NAME = scalar; numbers and booleans become their text."""
+        sub = self.table(name)
+        env: dict[str, str] = {}
+        for key, value in sub.data.items():
+            sub._seen.add(key)
+            if not ENV_NAME.match(key):
+                raise sub.error(key, "is not a valid environment variable name")
+            if type(value) is bool:
+                env[key] = "1" if value else "0"
+            elif type(value) in (str, int, float):
+                if "\0" in str(value):
+                    raise sub.error(key, "must not contain a NUL character")
+                env[key] = str(value)
+            else:
+                raise sub.error(key, f"must be a string or number, not {_describe(value)}")
+        return env
+
+    def table(self, name: str) -> Table:
+        self._seen.add(name)
+        value = self.data.get(name, {})
+        if not isinstance(value, dict):
+            raise self.error(name, f"must be a table, not {_describe(value)}")
+        return Table(self.path, value, f"{self.key(name)}.")
+
+    def tables(self, name: str) -> list[Table]:
+        self._seen.add(name)
+        value = self.data.get(name, _MISSING)
+        if value is _MISSING:
+            raise self.error(name, f"required: at least one [[{self.key(name)}]] table")
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise self.error(name, f"must be an array of tables ([[{self.key(name)}]])")
+        return [Table(self.path, v, f"{self.key(name)}[{i}].") for i, v in enumerate(value)]
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self._seen)
+        if unknown:
+            known = ", ".join(sorted(self._seen))
+            raise self.error(unknown[0], f"unknown key (known keys here: {known})")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return f"{type(value).__name__} {value!r}"

@@ -1,0 +1,34 @@
+"""The one quoting path: every command fleet sends to a node is built here from parts."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+
+
+class Raw(str):
+    """A trusted shell fragment (an operator such as '&&' or '>'), never quoted."""
+
+
+AND = Raw("&&")
+OR = Raw("||")
+SEMI = Raw(";")
+
+
+def quote(value: object) -> str:
+    """One shell word that the shell reads back as exactly `value`."""
+    return shlex.quote(str(value))
+
+
+def sh(*parts: object) -> str:
+    """A command line: Raw parts as they are, everything else quoted as one word."""
+    return " ".join(p if isinstance(p, Raw) else quote(p) for p in parts)
+
+
+def join(argv: Iterable[object]) -> str:
+    return " ".join(quote(a) for a in argv)
+
+
+def export_lines(env: Mapping[str, str]) -> str:
+    """`export NAME=value` lines for a file that a shell sources; names are checked upstream."""
+    return "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
