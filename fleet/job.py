@@ -34,6 +34,7 @@ class Job:
     templates: Path | None = None  # a directory whose files override the shipped templates
     exclude: tuple[str, ...] = ()
     start_timeout: float = 120.0  # seconds to wait for the master's rendezvous port
+    data: Path | None = None  # a local data directory synced to every node ($FLEET_DATA_DIR)
 
 
 DEFAULT_EXCLUDE = (".git", "__pycache__", ".fleet", ".venv", "*.pyc", ".mypy_cache",
@@ -71,6 +72,15 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     if templates is not None and not templates.is_dir():
         raise root.error("templates", f"directory not found: {templates}")
     exclude = tuple(root.take_str_list("exclude", [])) + DEFAULT_EXCLUDE
+    data_text = root.take("data", str, None)
+    data = (here / data_text).resolve() if data_text is not None else None
+    if data is not None:
+        if not data.is_dir():
+            raise root.error("data", f"directory not found: {data} (for MNIST, "
+                                     "`python jobs/make_mnist.py` makes one)")
+        if data.is_relative_to(workdir.resolve()):
+            # Synced on its own; "/" anchors the pattern at the workdir's root.
+            exclude += ("/" + data.relative_to(workdir.resolve()).as_posix(),)
     start_timeout = float(root.take("start_timeout", float, 120.0))
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")
@@ -78,7 +88,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script_path.relative_to(workdir.resolve()).as_posix(), args=args,
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
-               exclude=exclude, start_timeout=start_timeout)
+               exclude=exclude, start_timeout=start_timeout, data=data)
 
 
 def _nproc(root: Table) -> int | str:

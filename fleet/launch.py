@@ -93,6 +93,7 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
     """Sync the code and write the rendered scripts on every node; on any failure remove what was
     written everywhere and raise (nothing has started yet)."""
     manifest = local_manifest(plan.job.workdir, plan.job.exclude)
+    data_manifest = local_manifest(plan.job.data, ()) if plan.job.data else None
 
     def one(node: NodePlan) -> None:
         t = session.t[node.host.name]
@@ -104,8 +105,13 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
         stats = sync_dir(t, plan.job.workdir, node.code_dir, plan.job.exclude, manifest)
         for name, (text, mode) in render_node(plan, node).files.items():
             t.write(f"{node.run_dir}/{name}", text.encode(), mode)
-        console.phase(node.host.name, f"synced {stats.files} file(s), {stats.bytes} bytes "
+        console.phase(node.host.name, f"code: sent {stats.files} file(s), {stats.bytes} bytes "
                       f"({stats.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
+        if plan.job.data and node.data_dir:
+            t0 = time.monotonic()
+            d = sync_dir(t, plan.job.data, node.data_dir, (), data_manifest)
+            console.phase(node.host.name, f"data: sent {d.files} file(s), {d.bytes} bytes "
+                          f"({d.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
 
     results = each(((n.host.name, n) for n in plan.nodes), one)
     if failures(results):

@@ -34,6 +34,7 @@ class NodePlan:
     argv: tuple[str, ...]
     run_dir: str
     code_dir: str
+    data_dir: str | None = None
 
     @property
     def global_ranks_known(self) -> bool:
@@ -86,12 +87,13 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         workdir = _expand(host.workdir, homes.get(host.name))
         run_dir = f"{workdir}/runs/{run_id}"
         code_dir = f"{workdir}/code/{job.name}"
-        env = _env(job, host, run_id, rank, net)
+        data_dir = f"{workdir}/data/{job.name}" if job.data else None
+        env = _env(job, host, run_id, rank, net, data_dir)
         argv = _torchrun_argv(job, host, rank, len(hosts), addr, net, run_id, run_dir, code_dir)
         nodes.append(NodePlan(host=host, node_rank=rank, nnodes=len(hosts),
                               nproc=job.nproc_per_node, master_addr=addr,
                               master_port=job.rendezvous.port, net=net, env=env, argv=argv,
-                              run_dir=run_dir, code_dir=code_dir))
+                              run_dir=run_dir, code_dir=code_dir, data_dir=data_dir))
     return Plan(run_id=run_id, job=job, inventory=inventory, nodes=tuple(nodes),
                 notes=tuple(notes))
 
@@ -103,8 +105,11 @@ def _expand(path: str, home: str | None) -> str:
     return path
 
 
-def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet) -> dict[str, str]:
+def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet,
+         data_dir: str | None) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
+    if data_dir:
+        env["FLEET_DATA_DIR"] = data_dir
     if net.interface:
         # '=' asks NCCL for this exact interface, not every name starting with it.
         env["NCCL_SOCKET_IFNAME"] = f"={net.interface}"

@@ -24,14 +24,22 @@ class SyncStats:
 
 
 def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in patterns)
+    """A pattern matches any path component, or with a leading '/' a path from the root."""
+    for pat in patterns:
+        if pat.startswith("/"):
+            if rel == pat[1:] or rel.startswith(pat[1:] + "/"):
+                return True
+        elif any(fnmatch.fnmatch(part, pat) for part in rel.split("/")):
+            return True
+    return False
 
 
 def local_manifest(root: Path, exclude: tuple[str, ...]) -> Manifest:
     out: Manifest = {}
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
-        dirnames[:] = [d for d in dirnames if not excluded(d, exclude)]
+        dirnames[:] = [d for d in dirnames
+                       if not excluded(d if rel_dir == "." else f"{rel_dir}/{d}", exclude)]
         for name in filenames:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             if excluded(rel, exclude):
