@@ -56,6 +56,8 @@ class TbHost:
 class Testbed:
     """`with Testbed(2) as tb:` gives hosts node1..nodeN reachable over SSH from here."""
 
+    __test__ = False  # not a test class, whatever pytest thinks of its name
+
     n: int
     ifaces: list[str] | None = None  # interface name inside each host (default eth0)
     decoy: bool = False  # add a docker0-like veth, created before the real one, on each host

@@ -1,0 +1,69 @@
+"""Shared fixtures: the real CLI as a subprocess, and testbeds of real sshd hosts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.testbed import Testbed, available
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "jobs"
+
+
+class CLI:
+    """Runs `python -m fleet ...` in a scratch directory with its own run state."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.env = {**os.environ, "FLEET_STATE_DIR": str(cwd / ".fleet"), "NO_COLOR": "1",
+                    "PYTHONPATH": str(ROOT)}
+
+    def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fleet", *args], cwd=self.cwd, env=self.env,
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "fleet", *args], cwd=self.cwd,
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> CLI:
+    return CLI(tmp_path)
+
+
+def _need_testbed() -> None:
+    why = available()
+    if why is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"end-to-end tests must run in CI, but the testbed cannot: {why}")
+    pytest.skip(f"testbed unavailable: {why}")
+
+
+@pytest.fixture(scope="module")
+def tb2() -> Iterator[Testbed]:
+    """Two real hosts for a test module."""
+    _need_testbed()
+    with Testbed(2) as tb:
+        yield tb
+
+
+@pytest.fixture(scope="module")
+def tb3() -> Iterator[Testbed]:
+    _need_testbed()
+    with Testbed(3) as tb:
+        yield tb
+
+
+@pytest.fixture
+def need_testbed() -> None:
+    _need_testbed()
