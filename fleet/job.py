@@ -48,7 +48,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     here = path.resolve().parent
     name = root.take("name", str, path.stem)
     if not JOB_NAME.match(name):
-        raise root.error("name", f"{name!r} is not a valid job name (letters, digits, '.', '_', '-')")
+        raise root.error("name", f"{name!r} is not a valid job name "
+                                 "(letters, digits, '.', '_', '-')")
     inv_text = root.take("inventory", str, None)
     if inventory is None:
         if inv_text is None:

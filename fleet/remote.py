@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleet.errors import RemoteCommandError
-from fleet.shell import AND, Raw, sh
+from fleet.shell import Raw, sh
 from fleet.transport import Transport
 
 # How long to wait for run.sh to record its pid after it was started.

@@ -59,7 +59,7 @@ class Table:
                                    f"not {_describe(value)}")
         if isinstance(value, str) and "\0" in value:
             raise self.error(name, "must not contain a NUL character")
-        return value  # type: ignore[no-any-return]
+        return value  # type: ignore[return-value]
 
     def take_str_list(self, name: str, default: list[str] | None = None) -> list[str]:
         self._seen.add(name)

@@ -14,8 +14,6 @@ from fleet.inventory import Host
 from fleet.plan import Plan
 
 
-
-
 @dataclass(frozen=True)
 class NodeRecord:
     host: Host

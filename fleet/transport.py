@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import threading
 from abc import ABC, abstractmethod
@@ -169,7 +168,7 @@ class SSHTransport(Transport):
                     f"`ssh -p {h.port} {h.address}` and accept it, or add it to known_hosts"
                 ) from e
             raise TransportError(f"SSH failed: {e}") from e
-        except (OSError, socket.timeout) as e:
+        except (TimeoutError, OSError) as e:
             raise TransportError(f"cannot connect to {h.address}:{h.port}: {e}") from e
         transport = client.get_transport()
         assert transport is not None
@@ -241,7 +240,7 @@ class SSHTransport(Transport):
                 watcher.set()
             if stop is not None and stop.is_set():
                 return -1
-            code = chan.recv_exit_status()
+            code = int(chan.recv_exit_status())
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
         if code == -1:
@@ -259,7 +258,7 @@ class SSHTransport(Transport):
 
 
 def _read_all(recv: Callable[[int], bytes]) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         chunk = recv(65536)
         if not chunk:

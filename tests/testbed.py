@@ -8,6 +8,7 @@ Only the addresses of the namespaces it made are ever used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -205,10 +206,8 @@ class Testbed:
             if not pids:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.2)
 
     def run_processes(self, name: str, run_id: str) -> list[int]:
