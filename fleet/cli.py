@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from fleet import launch, remote, state
+from fleet import logs as fleet_logs
 from fleet.console import Console
 from fleet.errors import FleetError
 from fleet.group import each, reason
@@ -154,36 +155,23 @@ def logs(run_id: RunArg = None,
          follow: Annotated[bool, typer.Option("--follow", "-f",
                                               help="Keep following a live run.")] = False,
          node: Annotated[str | None, typer.Option("--node", help="Only this host.")] = None,
+         rank: Annotated[int | None, typer.Option("--rank", help="Only this global rank.")] = None,
          ) -> None:
-    """Print a run's logs from the nodes (re-attach with -f)."""
+    """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
     console = Console()
     try:
         rec = state.load(run_id)
     except FleetError as e:
         raise _fail(e) from e
-    nodes = [n for n in rec.nodes if node is None or n.host.name == node]
-    if not nodes:
+    if node is not None and node not in {n.host.name for n in rec.nodes}:
         print(f"fleet: error: run {rec.run_id} has no node {node!r}", file=sys.stderr)
         raise typer.Exit(2)
-    console.hosts([n.host.name for n in nodes])
-    from fleet.plan import NodeNet, NodePlan
-
-    def one(i_node: tuple[int, state.NodeRecord]) -> int:
-        i, n = i_node
-        with open_transport(n.host) as t:
-            run_dir = t.path(n.run_dir)
-            st = remote.state(t, run_dir)
-            pid = st.pid if follow and not st.done else None
-            fake = NodePlan(n.host, n.node_rank, len(rec.nodes), n.nproc, "", 0, NodeNet(), {},
-                            (), run_dir, "")
-            return remote.follow(t, run_dir, pid,
-                                 lambda line: console.line(*launch.tag_for(fake, line)[:1], i,
-                                                           launch.tag_for(fake, line)[1]))
-
-    results = each(((n.host.name, (i, n)) for i, n in enumerate(nodes)), one)
-    for name, r in results.items():
-        if isinstance(r, Exception):
-            console.phase(name, f"unreachable: {reason(r)}")
+    keep = rec.dir if node is None and rank is None else None
+    problems = fleet_logs.attach(rec, console, follow, node, rank, keep)
+    for name, why in problems.items():
+        console.phase(name, f"unreachable: {why}")
+    if problems:
+        raise typer.Exit(3)
 
 
 def main() -> None:

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet import remote, state
+from fleet import failure, remote, state
 from fleet.console import Console
 from fleet.errors import HostError, JobFailed
 from fleet.group import all_ok, each, failures, reason
 from fleet.inventory import Inventory
 from fleet.job import Job
+from fleet.logs import tag_line
 from fleet.plan import NodePlan, Plan, make_plan, new_run_id
 from fleet.probe import Facts, master_address, probe, python_problem, route_to
 from fleet.render import render_node
 from fleet.shell import AND, sh
 from fleet.sync import local_manifest, sync_dir
 from fleet.transport import Transport, TransportError, open_transport
-
-_RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
 
 
 @dataclass(frozen=True)
@@ -157,34 +155,31 @@ def stop_all(session: Session, plan: Plan, console: Console,
     return problems
 
 
-def tag_for(node: NodePlan, line: str) -> tuple[str, str]:
-    """Split torchrun's `[defaultN]:` prefix into a host+rank tag."""
-    m = _RANK_PREFIX.match(line)
-    if not m:
-        return node.host.name, line
-    local = int(m.group(1))
-    g = node.global_rank(local)
-    return (f"{node.host.name} r{g}" if g is not None else f"{node.host.name} l{local}",
-            m.group(2))
+HEARTBEAT_S = 2.0  # how often every running node is asked to answer
+HEARTBEAT_TIMEOUT_S = 10.0  # a node silent this long is declared lost
 
 
 def stream(session: Session, plan: Plan, pids: dict[str, int], console: Console,
            logdir: Path | None = None) -> list[NodeOutcome]:
-    """Follow every node's log until all have ended; the first failure stops the rest."""
+    """Follow every node's log until all have ended. The first node to fail or stop answering
+    stops the run on every other node."""
     events: queue.Queue[tuple[str, int | Exception]] = queue.Queue()
-    stop_streams = threading.Event()
+    finished = threading.Event()
     index = {n.host.name: i for i, n in enumerate(plan.nodes)}
+    nodes = {n.host.name: n for n in plan.nodes}
+    outcomes: dict[str, NodeOutcome] = {}
 
     def follow(node: NodePlan) -> None:
         t = session.t[node.host.name]
-        local_log = open(logdir / f"{node.host.name}.log", "a") if logdir else None  # noqa: SIM115
+        local_log = (open(logdir / f"{node.host.name}.log", "w", buffering=1)  # noqa: SIM115
+                     if logdir else None)
         try:
             def on_line(line: str) -> None:
                 if local_log:
                     local_log.write(line + "\n")
-                tag, text = tag_for(node, line)
-                console.line(tag, index[node.host.name], text)
-            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, stop_streams)
+                tagged = tag_line(node.host.name, node.node_rank, node.nproc, line)
+                console.line(tagged.tag, index[node.host.name], tagged.text)
+            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, finished)
             events.put((node.host.name, code))
         except Exception as e:
             events.put((node.host.name, e))
@@ -192,41 +187,78 @@ def stream(session: Session, plan: Plan, pids: dict[str, int], console: Console,
             if local_log:
                 local_log.close()
 
+    def heartbeat() -> None:
+        # A cut link does not end a TCP stream for many minutes; a command that gets no answer
+        # in HEARTBEAT_TIMEOUT_S does.
+        while not finished.wait(HEARTBEAT_S):
+            alive = [(n, t) for n, t in session.t.items() if n not in outcomes]
+            answers = each(alive, lambda t: t.run("true", timeout=HEARTBEAT_TIMEOUT_S))
+            for name, r in answers.items():
+                if isinstance(r, Exception) and name not in outcomes:
+                    events.put((name, TransportError(f"stopped answering: {reason(r)}")))
+
     threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in plan.nodes]
+    threads.append(threading.Thread(target=heartbeat, daemon=True))
     for th in threads:
         th.start()
-    outcomes: dict[str, NodeOutcome] = {}
     first_failure: str | None = None
-    nodes = {n.host.name: n for n in plan.nodes}
     try:
         while len(outcomes) < len(plan.nodes):
             name, result = events.get()
+            if name in outcomes:
+                continue
             node = nodes[name]
             if isinstance(result, Exception):
                 outcome = NodeOutcome(name, node.node_rank, "lost", None, reason(result))
+                session.t[name].close()
             else:
                 st = remote.state(session.t[name], node.run_dir)
                 outcome = NodeOutcome(name, node.node_rank, st.state, st.code)
             outcomes[name] = outcome
             if outcome.state != "succeeded" and first_failure is None:
                 first_failure = name
-                console.info(f"{name} (node rank {node.node_rank}) {outcome.state}"
-                             f"{_code(outcome)}; stopping the job on every other node")
-                stop_all(session, plan, console, skip={name} | set(outcomes))
-    except KeyboardInterrupt:
-        console.info("interrupted: stopping the job on every node")
-        stop_all(session, plan, console)
-        stop_streams.set()
-        raise
+                console.info(f"{name} (node rank {node.node_rank}) {_describe(outcome)}; "
+                             "stopping the job on every other node")
+                stop_all(session, plan, console, skip=set(outcomes))
+    finally:
+        finished.set()
     return [outcomes[n.host.name] for n in plan.nodes]
 
 
-def _code(o: NodeOutcome) -> str:
+def _describe(o: NodeOutcome) -> str:
+    if o.state == "lost":
+        return f"is unreachable ({o.detail})"
     if o.code is None:
-        return f": {o.detail}" if o.detail else ""
+        return o.state
     if o.code > 128:
-        return f" (exit {o.code}, signal {o.code - 128})"
-    return f" (exit {o.code})"
+        return f"{o.state} (exit {o.code}, signal {o.code - 128})"
+    return f"{o.state} (exit {o.code})"
+
+
+def report(session: Session, plan: Plan, outcomes: list[NodeOutcome], console: Console) -> None:
+    """Per node how it ended; for a failure, the first failing rank and its traceback."""
+    for o in outcomes:
+        console.phase(o.name, _describe(o))
+    failed = [o for o in outcomes if o.state == "failed"]
+    found = each(((o.name, o) for o in failed), lambda o: failure.explain(
+        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir))
+    causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
+    root = failure.first(causes)
+    lost = [o for o in outcomes if o.state == "lost"]
+    if root is not None:
+        rank = f"rank {root.rank}" if root.rank is not None else "a rank"
+        local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
+        code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
+        console.info(f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}"
+                     f"{code}:")
+        for line in root.traceback.splitlines():
+            console.info(f"    {line}")
+    elif lost:
+        console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
+    first_name = root.node if root else (lost[0].name if lost else None)
+    collateral = [o.name for o in outcomes if o.state != "succeeded" and o.name != first_name]
+    if first_name and collateral:
+        console.info("stopped as a consequence: " + ", ".join(collateral))
 
 
 def up(inventory: Inventory, job: Job, console: Console, detach: bool = False) -> str:
@@ -239,23 +271,20 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False) -
         plan = prepare_plan(session, inventory, job, run_id, console)
         upload(session, plan, console)
         record = state.save(plan)
-        pids = start_all(session, plan, console)
-        if detach:
-            console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")
-            return run_id
-        outcomes = stream(session, plan, pids, console, record.dir)
+        try:
+            pids = start_all(session, plan, console)
+            if detach:
+                console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")
+                return run_id
+            outcomes = stream(session, plan, pids, console, record.dir)
+        except KeyboardInterrupt:
+            console.info("interrupted: stopping the job on every node")
+            stop_all(session, plan, console)
+            raise
+        report(session, plan, outcomes, console)
     finally:
         session.close()
-    summarize(outcomes, console)
     if any(o.state != "succeeded" for o in outcomes):
-        raise JobFailed(f"run {run_id} failed")
+        raise JobFailed(f"run {run_id} failed (logs: `fleet logs {run_id}`)")
     console.info(f"run {run_id} succeeded on all {len(outcomes)} node(s)")
     return run_id
-
-
-def summarize(outcomes: list[NodeOutcome], console: Console) -> None:
-    for o in outcomes:
-        console.phase(o.name, f"{o.state}{_code(o)}")
-
-
-__all__ = ["up", "connect", "stop_all", "tag_for", "TransportError"]

@@ -22,6 +22,8 @@ class NodeState:
     state: str  # starting, running, succeeded, failed, stopped, missing
     code: int | None = None
     pid: int | None = None
+    started: int | None = None  # epoch seconds, the node's clock
+    ended: int | None = None
 
     @property
     def done(self) -> bool:
@@ -47,6 +49,8 @@ def state(t: Transport, run_dir: str) -> NodeState:
     script = " ".join([sh("cd", run_dir), Raw("2>/dev/null || { echo missing; exit 0; };"),
                        Raw('echo "pid=$(cat pid 2>/dev/null)";'),
                        Raw('echo "code=$(cat exit_code 2>/dev/null)";'),
+                       Raw('echo "started=$(cat started 2>/dev/null)";'),
+                       Raw('echo "ended=$(stat -c %Y exit_code 2>/dev/null)";'),
                        Raw('[ -e stopped ] && echo stopped;'),
                        Raw('p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null '
                            '&& echo alive; true')])
@@ -58,15 +62,18 @@ def state(t: Transport, run_dir: str) -> NodeState:
     code_text = fields.get("code", "")
     code = int(code_text) if code_text.lstrip("-").isdigit() else None
     stopped = "stopped" in out
+    times = {k: int(fields[k]) if fields.get(k, "").isdigit() else None
+             for k in ("started", "ended")}
     if code is not None:
         if stopped and code != 0:
-            return NodeState("stopped", code, pid)
-        return NodeState("succeeded" if code == 0 else "failed", code, pid)
+            return NodeState("stopped", code, pid, **times)
+        return NodeState("succeeded" if code == 0 else "failed", code, pid, **times)
     if "alive" in out:
-        return NodeState("running", None, pid)
+        return NodeState("running", None, pid, times["started"])
     if pid is None:
         return NodeState("starting")
-    return NodeState("stopped" if stopped else "failed", None, pid)
+    # The wrapper died without recording an exit code: killed outright.
+    return NodeState("stopped" if stopped else "failed", None, pid, times["started"])
 
 
 def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) -> None:

@@ -1,0 +1,108 @@
+"""Why a run failed: the first failing rank and its traceback, apart from the collateral."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from fleet.shell import Raw, sh
+from fleet.transport import Transport
+
+TRACE_LINES = 15
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?time\s*:\s*(\S+).*?rank\s*:\s*(\d+) "
+    r"\(local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)", re.S)
+_LOCAL_DIR = re.compile(r"attempt_\d+/(\d+)/(error\.json|stderr\.log) ([\d.]+)$")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The first failure torchrun saw on one node."""
+
+    node: str
+    node_rank: int
+    rank: int | None  # global rank as torchrun reported it
+    local_rank: int | None
+    exitcode: int | None
+    when: float | None  # when the rank's error (or stderr) file was last written, epoch seconds
+    traceback: str  # the script's own traceback (error file), else the rank's stderr tail
+
+
+def _report_script(run_dir: str) -> str:
+    """One command printing the node's log tail, error files and the ranks' stderr tails."""
+    return " ".join([
+        sh("cd", run_dir), Raw("2>/dev/null || exit 0;"),
+        Raw("echo '=== log'; tail -n 80 node.log 2>/dev/null;"),
+        Raw("for f in torchrun/*/attempt_*/*/error.json; do [ -f \"$f\" ] && "
+            "{ echo \"=== $f $(stat -c %.9Y \"$f\")\"; cat \"$f\"; echo; }; done;"),
+        Raw(f"for f in torchrun/*/attempt_*/*/stderr.log; do [ -f \"$f\" ] && "
+            f"{{ echo \"=== $f $(stat -c %.9Y \"$f\")\"; tail -n {TRACE_LINES} \"$f\"; }}; "
+            "done; true"),
+    ])
+
+
+def _sections(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("=== "):
+            name = line[4:]
+            out[name] = ""
+        elif name is not None:
+            out[name] += line + "\n"
+    return out
+
+
+def explain(t: Transport, node: str, node_rank: int, run_dir: str) -> RankFailure | None:
+    """The root cause torchrun recorded on this node, if it recorded one."""
+    sections = _sections(t.run(_report_script(run_dir), timeout=30).out)
+    log = sections.get("log", "")
+    errors: dict[int, tuple[float, str]] = {}  # local rank -> (written at, traceback)
+    stderr: dict[int, tuple[float, str]] = {}
+    for name, body in sections.items():
+        m = _LOCAL_DIR.search(name)
+        if not m:
+            continue
+        local, written = int(m.group(1)), float(m.group(3))
+        if m.group(2) == "stderr.log":
+            stderr[local] = (written, body)
+            continue
+        try:
+            msg = json.loads(body)["message"]
+            info = msg.get("extraInfo", {}) if isinstance(msg, dict) else {}
+            text = info.get("py_callstack") or (msg.get("message") if isinstance(msg, dict)
+                                                else str(msg))
+            errors[local] = (written, str(text))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    cause = _ROOT_CAUSE.search(log)
+    if cause:
+        local = int(cause.group(3))
+        when, trace = errors.get(local) or stderr.get(local) or (None, "")
+        return RankFailure(node, node_rank, int(cause.group(2)), local, int(cause.group(4)),
+                           when, _tail(trace))
+    if errors:
+        local, (when, trace) = min(errors.items(), key=lambda kv: kv[1][0])
+        return RankFailure(node, node_rank, None, local, None, when, _tail(trace))
+    if log.strip():
+        return RankFailure(node, node_rank, None, None, None, None, _tail(log))
+    return None
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-TRACE_LINES:])
+
+
+def first(failures: list[RankFailure]) -> RankFailure | None:
+    """The root cause among nodes' failures, given in the order fleet saw them end.
+
+    Whichever rank wrote its error first failed first: the others only fail once its process is
+    gone (a peer closing a Gloo/NCCL connection, or fleet's stop). File times have nanosecond
+    precision, and are comparable across nodes as far as their clocks agree. A rank killed by
+    a signal ranks after one that failed by itself; the order fleet saw breaks ties."""
+    if not failures:
+        return None
+    return min(enumerate(failures), key=lambda iv: (
+        iv[1].when if iv[1].when is not None else float("inf"),
+        (iv[1].exitcode or 0) < 0, iv[0]))[1]
