@@ -127,6 +127,30 @@ def stop(run_id: RunArg = None) -> None:
     console.info(f"run {rec.run_id} stopped on every node")
 
 
+def _states(rec: state.RunRecord) -> dict[str, remote.NodeState | Exception]:
+    def one(node: state.NodeRecord) -> remote.NodeState:
+        with open_transport(node.host) as t:
+            return remote.state(t, t.path(node.run_dir))
+
+    return each(((n.host.name, n) for n in rec.nodes), one)
+
+
+def _duration(st: remote.NodeState) -> str:
+    if st.started is None:
+        return ""
+    end = st.ended if st.ended is not None else int(time.time())
+    return f"  {max(0, end - st.started)}s"
+
+
+def _overall(states: dict[str, remote.NodeState | Exception]) -> str:
+    words = {s.state if isinstance(s, remote.NodeState) else "unreachable"
+             for s in states.values()}
+    for word in ("failed", "unreachable", "stopped", "running", "starting", "missing"):
+        if word in words:
+            return word
+    return "succeeded"
+
+
 @app.command()
 def status(run_id: RunArg = None) -> None:
     """Each node's state for a run: starting, running, succeeded, failed, stopped, unreachable."""
@@ -134,20 +158,31 @@ def status(run_id: RunArg = None) -> None:
         rec = state.load(run_id)
     except FleetError as e:
         raise _fail(e) from e
-
-    def one(node: state.NodeRecord) -> remote.NodeState:
-        with open_transport(node.host) as t:
-            return remote.state(t, t.path(node.run_dir))
-
-    results = each(((n.host.name, n) for n in rec.nodes), one)
-    print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}")
+    results = _states(rec)
+    print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
+          f"{_overall(results)}")
     for n in rec.nodes:
         r = results[n.host.name]
         if isinstance(r, Exception):
             print(f"  {n.host.name:<16} rank {n.node_rank}  unreachable: {reason(r)}")
         else:
             code = f" (exit {r.code})" if r.code is not None else ""
-            print(f"  {n.host.name:<16} rank {n.node_rank}  {r.state}{code}")
+            print(f"  {n.host.name:<16} rank {n.node_rank}  {r.state}{code}{_duration(r)}")
+
+
+@app.command()
+def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run, "
+                                               "not only the last 10.")] = False) -> None:
+    """Recorded runs, newest last, each with its state across its nodes."""
+    runs = state.all_runs()
+    runs = runs if all_runs else runs[-10:]
+    results = each(((r.run_id, r) for r in runs), _states)
+    for rec in runs:
+        r = results[rec.run_id]
+        word = _overall(r) if isinstance(r, dict) else f"unknown ({reason(r)})"
+        hosts = ",".join(n.host.name for n in rec.nodes)
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
+        print(f"{rec.run_id:<40} {word:<12} {started}  {hosts}")
 
 
 @app.command()

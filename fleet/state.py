@@ -52,14 +52,13 @@ def load(run_id: str | None = None) -> RunRecord:
     """A recorded run by id, or the latest one."""
     root = state_dir()
     if run_id is None:
-        runs = sorted(root.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+        runs = all_runs()
         if not runs:
             raise RunNotFound(f"no runs recorded under {root} (run `fleet up JOB` first)")
-        path = runs[-1]
-    else:
-        path = root / run_id / "run.json"
-        if "/" in run_id or not path.is_file():
-            raise RunNotFound(f"no run {run_id!r} under {root} (see `fleet status`)")
+        return runs[-1]
+    path = root / run_id / "run.json"
+    if "/" in run_id or not path.is_file():
+        raise RunNotFound(f"no run {run_id!r} under {root} (see `fleet ps`)")
     data = json.loads(path.read_text())
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"], n["nproc"])
                   for n in data["nodes"])
@@ -67,4 +66,6 @@ def load(run_id: str | None = None) -> RunRecord:
 
 
 def all_runs() -> list[RunRecord]:
-    return [load(p.parent.name) for p in sorted(state_dir().glob("*/run.json"))]
+    """Every recorded run, oldest first."""
+    runs = [load(p.parent.name) for p in state_dir().glob("*/run.json")]
+    return sorted(runs, key=lambda r: r.started)
