@@ -16,7 +16,7 @@ from fleet.console import Console
 from fleet.errors import FleetError
 from fleet.group import each, reason
 from fleet.inventory import load_inventory
-from fleet.job import load_job
+from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, new_run_id
 from fleet.shell import join
 from fleet.transport import open_transport
@@ -27,6 +27,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 JobArg = Annotated[Path, typer.Argument(help="Job file (TOML), e.g. jobs/mnist.toml.")]
 InvOpt = Annotated[Path | None, typer.Option("--inventory", "-i",
                                              help="Inventory file; overrides the job's own.")]
+ExtraArgs = Annotated[list[str] | None, typer.Argument(
+    help="Extra arguments for the script, after --: fleet up JOB -- --resume")]
 RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")]
 
 
@@ -35,20 +37,15 @@ def _fail(e: FleetError) -> typer.Exit:
     return typer.Exit(e.exit_code)
 
 
-def _load(job_path: Path, inventory: Path | None) -> tuple[object, object]:
-    job = load_job(job_path, inventory)
-    return job, load_inventory(job.inventory)
-
-
 @app.command()
-def up(job_path: JobArg, inventory: InvOpt = None,
+def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
        detach: Annotated[bool, typer.Option("--detach", "-d",
                                             help="Return once every node has started.")] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
     console = Console()
     try:
-        job = load_job(job_path, inventory)
+        job = with_extra_args(load_job(job_path, inventory), extra or [])
         inv = load_inventory(job.inventory)
         launch.up(inv, job, console, detach=detach)
     except FleetError as e:
@@ -59,12 +56,12 @@ def up(job_path: JobArg, inventory: InvOpt = None,
 
 
 @app.command()
-def plan(job_path: JobArg, inventory: InvOpt = None,
+def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
          ) -> None:
     """Dry run: each node's rank, env and command, without connecting to anything."""
     try:
-        job = load_job(job_path, inventory)
+        job = with_extra_args(load_job(job_path, inventory), extra or [])
         inv = load_inventory(job.inventory)
     except FleetError as e:
         raise _fail(e) from e

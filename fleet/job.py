@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +12,12 @@ from fleet.schema import Table, load_toml
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 BACKENDS = ("static", "c10d")
+# torchrun: python -m torch.distributed.run; legacy: python -m torch.distributed.launch (passes
+# --local-rank to the script); accelerate: `accelerate launch`; command: the job's own command
+# line with placeholders, for scripts that spawn their own workers.
+LAUNCHERS = ("torchrun", "legacy", "accelerate", "command")
+PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "master_addr",
+                "master_port", "run_id", "code_dir", "data_dir", "host", "python")
 NPROC_WORDS = ("gpu", "cpu", "auto")
 
 
@@ -26,8 +34,10 @@ class Job:
     name: str
     inventory: Path
     workdir: Path
-    script: str
+    script: str | None
     args: tuple[str, ...] = ()
+    launcher: str = "torchrun"
+    command: tuple[str, ...] = ()  # launcher = "command": the argv, with {placeholders}
     nproc_per_node: int | str = 1
     env: dict[str, str] = field(default_factory=dict)
     rendezvous: Rendezvous = Rendezvous()
@@ -58,14 +68,32 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     workdir = here / root.take("workdir", str, ".")
     if not workdir.is_dir():
         raise root.error("workdir", f"directory not found: {workdir}")
-    script = root.take("script", str)
-    script_path = (workdir / script).resolve()
-    if not script_path.is_file():
-        raise root.error("script", f"file not found: {script_path}")
-    if not script_path.is_relative_to(workdir.resolve()):
-        raise root.error("script", f"{script!r} must lie inside the workdir {workdir}")
+    launcher = root.take("launcher", str, "torchrun")
+    if launcher not in LAUNCHERS:
+        raise root.error("launcher", f"must be one of {', '.join(LAUNCHERS)}, not {launcher!r}")
+    command: tuple[str, ...] = ()
+    if launcher == "command":
+        command = tuple(root.take_str_list("command"))
+        if not command:
+            raise root.error("command", "must not be empty")
+        for i, word in enumerate(command):
+            _check_placeholders(root, f"command[{i}]", word)
+    script = root.take("script", str, None)
+    if script is None and launcher != "command":
+        raise root.error("script", "required key is missing")
+    if script is not None:
+        script_path = (workdir / script).resolve()
+        if not script_path.is_file():
+            raise root.error("script", f"file not found: {script_path}")
+        if not script_path.is_relative_to(workdir.resolve()):
+            raise root.error("script", f"{script!r} must lie inside the workdir {workdir}")
+        script = script_path.relative_to(workdir.resolve()).as_posix()
     args = tuple(root.take_str_list("args", []))
+    for i, word in enumerate(args):
+        _check_placeholders(root, f"args[{i}]", word)
     nproc = _nproc(root)
+    if launcher in ("accelerate", "command") and not isinstance(nproc, int):
+        raise root.error("nproc_per_node", f"must be a number with launcher = {launcher!r}")
     env = root.take_env("env")
     rdzv = _rendezvous(root.table("rendezvous"))
     templates_text = root.take("templates", str, None)
@@ -87,9 +115,27 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         raise root.error("start_timeout", "must be positive")
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
-               script=script_path.relative_to(workdir.resolve()).as_posix(), args=args,
+               script=script, args=args, launcher=launcher, command=command,
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
                exclude=exclude, start_timeout=start_timeout, data=data)
+
+
+def with_extra_args(job: Job, extra: list[str]) -> Job:
+    """The job with command-line arguments appended, taken literally (no placeholders)."""
+    literal = tuple(a.replace("{", "{{").replace("}", "}}") for a in extra)
+    return dataclasses.replace(job, args=job.args + literal)
+
+
+def _check_placeholders(root: Table, key: str, word: str) -> None:
+    """Only known {placeholders}; `{{` and `}}` stand for literal braces."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(word) if f is not None]
+    except ValueError as e:
+        raise root.error(key, f"bad placeholder in {word!r}: {e} (write {{{{ for a brace)") from e
+    for f in fields:
+        if f not in PLACEHOLDERS:
+            raise root.error(key, f"unknown placeholder {{{f}}} in {word!r} (known: "
+                                  f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
 
 
 def _nproc(root: Table) -> int | str:

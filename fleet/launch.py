@@ -177,7 +177,7 @@ def stream(session: Session, plan: Plan, pids: dict[str, int], console: Console,
             def on_line(line: str) -> None:
                 if local_log:
                     local_log.write(line + "\n")
-                tagged = tag_line(node.host.name, node.node_rank, node.nproc, line)
+                tagged = tag_line(node.host.name, node.rank_base, line)
                 console.line(tagged.tag, index[node.host.name], tagged.text)
             code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, finished)
             events.put((node.host.name, code))

@@ -22,13 +22,13 @@ class Tagged:
     text: str
 
 
-def tag_line(host: str, node_rank: int, nproc: int | str, line: str) -> Tagged:
+def tag_line(host: str, rank_base: int | None, line: str) -> Tagged:
     m = _RANK_PREFIX.match(line)
     if not m:
         return Tagged(host, None, line)
     local = int(m.group(1))
-    if isinstance(nproc, int):
-        rank = node_rank * nproc + local
+    if rank_base is not None:
+        rank = rank_base + local
         return Tagged(f"{host} r{rank}", rank, m.group(2))
     return Tagged(f"{host} l{local}", None, m.group(2))
 
@@ -53,7 +53,7 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
                 def on_line(line: str) -> None:
                     if copy:
                         copy.write(line + "\n")
-                    tagged = tag_line(n.host.name, n.node_rank, n.nproc, line)
+                    tagged = tag_line(n.host.name, n.rank_base, line)
                     if rank is None or tagged.rank == rank:
                         console.line(tagged.tag, index[n.host.name], tagged.text)
 

@@ -10,6 +10,7 @@ from fleet.inventory import Host, Inventory
 from fleet.job import Job
 
 TORCHRUN = ("-m", "torch.distributed.run")
+LEGACY_LAUNCH = ("-m", "torch.distributed.launch")
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,10 @@ class NodePlan:
     code_dir: str
     data_dir: str | None = None
 
-    @property
-    def global_ranks_known(self) -> bool:
-        return isinstance(self.nproc, int)
+    rank_base: int | None = None  # global rank of local rank 0, where fleet can know it
 
     def global_rank(self, local_rank: int) -> int | None:
-        if isinstance(self.nproc, int):
-            return self.node_rank * self.nproc + local_rank
-        return None
+        return None if self.rank_base is None else self.rank_base + local_rank
 
 
 @dataclass(frozen=True)
@@ -89,13 +86,23 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         code_dir = f"{workdir}/code/{job.name}"
         data_dir = f"{workdir}/data/{job.name}" if job.data else None
         env = _env(job, host, run_id, rank, net, data_dir)
-        argv = _torchrun_argv(job, host, rank, len(hosts), addr, net, run_id, run_dir, code_dir)
+        argv = _argv(job, host, rank, len(hosts), addr, net, run_id, run_dir, code_dir,
+                     data_dir)
         nodes.append(NodePlan(host=host, node_rank=rank, nnodes=len(hosts),
                               nproc=job.nproc_per_node, master_addr=addr,
                               master_port=job.rendezvous.port, net=net, env=env, argv=argv,
-                              run_dir=run_dir, code_dir=code_dir, data_dir=data_dir))
+                              run_dir=run_dir, code_dir=code_dir, data_dir=data_dir,
+                              rank_base=_rank_base(job, rank)))
     return Plan(run_id=run_id, job=job, inventory=inventory, nodes=tuple(nodes),
                 notes=tuple(notes))
+
+
+def _rank_base(job: Job, node_rank: int) -> int | None:
+    """Static rendezvous numbers ranks node by node; c10d numbers nodes in the order they join."""
+    nproc = job.nproc_per_node
+    if job.rendezvous.backend != "static" or not isinstance(nproc, int):
+        return None
+    return node_rank * nproc
 
 
 def _expand(path: str, home: str | None) -> str:
@@ -121,19 +128,37 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet,
     return env
 
 
-def _torchrun_argv(job: Job, host: Host, rank: int, nnodes: int, master_addr: str,
-                   net: NodeNet, run_id: str, run_dir: str, code_dir: str) -> tuple[str, ...]:
+def _argv(job: Job, host: Host, rank: int, nnodes: int, master_addr: str, net: NodeNet,
+          run_id: str, run_dir: str, code_dir: str, data_dir: str | None) -> tuple[str, ...]:
     rdzv = job.rendezvous
-    argv = [host.python, *TORCHRUN, "--nnodes", str(nnodes),
-            "--nproc-per-node", str(job.nproc_per_node), "--node-rank", str(rank)]
+    nproc = job.nproc_per_node
+    values = {"node_rank": rank, "nnodes": nnodes, "nproc_per_node": nproc,
+              "world_size": nnodes * nproc if isinstance(nproc, int) else "",
+              "master_addr": master_addr, "master_port": rdzv.port, "run_id": run_id,
+              "code_dir": code_dir, "data_dir": data_dir or "", "host": host.name,
+              "python": host.python}
+    args = [a.format_map(values) for a in job.args]
+    if job.launcher == "command":
+        return tuple(a.format_map(values) for a in job.command) + tuple(args)
+    script = f"{code_dir}/{job.script}"
+    if job.launcher == "accelerate":
+        return (host.python, "-m", "accelerate.commands.launch", "--num_machines", str(nnodes),
+                "--machine_rank", str(rank), "--main_process_ip", master_addr,
+                "--main_process_port", str(rdzv.port),
+                "--num_processes", str(values["world_size"]), script, *args)
+    module = TORCHRUN if job.launcher == "torchrun" else LEGACY_LAUNCH
+    argv = [host.python, *module, "--nnodes", str(nnodes),
+            "--nproc-per-node", str(nproc), "--node-rank", str(rank)]
     if rdzv.backend == "static":
         argv += ["--master-addr", master_addr, "--master-port", str(rdzv.port),
                  "--rdzv-conf", f"timeout={rdzv.timeout}"]
     else:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{rdzv.port}",
-                 "--rdzv-id", run_id, "--rdzv-conf", f"join_timeout={rdzv.timeout}"]
+                 "--rdzv-id", run_id,
+                 # Say which node hosts the store: torchrun's own guess compares the endpoint
+                 # with what the hostname resolves to, which is wrong where it maps to 127.0.x.x.
+                 "--rdzv-conf", f"join_timeout={rdzv.timeout},is_host={int(rank == 0)}"]
     if net.address:
         argv += ["--local-addr", net.address]
-    argv += ["--log-dir", f"{run_dir}/torchrun", "--tee", "3",
-             f"{code_dir}/{job.script}", *job.args]
+    argv += ["--log-dir", f"{run_dir}/torchrun", "--tee", "3", script, *args]
     return tuple(argv)

@@ -86,10 +86,13 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) 
         if t.run(probe, timeout=15).ok:
             return
         st = state(t, run_dir)
+        if st.state == "succeeded":
+            return  # done before anyone could look: nothing to wait for
         if st.done:
-            raise RemoteCommandError(t.host.name, "torchrun (master)", st.code or 1,
-                                     "the master's torchrun ended before its rendezvous port "
-                                     f"{addr}:{port} opened; see its log above")
+            log = t.run(sh("tail", "-n", "30", f"{run_dir}/node.log"), timeout=15).out
+            raise RemoteCommandError(t.host.name, "the master's launcher", st.code or 1,
+                                     f"it ended ({st.state}) before its rendezvous port "
+                                     f"{addr}:{port} opened; its log ends:\n{log}")
         if time.monotonic() > deadline:
             raise RemoteCommandError(t.host.name, f"wait for {addr}:{port}", 1,
                                      f"rendezvous port {addr}:{port} not open after {timeout:.0f}s")

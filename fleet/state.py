@@ -19,7 +19,7 @@ class NodeRecord:
     host: Host
     node_rank: int
     run_dir: str
-    nproc: int | str
+    rank_base: int | None
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def state_dir() -> Path:
 
 def save(plan: Plan) -> RunRecord:
     rec = RunRecord(run_id=plan.run_id, job=str(plan.job.path), started=time.time(),
-                    nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.nproc)
+                    nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base)
                                 for n in plan.nodes))
     d = state_dir() / plan.run_id
     d.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,8 @@ def load(run_id: str | None = None) -> RunRecord:
     if "/" in run_id or not path.is_file():
         raise RunNotFound(f"no run {run_id!r} under {root} (see `fleet ps`)")
     data = json.loads(path.read_text())
-    nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"], n["nproc"])
+    nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
+                             n.get("rank_base"))
                   for n in data["nodes"])
     return RunRecord(data["run_id"], data["job"], data["started"], nodes)
 

@@ -149,3 +149,18 @@ def test_cli_missing_inventory(cli: CLI, tmp_path: Path) -> None:
     r = cli("up", str(job))
     assert r.returncode == 2
     assert "nope.toml: inventory file not found" in r.stderr
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ('launcher = "mpirun"\n', "launcher", "must be one of torchrun, legacy, accelerate, command"),
+    ('launcher = "command"\ncommand = []\n', "command", "must not be empty"),
+    ('launcher = "command"\ncommand = ["x", "{nodes}"]\n', "command[1]",
+     "unknown placeholder {nodes}"),
+    ('args = ["{oops"]\n', "args[0]", "bad placeholder"),
+    ('launcher = "accelerate"\nnproc_per_node = "gpu"\n', "nproc_per_node", "must be a number"),
+])
+def test_launcher_errors(tmp_path: Path, body: str, key: str, message: str) -> None:
+    path = job_file(tmp_path, body)
+    with pytest.raises(ConfigError) as e:
+        load_job(path)
+    assert e.value.key == key and message in str(e.value), str(e.value)

@@ -106,3 +106,28 @@ def test_job_templates_override_by_file_name(tmp_path: Path) -> None:
     files = render_node(p, p.nodes[0]).files
     assert files["env.sh"][0] == "export ONLY=n1\n"
     assert "torch.distributed.run" in files["run.sh"][0]  # the others still ship
+
+
+def test_accelerate_command_per_node() -> None:
+    p = make_plan(inventory(), job(launcher="accelerate"), "j-1", master_addr="10.0.0.11",
+                  nets=NETS, homes={"n1": "/root", "n2": "/home/x"})
+    assert p.nodes[1].argv == (
+        "/opt/venv/bin/python", "-m", "accelerate.commands.launch", "--num_machines", "2",
+        "--machine_rank", "1", "--main_process_ip", "10.0.0.11", "--main_process_port", "29500",
+        "--num_processes", "4", "/scratch/fleet/code/j/train.py", "--msg", "it's $(rm -rf /)")
+
+
+def test_command_launcher_fills_placeholders_per_node() -> None:
+    cmd = ("{python}", "main.py", "--dist-url", "tcp://{master_addr}:{master_port}",
+           "--world-size", "{nnodes}", "--rank", "{node_rank}", "--literal", "{{x}}")
+    p = make_plan(inventory(), job(launcher="command", command=cmd, script=None, args=()), "j-1",
+                  master_addr="10.0.0.11")
+    assert p.nodes[1].argv == ("/opt/venv/bin/python", "main.py", "--dist-url",
+                               "tcp://10.0.0.11:29500", "--world-size", "2", "--rank", "1",
+                               "--literal", "{x}")
+
+
+def test_legacy_launcher_uses_torch_distributed_launch() -> None:
+    p = make_plan(inventory(), job(launcher="legacy"), "j-1", master_addr="10.0.0.11")
+    assert p.nodes[0].argv[1:3] == ("-m", "torch.distributed.launch")
+    assert "--tee" in p.nodes[0].argv
