@@ -27,6 +27,7 @@ class RankFailure:
     exitcode: int | None
     when: float | None  # when the rank's error (or stderr) file was last written, epoch seconds
     traceback: str  # the script's own traceback (error file), else the rank's stderr tail
+    log: str = ""  # the end of the node's log, for recognising known failures
 
 
 def _report_script(run_dir: str) -> str:
@@ -81,12 +82,12 @@ def explain(t: Transport, node: str, node_rank: int, run_dir: str) -> RankFailur
         local = int(cause.group(3))
         when, trace = errors.get(local) or stderr.get(local) or (None, "")
         return RankFailure(node, node_rank, int(cause.group(2)), local, int(cause.group(4)),
-                           when, _tail(trace))
+                           when, _tail(trace), log)
     if errors:
         local, (when, trace) = min(errors.items(), key=lambda kv: kv[1][0])
-        return RankFailure(node, node_rank, None, local, None, when, _tail(trace))
+        return RankFailure(node, node_rank, None, local, None, when, _tail(trace), log)
     if log.strip():
-        return RankFailure(node, node_rank, None, None, None, None, _tail(log))
+        return RankFailure(node, node_rank, None, None, None, None, _tail(log), log)
     return None
 
 

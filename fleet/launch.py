@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fleet import failure, remote, state
 from fleet.console import Console
+from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import HostError, JobFailed
 from fleet.group import all_ok, each, failures, reason
 from fleet.inventory import Inventory
@@ -253,6 +254,8 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome], console: C
                      f"{code}:")
         for line in root.traceback.splitlines():
             console.info(f"    {line}")
+        for line in format_diagnoses(diagnose(root.traceback + "\n" + root.log)):
+            console.info(line)
     elif lost:
         console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
     first_name = root.node if root else (lost[0].name if lost else None)

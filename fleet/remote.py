@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import RemoteCommandError
 from fleet.shell import Raw, sh
 from fleet.transport import Transport
@@ -90,9 +91,10 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) 
             return  # done before anyone could look: nothing to wait for
         if st.done:
             log = t.run(sh("tail", "-n", "30", f"{run_dir}/node.log"), timeout=15).out
+            hints = "\n".join(format_diagnoses(diagnose(log)))
             raise RemoteCommandError(t.host.name, "the master's launcher", st.code or 1,
                                      f"it ended ({st.state}) before its rendezvous port "
-                                     f"{addr}:{port} opened; its log ends:\n{log}")
+                                     f"{addr}:{port} opened; its log ends:\n{log}{hints}")
         if time.monotonic() > deadline:
             raise RemoteCommandError(t.host.name, f"wait for {addr}:{port}", 1,
                                      f"rendezvous port {addr}:{port} not open after {timeout:.0f}s")

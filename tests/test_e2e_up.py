@@ -119,3 +119,15 @@ def test_changed_host_key_is_refused_loudly(cli: CLI, tb2: Testbed, tmp_path: Pa
     r = cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv))
     assert r.returncode == 3
     assert f"node1: HOST KEY CHANGED for {tb2.hosts[0].addr}" in r.stderr, r.stderr
+
+
+def test_known_failure_is_explained(cli: CLI, tmp_path: Path) -> None:
+    """A failing run's log is matched against the known signatures, with a hint to fix it."""
+    cli.env["HOME"] = str(tmp_path)
+    (tmp_path / "inv.toml").write_text('[[hosts]]\nname = "local"\naddress = "localhost"\n')
+    job = failing_job(tmp_path, "import fleet_no_such_module_xyz\n")
+    r = cli("up", str(job))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "first failure: local (node rank 0), rank " in r.stderr, r.stderr
+    assert "ModuleNotFoundError: No module named 'fleet_no_such_module_xyz'" in r.stderr
+    assert re.search(r"fleet: hint: .*python", r.stderr), r.stderr
