@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from fleet import check as fleet_check
 from fleet import launch, remote, state
 from fleet import logs as fleet_logs
 from fleet.console import Console
@@ -41,13 +42,15 @@ def _fail(e: FleetError) -> typer.Exit:
 def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
        detach: Annotated[bool, typer.Option("--detach", "-d",
                                             help="Return once every node has started.")] = False,
+       skip_checks: Annotated[bool, typer.Option(
+           "--skip-checks", help="Start even if the preflight port checks fail.")] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
     console = Console()
     try:
         job = with_extra_args(load_job(job_path, inventory), extra or [])
         inv = load_inventory(job.inventory)
-        launch.up(inv, job, console, detach=detach)
+        launch.up(inv, job, console, detach=detach, checks=not skip_checks)
     except FleetError as e:
         raise _fail(e) from e
     except KeyboardInterrupt:
@@ -92,6 +95,33 @@ def _plan_json(p: Plan) -> dict[str, object]:
          "interface": n.net.interface, "interface_reason": n.net.reason,
          "run_dir": n.run_dir, "code_dir": n.code_dir, "env": n.env, "argv": list(n.argv)}
         for n in p.nodes]}
+
+
+@app.command()
+def check(job_path: JobArg, inventory: InvOpt = None,
+          collective: Annotated[bool, typer.Option(
+              "--collective", help="Also run a short all_reduce and print bandwidth per size.")
+          ] = False) -> None:
+    """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk."""
+    try:
+        job = load_job(job_path, inventory)
+        inv = load_inventory(job.inventory)
+    except FleetError as e:
+        raise _fail(e) from e
+    checks = fleet_check.run_checks(inv, job)
+    print(fleet_check.table(checks))
+    failed = [c for c in checks if c.status == fleet_check.FAIL]
+    warned = [c for c in checks if c.status == fleet_check.WARN]
+    print(f"\n{len(failed)} failed, {len(warned)} warning(s), "
+          f"{len(checks) - len(failed) - len(warned)} passed")
+    if failed:
+        raise typer.Exit(1)
+    if collective:
+        console = Console()
+        try:
+            launch.up(inv, fleet_check.collective_job(job), console)
+        except FleetError as e:
+            raise _fail(e) from e
 
 
 @app.command()

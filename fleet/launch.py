@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet import failure, remote, state
+from fleet.check import FAIL, port_checks
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import HostError, JobFailed
@@ -86,6 +87,18 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
     return plan
+
+
+def preflight(session: Session, plan: Plan, console: Console) -> None:
+    """The fast part of `fleet check`: the master's port is free and reachable both ways."""
+    m = plan.master
+    checks = port_checks(session.t, m.host, m.master_addr, m.master_port,
+                         {n.host.name: n.net.address or n.host.address for n in plan.nodes})
+    bad = {c.host: f"{c.detail}; fix: {c.fix}" for c in checks if c.status == FAIL}
+    if bad:
+        raise HostError("preflight (skip with --skip-checks)", bad)
+    console.info(f"preflight: rendezvous port {m.master_port} free on {m.host.name}"
+                 + (", reachable from every node" if len(plan.nodes) > 1 else ""))
 
 
 def upload(session: Session, plan: Plan, console: Console) -> None:
@@ -264,7 +277,8 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome], console: C
         console.info("stopped as a consequence: " + ", ".join(collateral))
 
 
-def up(inventory: Inventory, job: Job, console: Console, detach: bool = False) -> str:
+def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
+       checks: bool = True) -> str:
     """Run the job on every host of the inventory; returns the run id, raises JobFailed."""
     run_id = new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
@@ -272,6 +286,8 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False) -
     session = connect(inventory, console)
     try:
         plan = prepare_plan(session, inventory, job, run_id, console)
+        if checks:
+            preflight(session, plan, console)
         upload(session, plan, console)
         record = state.save(plan)
         try:

@@ -1,0 +1,194 @@
+"""Fan-out: command to every rank's first line (fleet up vs ssh loop), and fleet's control plane."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from bench.common import (
+    PY,
+    Config,
+    Proc,
+    Scratch,
+    Table,
+    fmt,
+    kill_run,
+    median,
+    new_tag,
+    next_port,
+    ratio,
+    run_id_of,
+    ssh_argv,
+    torchrun_line,
+    wait_gone,
+    wait_idle,
+)
+from tests.testbed import Testbed
+
+HELLO_SCRIPT = 'import os\nprint(f"hello {os.environ[\'RANK\']}", flush=True)\n'
+SLEEP_SCRIPT = "import time\ntime.sleep(600)\n"
+HELLO = re.compile(r"hello (\d+)$")
+RUN_TIMEOUT = 180  # seconds any one launch may take before it counts as broken
+
+
+def first_lines(proc: Proc) -> dict[int, float]:
+    """Arrival time (since the command) of each rank's first `hello` line on stdout."""
+    seen: dict[int, float] = {}
+    for line in proc.out:
+        m = HELLO.search(line.text)
+        if m and int(m.group(1)) not in seen:
+            seen[int(m.group(1))] = line.t - proc.t0
+    return seen
+
+
+def fleet_hello(sc: Scratch, n: int) -> float:
+    """fleet up of the hello job on n hosts: seconds until every rank's first line."""
+    job = sc.job("hello", HELLO_SCRIPT, next_port())
+    proc = sc.fleet("up", str(job), "-i", str(sc.inventory(n)))
+    ok = proc.until(lambda p: len(first_lines(p)) >= n, RUN_TIMEOUT)
+    code = proc.wait(RUN_TIMEOUT)
+    if not ok or code != 0:
+        raise RuntimeError(f"fleet up on {n} host(s) failed ({code}):\n{proc.err_text()}")
+    return max(first_lines(proc).values())
+
+
+def ssh_hello(sc: Scratch, n: int) -> float:
+    """The same torchrun lines started by a parallel ssh loop: seconds to every first line."""
+    tb, port, tag = sc.tb, next_port(), new_tag()
+    for h in tb.hosts[:n]:
+        (h.home / "hello.py").write_text(HELLO_SCRIPT)
+    t0 = time.monotonic()
+    procs = [Proc(ssh_argv(tb, h, torchrun_line(tb, i, n, port, "hello.py", tag=tag)))
+             for i, h in enumerate(tb.hosts[:n])]
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        firsts: dict[int, float] = {}
+        for p in procs:
+            p.until(lambda q: bool(first_lines(q)), max(0.0, deadline - time.monotonic()))
+            firsts.update({r: t + p.t0 - t0 for r, t in first_lines(p).items()})
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+        if len(firsts) < n or any(c != 0 for c in codes):
+            raise RuntimeError(f"ssh loop on {n} host(s) failed ({codes}): "
+                               + " / ".join(p.err_text()[-300:] for p in procs))
+        return max(firsts.values())
+    finally:
+        for p in procs:
+            p.kill()
+        kill_run(tb, tag)
+
+
+def fanout_table(tb: Testbed, cfg: Config) -> Table:
+    sc = Scratch(tb, "fanout")
+    counts, reps = cfg.pick((1, 2, 4, 8), (1, 2, 4)), cfg.reps(3, 2)
+    table = Table("fanout: command to every rank's first output line (hello under torchrun)",
+                  ["hosts", "fleet up", "ssh loop", "fleet/ssh", "target"])
+    for n in counts:
+        fl: list[float] = []
+        base: list[float] = []
+        for _ in range(reps):  # interleaved, so drift hits both alike
+            wait_idle()
+            fl.append(fleet_hello(sc, n))
+            wait_idle()
+            base.append(ssh_hello(sc, n))
+        f, b = median(fl), median(base)
+        ok = f is not None and b is not None and f <= 1.10 * b
+        table.add(n, fmt(f), fmt(b), ratio(f, b), "<= 1.10x " + ("met" if ok else "MISSED"))
+    table.notes.append(f"median of {reps} runs each, fleet and ssh loop interleaved; nproc 1, "
+                       "static rendezvous, the worker only prints (no torch import in it)")
+    return table
+
+
+# ---- fleet's control plane ------------------------------------------------------------------
+@dataclass
+class Phases:
+    """Seconds since the command at which the last node reached each phase (stderr lines)."""
+
+    connected: float
+    planned: float
+    synced: float
+    master_started: float
+    port_open: float
+    all_started: float
+    detach_exit: float
+
+    @property
+    def own(self) -> float:
+        """Everything but the wait for the master's torchrun to open its port."""
+        return self.all_started - (self.port_open - self.master_started)
+
+
+def _last(proc: Proc, pattern: str) -> float:
+    rx = re.compile(pattern)
+    times = [x.t - proc.t0 for x in proc.err if rx.search(x.text)]
+    if not times:
+        raise RuntimeError(f"no stderr line matching {pattern!r}:\n{proc.err_text()}")
+    return max(times)
+
+
+def control_plane_once(sc: Scratch, n: int) -> Phases:
+    job = sc.job("sleeper", SLEEP_SCRIPT, next_port())
+    proc = sc.fleet("up", "--detach", str(job), "-i", str(sc.inventory(n)))
+    code = proc.wait(RUN_TIMEOUT)
+    detach_exit = time.monotonic() - proc.t0 if code is not None else -1.0
+    run_id = run_id_of(proc)
+    try:
+        if code != 0 or run_id is None:
+            raise RuntimeError(f"fleet up --detach on {n} host(s) failed ({code}):\n"
+                               f"{proc.err_text()}")
+        ph = Phases(connected=_last(proc, r"  connected \("), planned=_last(proc, r"  node rank "),
+                    synced=_last(proc, r"  code: sent "),
+                    master_started=_last(proc, r"  started master "),
+                    port_open=_last(proc, r"  rendezvous \S+ is open"),
+                    all_started=_last(proc, r"  started (master )?\(pid"),
+                    detach_exit=detach_exit)
+    finally:
+        if run_id is not None:
+            stop = sc.fleet("stop", run_id)
+            stop.wait(120)
+            if wait_gone(sc.tb, run_id, 30) is None:
+                kill_run(sc.tb, run_id)
+    return ph
+
+
+def control_plane_table(tb: Testbed, cfg: Config) -> Table:
+    sc = Scratch(tb, "control")
+    counts, reps = cfg.pick((1, 4, 8, 16), (1, 4, 8)), cfg.reps(3, 2)
+    table = Table("control plane: `fleet up --detach` of a sleeping job, medians in seconds "
+                  "since the command (last node to reach each phase)",
+                  ["hosts", "connected", "probed+planned", "synced+rendered", "master started",
+                   "master port open", "all started", "--detach exit",
+                   "own (all started - port wait)", "own / own(1 host)"])
+    own1: float | None = None
+    results: dict[int, float | None] = {}
+    for n in counts:
+        runs: list[Phases] = []
+        for _ in range(reps):
+            wait_idle()
+            runs.append(control_plane_once(sc, n))
+
+        def med(attr: str, rs: list[Phases] = runs) -> float | None:
+            return median([getattr(r, attr) for r in rs])
+
+        own = med("own")
+        own1 = own if n == 1 else own1
+        results[n] = own
+        table.add(n, fmt(med("connected")), fmt(med("planned")), fmt(med("synced")),
+                  fmt(med("master_started")), fmt(med("port_open")), fmt(med("all_started")),
+                  fmt(med("detach_exit")), fmt(own), ratio(own, own1))
+    top = max(counts)
+    top_own = results[top]
+    if top_own is not None and own1 is not None:
+        verdict = "met" if top_own <= 1.5 * own1 and top_own < 2.0 else "MISSED"
+        table.notes.append(f"target: {top} hosts within 1.5x of 1 host and under 2 s "
+                           f"(fleet's own time): {verdict} ({fmt(top_own)}, "
+                           f"{ratio(top_own, own1)})")
+    table.notes.append(f"median of {reps} runs; `master port open` includes torchrun's own "
+                       f"start on the master (importing torch, {PY})")
+    return table
+
+
+def run(cfg: Config) -> list[Table]:
+    n = 8 if cfg.quick else 16
+    with Testbed(n) as tb:
+        return [fanout_table(tb, cfg), control_plane_table(tb, cfg)]

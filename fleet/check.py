@@ -1,0 +1,344 @@
+"""`fleet check`: per host and check, pass / warn / fail with the fix, before anything runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.group import each, reason
+from fleet.inventory import Host, Inventory
+from fleet.job import DEFAULT_EXCLUDE, Job
+from fleet.plan import NodeNet
+from fleet.probe import master_address, probe, route_to
+from fleet.shell import Raw, sh
+from fleet.transport import Transport, open_transport
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+CLOCK_SKEW_WARN_S = 2.0
+DISK_WARN_BYTES = 10 << 30
+DISK_FAIL_BYTES = 1 << 30
+REVERSE_DNS_WARN_S = 1.0
+LISTEN_S = 20  # a check listener lives at most this long on a node
+
+# Runs on each node with its python: versions, GPUs, name resolution, clock, disk. Prints JSON.
+_FACTS = r'''
+import json, os, shutil, socket, subprocess, sys, time
+out = {"python": sys.version.split()[0]}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda_available"] = torch.cuda.is_available()
+    out["gpus"] = torch.cuda.device_count() if out["cuda_available"] else 0
+    out["cuda"] = torch.version.cuda or ""
+    try:
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if out["gpus"] else ""
+    except Exception:
+        out["nccl"] = ""
+except Exception as e:
+    out["torch_error"] = f"{type(e).__name__}: {e}"
+try:
+    import torchvision
+    out["torchvision"] = torchvision.__version__
+except Exception:
+    out["torchvision"] = ""
+if shutil.which("nvidia-smi"):
+    q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                       capture_output=True, text=True, timeout=20)
+    out["driver"] = q.stdout.strip().splitlines()[0] if q.stdout.strip() else ""
+    q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                        "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    out["gpu_processes"] = [l for l in q.stdout.strip().splitlines() if l.strip()]
+name = socket.gethostname()
+out["hostname"] = name
+try:
+    out["hostname_resolves"] = sorted({a[4][0] for a in socket.getaddrinfo(name, None)})
+except OSError as e:
+    out["hostname_resolves"] = []
+    out["hostname_error"] = str(e)
+own = sys.argv[2]
+t0 = time.monotonic()
+try:
+    socket.gethostbyaddr(own)
+except OSError:
+    pass
+out["reverse_dns_s"] = time.monotonic() - t0
+path = os.path.expanduser(sys.argv[1])
+while not os.path.exists(path):
+    path = os.path.dirname(path) or "/"
+out["disk_free"] = shutil.disk_usage(path).free
+out["disk_path"] = path
+out["time"] = time.time()  # last, so that it meets fleet's clock as the answer arrives
+print(json.dumps(out))
+'''
+
+# Listens on a port and says whether it could; accepts (and closes) the expected number of
+# connections, then exits, or gives up after a while: the port is free again for the job.
+_LISTEN = r'''
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("", int(sys.argv[1])))
+except OSError as e:
+    print(f"busy {e}", flush=True)
+    sys.exit(0)
+s.listen(64)
+print(f"listening {s.getsockname()[1]} {os.getpid()}", flush=True)
+s.settimeout(0.5)
+end = time.monotonic() + float(sys.argv[2])
+left = int(sys.argv[3])
+while left > 0 and time.monotonic() < end:
+    try:
+        s.accept()[0].close()
+        left -= 1
+    except OSError:
+        pass
+'''
+
+
+@dataclass(frozen=True)
+class Check:
+    host: str
+    name: str
+    status: str  # pass, warn, fail
+    detail: str
+    fix: str = ""
+
+
+def _facts(t: Transport, own_ip: str) -> dict[str, Any]:
+    cmd = sh(t.host.python, "-c", _FACTS, t.host.workdir, own_ip)
+    r = t.run(cmd, timeout=120)
+    if not r.ok:
+        raise RuntimeError((r.err or r.out).strip().splitlines()[-1] if (r.err or r.out).strip()
+                           else f"exit {r.code}")
+    data: dict[str, Any] = json.loads(r.out.strip().splitlines()[-1])
+    data["_local_time"] = time.time()
+    return data
+
+
+def start_listener(t: Transport, port: int, expect: int,
+                   seconds: int = LISTEN_S) -> tuple[bool, str, str]:
+    """Start a listener on the node (port 0: any free one) that lives until `expect` connections
+    came or `seconds` passed. Returns (listening?, the port or why not, its pid)."""
+    cmd = " ".join([sh("timeout", str(seconds + 5), t.host.python, "-c", _LISTEN, str(port),
+                       str(seconds), str(expect)),
+                    Raw("> /tmp/.fleet-listen-$$ 2>&1 < /dev/null &"),
+                    Raw("i=0; while [ ! -s /tmp/.fleet-listen-$$ ] && [ $i -lt 100 ]; do "
+                        "sleep 0.1; i=$((i+1)); done; cat /tmp/.fleet-listen-$$; "
+                        "rm -f /tmp/.fleet-listen-$$")])
+    out = t.run(cmd, timeout=30).out.strip()
+    if out.startswith("listening "):
+        _, port_text, pid = out.split()[:3]
+        return True, port_text, pid
+    return False, out.removeprefix("busy ") or "the listener did not start", ""
+
+
+def stop_listener(t: Transport, pid: str) -> None:
+    """Free the port at once (a worker that could not connect leaves the listener waiting)."""
+    if pid.isdigit():
+        t.run(sh("kill", pid) + " " + Raw("2>/dev/null; true"), timeout=15)
+
+
+def can_connect(t: Transport, addr: str, port: str | int, timeout: int = 5) -> tuple[bool, str]:
+    r = t.run(sh("timeout", str(timeout), "bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "probe",
+                 addr, str(port)) + " " + Raw("2>&1"), timeout=timeout + 10)
+    if r.ok:
+        return True, ""
+    why = r.out.strip().splitlines()[-1] if r.out.strip() else "timed out"
+    return False, why.split(": ")[-1]
+
+
+def port_checks(session: dict[str, Transport], master: Host, master_ip: str, port: int,
+                addrs: dict[str, str]) -> list[Check]:
+    """The master's rendezvous port is free there and every worker reaches it over TCP; and the
+    master reaches a port on every worker (torchrun's collectives connect both ways)."""
+    tm = session[master.name]
+    workers = [(n, t) for n, t in session.items() if n != master.name]
+    ok, info, pid = start_listener(tm, port, len(workers))
+    if not ok:
+        return [Check(master.name, "rendezvous port", FAIL,
+                      f"port {port} is taken on the master: {info}",
+                      "stop what holds it (`fleet ps`, `fleet stop RUN`) or choose another "
+                      "`port` under [rendezvous] in the job")]
+    checks = [Check(master.name, "rendezvous port", PASS, f"{master_ip}:{port} free")]
+
+    def reach(t: Transport) -> Check:
+        good, why = can_connect(t, master_ip, port)
+        if good:
+            return Check(t.host.name, "reach master", PASS, f"TCP to {master_ip}:{port}")
+        return Check(t.host.name, "reach master", FAIL,
+                     f"cannot open TCP to the master {master_ip}:{port}: {why}",
+                     f"a firewall on the master or between the hosts blocks port {port}: allow "
+                     f"TCP {port} (and the ephemeral ports Gloo/NCCL use) from the other nodes")
+
+    def back(t: Transport) -> Check:
+        good, info, lpid = start_listener(t, 0, 1)
+        if not good:
+            return Check(t.host.name, "reached by master", WARN, f"no test listener: {info}")
+        own = addrs.get(t.host.name) or t.host.address
+        ok2, why = can_connect(tm, own, info)
+        stop_listener(t, lpid)
+        if ok2:
+            return Check(t.host.name, "reached by master", PASS, f"TCP {own}:{info} from master")
+        return Check(t.host.name, "reached by master", FAIL,
+                     f"the master cannot open TCP to {own}:{info}: {why}",
+                     "a firewall on this node blocks incoming TCP from the other nodes; Gloo "
+                     "and NCCL connect on ephemeral ports, so allow TCP from the cluster subnet")
+
+    reached = each(workers, reach)
+    stop_listener(tm, pid)
+    for results in (reached, each(workers, back)):
+        for name, r in results.items():
+            checks.append(r if isinstance(r, Check) else
+                          Check(name, "network", FAIL, reason(r)))
+    return checks
+
+
+def run_checks(inventory: Inventory, job: Job) -> list[Check]:
+    hosts = {h.name: h for h in inventory.hosts}
+    checks: list[Check] = []
+    conn = each(((h.name, h) for h in inventory.hosts), open_transport)
+    session = {n: t for n, t in conn.items() if isinstance(t, Transport)}
+    try:
+        for name, r in conn.items():
+            if isinstance(r, Exception):
+                checks.append(Check(name, "ssh", FAIL, reason(r), _ssh_fix(hosts[name])))
+            else:
+                checks.append(Check(name, "ssh", PASS, f"{r.host.transport} {r.host.address}"))
+        master = inventory.hosts[0]
+        if master.name not in session:
+            return checks
+        mfacts = probe(session[master.name])
+        master_ip = master_address(master, mfacts)
+        if master.transport == "local" and len(inventory.hosts) == 1:
+            master_ip = "127.0.0.1"
+        nets = each(session.items(), lambda t: route_to(t, probe(t), master_ip))
+
+        def own_ip(name: str) -> str:
+            net = nets[name]
+            return (net.address if isinstance(net, NodeNet) else None) or hosts[name].address
+
+        facts = each(session.items(), lambda t: _facts(t, own_ip(t.host.name)))
+        for name, fr in facts.items():
+            if isinstance(fr, Exception):
+                checks.append(Check(name, "python", FAIL, reason(fr),
+                                    f"set `python` for {name} in the inventory to an interpreter "
+                                    "with torch (the venv's full path)"))
+        good = {n: f for n, f in facts.items() if isinstance(f, dict)}
+        checks += _version_checks(good, master.name)
+        for name, f in good.items():
+            checks += _node_checks(name, f, job, alone=len(hosts) == 1)
+            net = nets[name]
+            if isinstance(net, NodeNet):
+                checks.append(Check(name, "interface", PASS if net.interface or
+                                    len(inventory.hosts) == 1 else WARN,
+                                    f"{net.interface or '-'} ({net.reason})"))
+            else:
+                checks.append(Check(name, "interface", FAIL, reason(net),
+                                    "the node has no route to the master's address"))
+        if all(n in session for n in hosts):
+            checks += port_checks(session, master, master_ip, job.rendezvous.port,
+                                  {n: own_ip(n) for n in session})
+    finally:
+        for t in session.values():
+            t.close()
+    return checks
+
+
+def _ssh_fix(h: Host) -> str:
+    if h.transport == "local":
+        return ""
+    return (f"check that sshd runs on {h.address}:{h.port} and that `ssh -p {h.port} "
+            f"{h.user + '@' if h.user else ''}{h.address}` works with the same key")
+
+
+def _version_checks(facts: dict[str, dict[str, Any]], master: str) -> list[Check]:
+    out = []
+    for key in ("python", "torch", "torchvision", "cuda", "nccl", "driver"):
+        values = {n: str(f.get(key, "")) for n, f in facts.items()}
+        if not any(values.values()):
+            continue
+        ref = values.get(master) or next(v for v in values.values() if v)
+        for name, v in values.items():
+            if v == ref:
+                out.append(Check(name, key, PASS, v))
+            else:
+                out.append(Check(name, key, FAIL, f"{v or 'missing'} here, {ref} on {master}",
+                                 f"install the same {key} version on every node"))
+    for name, f in facts.items():
+        if "torch_error" in f:
+            out.append(Check(name, "torch", FAIL, f["torch_error"],
+                             "install torch in the node's python, or point `python` at a venv "
+                             "that has it"))
+    return out
+
+
+def _node_checks(name: str, f: dict[str, Any], job: Job, alone: bool) -> list[Check]:
+    out = []
+    gpus, nproc = int(f.get("gpus", 0)), job.nproc_per_node
+    if nproc == "gpu" and gpus == 0:
+        out.append(Check(name, "gpus", FAIL, "nproc_per_node = \"gpu\" but no GPU is visible",
+                         "use a number (CPU processes) or check the driver (nvidia-smi)"))
+    elif isinstance(nproc, int) and gpus and nproc > gpus:
+        out.append(Check(name, "gpus", FAIL, f"{nproc} processes for {gpus} GPU(s)",
+                         "set nproc_per_node to the GPU count (or \"gpu\")"))
+    else:
+        out.append(Check(name, "gpus", PASS, f"{gpus} GPU(s)" if gpus else "none (Gloo on CPU)"))
+    busy = f.get("gpu_processes") or []
+    if busy:
+        out.append(Check(name, "gpu processes", WARN, f"{len(busy)} running: {busy[0]}",
+                         "another job is using the GPUs; `nvidia-smi` shows which"))
+    resolved = f.get("hostname_resolves", [])
+    if not resolved:
+        out.append(Check(name, "hostname", WARN, f"{f.get('hostname')} does not resolve: "
+                         f"{f.get('hostname_error', '')}",
+                         "add the hostname to /etc/hosts with the node's real IP"))
+    elif all(a.startswith("127.") or a == "::1" for a in resolved) and not alone:
+        out.append(Check(name, "hostname", WARN,
+                         f"{f.get('hostname')} resolves to {', '.join(resolved)} (loopback)",
+                         "fleet sets the interface and addresses itself, but tools that use "
+                         "the hostname will not reach this node: map it to its real IP in "
+                         "/etc/hosts"))
+    else:
+        out.append(Check(name, "hostname", PASS, f"{f.get('hostname')} -> {resolved[0]}"))
+    rdns = float(f.get("reverse_dns_s", 0))
+    out.append(Check(name, "reverse dns", WARN if rdns > REVERSE_DNS_WARN_S else PASS,
+                     f"reverse lookup took {rdns:.2f}s",
+                     "a slow resolver delays every connection torch makes (the seeds saw a "
+                     "44 s start): fix /etc/resolv.conf or list the nodes in /etc/hosts"
+                     if rdns > REVERSE_DNS_WARN_S else ""))
+    skew = float(f["time"]) - float(f["_local_time"])
+    out.append(Check(name, "clock", WARN if abs(skew) > CLOCK_SKEW_WARN_S else PASS,
+                     f"{skew:+.1f}s from this machine",
+                     "run NTP (chrony/systemd-timesyncd) on every node"
+                     if abs(skew) > CLOCK_SKEW_WARN_S else ""))
+    free = int(f.get("disk_free", 0))
+    status = FAIL if free < DISK_FAIL_BYTES else WARN if free < DISK_WARN_BYTES else PASS
+    out.append(Check(name, "disk", status, f"{free / 2**30:.1f} GiB free in {f.get('disk_path')}",
+                     "free space or point `workdir` at a larger disk" if status != PASS else ""))
+    return out
+
+
+def table(checks: list[Check]) -> str:
+    order = {n: i for i, n in enumerate(dict.fromkeys(c.host for c in checks))}
+    rows = sorted(checks, key=lambda c: order[c.host])
+    width = max((len(c.host) for c in rows), default=4)
+    lines = [f"{'HOST':<{width}}  {'CHECK':<17} {'STATUS':<6} DETAIL"]
+    for c in rows:
+        lines.append(f"{c.host:<{width}}  {c.name:<17} {c.status.upper():<6} {c.detail}")
+        if c.fix and c.status != PASS:
+            lines.append(f"{'':<{width}}  {'':<17} {'':<6} fix: {c.fix}")
+    return "\n".join(lines)
+
+
+
+def collective_job(job: Job) -> Job:
+    """The bandwidth test as a job on the same inventory, processes and port as `job`."""
+    import fleet.nodejobs
+    workdir = Path(fleet.nodejobs.__file__).parent
+    return Job(path=job.path, name="fleet-collective", inventory=job.inventory, workdir=workdir,
+               script="collective.py", nproc_per_node=job.nproc_per_node, env=job.env,
+               rendezvous=job.rendezvous, exclude=DEFAULT_EXCLUDE)
