@@ -61,14 +61,26 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
 @app.command()
 def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+         probe: Annotated[bool, typer.Option(
+             "--probe", help="Connect (read-only) to show the detected interfaces, addresses "
+                             "and paths.")] = False,
          ) -> None:
-    """Dry run: each node's rank, env and command, without connecting to anything."""
+    """Dry run: each node's rank, env and command; without --probe nothing is connected to."""
     try:
         job = with_extra_args(load_job(job_path, inventory), extra or [])
         inv = load_inventory(job.inventory)
+        if probe:
+            console = Console(out=sys.stderr)
+            console.hosts([h.name for h in inv.hosts])
+            session = launch.connect(inv, console)
+            try:
+                p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console)
+            finally:
+                session.close()
+        else:
+            p = make_plan(inv, job, new_run_id(job.name))
     except FleetError as e:
         raise _fail(e) from e
-    p = make_plan(inv, job, new_run_id(job.name))
     if as_json:
         print(json.dumps(_plan_json(p), indent=2))
         return

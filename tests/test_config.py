@@ -164,3 +164,15 @@ def test_launcher_errors(tmp_path: Path, body: str, key: str, message: str) -> N
     with pytest.raises(ConfigError) as e:
         load_job(path)
     assert e.value.key == key and message in str(e.value), str(e.value)
+
+
+def test_plan_json_connects_to_nothing(cli: CLI) -> None:
+    import json
+    r = cli("plan", "--json", str(JOBS / "mnist.toml"), "--", "--resume")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    node = plan["nodes"][0]
+    assert (node["host"], node["node_rank"], node["master_addr"]) == ("local", 0, "127.0.0.1")
+    assert node["argv"][-3:] == ["--epochs", "1", "--resume"]
+    assert node["env"]["FLEET_RUN_ID"] == plan["run_id"]
+    assert "connected" not in r.stderr

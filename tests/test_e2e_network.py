@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -43,6 +44,12 @@ def test_gloo_job_runs_with_no_interface_settings(cli: CLI, tricky: Testbed,
     assert "node1  node rank 0, interface ens3 (holds the master address" in r.stderr
     assert "node2  node rank 1, interface enp0s8 (route to the master" in r.stderr
     assert r.stdout.count("all_reduce = 10 ok") == 4, r.stdout
+    planned = cli("plan", "--probe", "--json", str(JOBS / "allreduce.toml"), "-i", str(inv))
+    assert planned.returncode == 0, planned.stderr
+    nodes = json.loads(planned.stdout)["nodes"]
+    assert [(n["interface"], n["env"]["NCCL_SOCKET_IFNAME"]) for n in nodes] == \
+        [("ens3", "=ens3"), ("enp0s8", "=enp0s8")]
+    assert nodes[1]["master_addr"] == tricky.hosts[0].addr
 
 
 def test_check_passes_on_a_healthy_testbed(cli: CLI, tricky: Testbed, tmp_path: Path) -> None:
