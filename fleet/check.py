@@ -251,7 +251,8 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
 def _ssh_fix(h: Host) -> str:
     if h.transport == "local":
         return ""
-    return (f"check that sshd runs on {h.address}:{h.port} and that `ssh -p {h.port} "
+    port = h.port or 22
+    return (f"check that sshd runs on {h.address}:{port} and that `ssh -p {port} "
             f"{h.user + '@' if h.user else ''}{h.address}` works with the same key")
 
 

@@ -11,8 +11,9 @@ from typing import Annotated
 import typer
 
 from fleet import check as fleet_check
-from fleet import launch, remote, state
+from fleet import hostkeys, launch, remote, state
 from fleet import logs as fleet_logs
+from fleet import trust as fleet_trust
 from fleet.console import Console
 from fleet.errors import FleetError
 from fleet.group import each, reason
@@ -91,7 +92,8 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     for n in p.nodes:
         h = n.host
         print(f"\n[{h.name}] node rank {n.node_rank}, {h.transport} "
-              f"{(h.user + '@') if h.user else ''}{h.address}:{h.port}")
+              f"{(h.user + '@') if h.user else ''}{h.address}"
+              f"{':' + str(h.port) if h.port else ''}")
         print(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
         print(f"  run dir:   {n.run_dir}")
         for k, v in n.env.items():
@@ -134,6 +136,45 @@ def check(job_path: JobArg, inventory: InvOpt = None,
             launch.up(inv, fleet_check.collective_job(job), console)
         except FleetError as e:
             raise _fail(e) from e
+
+
+@app.command()
+def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (TOML).")],
+          accept: Annotated[bool, typer.Option(
+              "--accept", help="Record the NEW keys shown (a CHANGED key never is).")] = False,
+          to: Annotated[str, typer.Option(
+              "--to", help="Where to record: known_hosts (the inventory's `known_hosts` file, "
+                           "else ~/.ssh/known_hosts) or inventory (pin `host_key` per host).")
+          ] = "known_hosts") -> None:
+    """Show each host's key fingerprint, and with --accept record the new ones."""
+    if to not in ("known_hosts", "inventory"):
+        print("fleet: error: --to must be known_hosts or inventory", file=sys.stderr)
+        raise typer.Exit(2)
+    try:
+        inv = load_inventory(inventory_path)
+    except FleetError as e:
+        raise _fail(e) from e
+    statuses = fleet_trust.survey(inv)
+    width = max((len(s.host) for s in statuses), default=4)
+    for s in statuses:
+        fp = hostkeys.fingerprint(s.key) if s.key is not None else ""
+        print(f"{s.host:<{width}}  {s.state.upper():<11} {fp} {s.detail}".rstrip())
+    new = [s for s in statuses if s.state == "new"]
+    if accept and new:
+        if to == "inventory":
+            n = fleet_trust.record_inventory(statuses, inventory_path)
+            print(f"pinned {n} key(s) in {inventory_path}")
+        else:
+            hosts = {h.name: h for h in inv.hosts}
+            target = hosts[new[0].host].known_hosts or "~/.ssh/known_hosts"
+            n = fleet_trust.record_known_hosts(statuses, target)
+            print(f"recorded {n} key(s) in {target}")
+        new = []
+    bad = [s for s in statuses if s.state in ("changed", "unreachable")]
+    if bad or new:
+        if new:
+            print("check the fingerprints above, then record them with --accept", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -25,13 +25,14 @@ class Host:
     address: str
     transport: str = "ssh"  # "ssh" or "local"
     user: str | None = None
-    port: int = 22
+    port: int | None = None  # None: ssh_config's, else 22
     identity: str | None = None
     known_hosts: str | None = None
     python: str = "python3"
     workdir: str = "~/fleet"
     interface: str | None = None  # pin the NIC for NCCL/Gloo instead of detecting it
     connect_timeout: float = 10.0
+    host_key: str | None = None  # pinned: "ssh-ed25519 AAAA...", as in known_hosts
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -91,6 +92,14 @@ def load_inventory(path: Path) -> Inventory:
         if not ADDRESS.match(address) or address.startswith("-"):
             raise t.error("address", f"{address!r} is not a host name or IP address")
         settings = _settings(t, base)
+        host_key = t.take("host_key", str, None)
+        if host_key is not None:
+            from fleet.hostkeys import parse_pinned
+            try:
+                parse_pinned(host_key)
+            except ValueError as e:
+                raise t.error("host_key", str(e)) from e
+            settings["host_key"] = host_key
         t.done()
         settings.setdefault("transport", "local" if address in LOCAL_ADDRESSES else "ssh")
         if settings["transport"] == "local":

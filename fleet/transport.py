@@ -9,9 +9,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
+from fleet import hostkeys
 from fleet.inventory import Host
 
 
@@ -136,40 +138,27 @@ class SSHTransport(Transport):
         self._lock = threading.Lock()
 
     def connect(self) -> None:
-        from fabric import Config, Connection  # fabric is slow to import; only SSH needs it
-
         h = self.host
-        kwargs: dict[str, object] = {}
-        if h.identity:
-            kwargs["key_filename"] = [os.path.expanduser(h.identity)]
-        conn = Connection(h.address, user=h.user, port=h.port, config=Config(),
-                          connect_timeout=h.connect_timeout, connect_kwargs=kwargs)
-        client: paramiko.SSHClient = conn.client
-        # Fabric trusts unknown hosts silently; fleet refuses them (see `fleet trust`).
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        if h.known_hosts:
-            try:
-                client.load_host_keys(os.path.expanduser(h.known_hosts))
-            except OSError as e:
-                raise TransportError(f"cannot read known_hosts file {h.known_hosts}: {e}") from e
+        conn = ssh_connection(h)
         try:
             conn.open()
+        except hostkeys.UnknownHostKey as e:
+            raise TransportError(
+                f"unknown host key for {e.hostname} ({hostkeys.fingerprint(e.key)}); if that is "
+                "the right key, record it with `fleet trust INVENTORY --accept` (or connect once "
+                "with ssh and accept it)") from e
         except paramiko.BadHostKeyException as e:
             raise TransportError(
-                f"HOST KEY CHANGED for {h.address}: got {_fingerprint(e.key)}, expected "
-                f"{_fingerprint(e.expected_key)}. Someone may be intercepting the connection, "
-                "or the host was reinstalled; check before you trust it") from e
-        except paramiko.SSHException as e:
-            if "not found in known_hosts" in str(e):
-                key = conn.client.get_transport()
-                fp = _fingerprint(key.get_remote_server_key()) if key else "unknown"
-                raise TransportError(
-                    f"unknown host key for {h.address} ({fp}); connect once with "
-                    f"`ssh -p {h.port} {h.address}` and accept it, or add it to known_hosts"
-                ) from e
-            raise TransportError(f"SSH failed: {e}") from e
-        except (TimeoutError, OSError) as e:
-            raise TransportError(f"cannot connect to {h.address}:{h.port}: {e}") from e
+                f"HOST KEY CHANGED for {e.hostname}: got {hostkeys.fingerprint(e.key)}, expected "
+                f"{hostkeys.fingerprint(e.expected_key)}. Someone may be intercepting the "
+                "connection, or the host was reinstalled; check before you trust it") from e
+        except paramiko.AuthenticationException as e:
+            raise TransportError(
+                f"authentication refused for {conn.user}@{conn.host}:{conn.port} ({e}); check "
+                "`identity` in the inventory, ~/.ssh/config or ssh-agent") from e
+        except (paramiko.SSHException, OSError) as e:
+            raise TransportError(f"cannot connect to {conn.host}:{conn.port}: {e}") from e
+        client: paramiko.SSHClient = conn.client
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(self.KEEPALIVE_S)
@@ -266,10 +255,18 @@ def _read_all(recv: Callable[[int], bytes]) -> bytes:
         parts.append(chunk)
 
 
-def _fingerprint(key: paramiko.PKey | None) -> str:
-    if key is None:
-        return "unknown"
-    return f"{key.get_name()} {key.fingerprint}"
+def ssh_connection(host: Host) -> Any:
+    """A Fabric connection (not yet open): ssh_config applied (aliases, User, Port, IdentityFile,
+    ProxyJump), the inventory's settings on top, host keys verified as fleet does."""
+    from fabric import Config, Connection  # fabric is slow to import; only SSH needs it
+
+    kwargs: dict[str, object] = {}
+    if host.identity:
+        kwargs["key_filename"] = [os.path.expanduser(host.identity)]
+    conn = Connection(host.address, user=host.user, port=host.port, config=Config(),
+                      connect_timeout=host.connect_timeout, connect_kwargs=kwargs)
+    hostkeys.apply(conn, host)
+    return conn
 
 
 def open_transport(host: Host) -> Transport:

@@ -62,6 +62,7 @@ class Testbed:
     n: int
     ifaces: list[str] | None = None  # interface name inside each host (default eth0)
     decoy: bool = False  # add a docker0-like veth, created before the real one, on each host
+    bastion: bool = False  # hosts on an inner network that only a bastion host reaches
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     hosts: list[TbHost] = field(default_factory=list)
 
@@ -70,10 +71,16 @@ class Testbed:
         self.bridge = f"fl{self.tag}br"
         self.subnet = self._free_subnet()
         self.gateway = f"{self.subnet}.1"
+        # With a bastion, the hosts live on an inner bridge with no address on this machine, so
+        # that the bastion (on both bridges, not forwarding) is the only way in.
+        self.inner_bridge = f"fl{self.tag}bi" if self.bastion else self.bridge
+        self.inner_subnet = self._free_subnet(avoid=self.subnet) if self.bastion else self.subnet
+        self.bastion_host: TbHost | None = None
         self.key = self.dir / "id_ed25519"
         self.known_hosts = self.dir / "known_hosts"
         self._links: list[str] = []
         self._netns: list[str] = []
+        self._routes: list[str] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Testbed:
@@ -87,11 +94,11 @@ class Testbed:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _free_subnet(self) -> str:
+    def _free_subnet(self, avoid: str = "") -> str:
         used = _run("ip", "-o", "-4", "addr", "show").stdout + _run("ip", "-4", "route").stdout
         for _ in range(200):
             candidate = f"10.213.{secrets.randbelow(250) + 2}"
-            if f"{candidate}." not in used:
+            if f"{candidate}." not in used and candidate != avoid:
                 return candidate
         raise RuntimeError("no free 10.213.x.0/24 subnet for the testbed")
 
@@ -103,17 +110,39 @@ class Testbed:
         self._links.append(self.bridge)
         _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        if self.bastion:
+            # Without this the inner subnet would follow this machine's default route out of
+            # it: a test must never send a packet anywhere but to its own namespaces.
+            _run("ip", "route", "add", "unreachable", f"{self.inner_subnet}.0/24")
+            self._routes.append(f"{self.inner_subnet}.0/24")
+            _run("ip", "link", "add", self.inner_bridge, "type", "bridge")
+            self._links.append(self.inner_bridge)
+            _run("ip", "link", "set", self.inner_bridge, "up")
         for i in range(1, self.n + 1):
             iface = self.ifaces[i - 1] if self.ifaces else "eth0"
-            h = TbHost(name=f"node{i}", ns=f"fl{self.tag}h{i}", addr=f"{self.subnet}.{10 + i}",
-                       iface=iface, veth=f"fl{self.tag}v{i}", home=self.dir / f"home{i}")
+            h = TbHost(name=f"node{i}", ns=f"fl{self.tag}h{i}",
+                       addr=f"{self.inner_subnet}.{10 + i}", iface=iface,
+                       veth=f"fl{self.tag}v{i}", home=self.dir / f"home{i}")
             self.hosts.append(h)
-            self._make_host(h)
-        self._write_known_hosts()
         for h in self.hosts:
+            self._make_host(h, self.inner_bridge)
+        if self.bastion:
+            b = TbHost(name="bastion", ns=f"fl{self.tag}bn", addr=f"{self.subnet}.5",
+                       iface="eth0", veth=f"fl{self.tag}vb", home=self.dir / "home-bastion")
+            self.bastion_host = b
+            self._make_host(b, self.bridge)
+            # Its second leg, on the inner network.
+            _run("ip", "link", "add", f"fl{self.tag}vc", "type", "veth", "peer", "name", "eth1",
+                 "netns", b.ns)
+            self._links.append(f"fl{self.tag}vc")
+            _run("ip", "link", "set", f"fl{self.tag}vc", "master", self.inner_bridge, "up")
+            _run("ip", "-n", b.ns, "addr", "add", f"{self.inner_subnet}.5/24", "dev", "eth1")
+            _run("ip", "-n", b.ns, "link", "set", "eth1", "up")
+        self._write_known_hosts()
+        for h in self.hosts + ([self.bastion_host] if self.bastion_host else []):
             self._wait_ssh(h)
 
-    def _make_host(self, h: TbHost) -> None:
+    def _make_host(self, h: TbHost, bridge: str) -> None:
         _run("ip", "netns", "add", h.ns)
         self._netns.append(h.ns)
         if self.decoy:
@@ -125,7 +154,7 @@ class Testbed:
             _run("ip", "-n", h.ns, "link", "set", "docker0", "up")
         _run("ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.iface, "netns", h.ns)
         self._links.append(h.veth)
-        _run("ip", "link", "set", h.veth, "master", self.bridge, "up")
+        _run("ip", "link", "set", h.veth, "master", bridge, "up")
         _run("ip", "-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", h.iface)
         _run("ip", "-n", h.ns, "link", "set", h.iface, "up")
         _run("ip", "-n", h.ns, "link", "set", "lo", "up")
@@ -160,8 +189,9 @@ class Testbed:
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _write_known_hosts(self) -> None:
+        every = self.hosts + ([self.bastion_host] if self.bastion_host else [])
         self.known_hosts.write_text("".join(f"{h.addr} ssh-ed25519 {h.host_key_pub}\n"
-                                            for h in self.hosts))
+                                            for h in every))
 
     def _wait_ssh(self, h: TbHost, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
@@ -169,18 +199,24 @@ class Testbed:
             if h.sshd is not None and h.sshd.poll() is not None:
                 raise RuntimeError(f"sshd on {h.name} exited: "
                                    f"{(self.dir / f'sshd_{h.name}.log').read_text()}")
-            try:
-                with socket.create_connection((h.addr, 22), timeout=1) as s:
-                    if s.recv(4).startswith(b"SSH"):
-                        return
-            except OSError:
-                time.sleep(0.1)
+            if h.addr.startswith(self.subnet + "."):
+                try:
+                    with socket.create_connection((h.addr, 22), timeout=1) as s:
+                        if s.recv(4).startswith(b"SSH"):
+                            return
+                except OSError:
+                    pass
+            elif subprocess.run(["ip", "netns", "exec", h.ns, "bash", "-c",
+                                 f"exec 3<>/dev/tcp/{h.addr}/22"],
+                                capture_output=True, timeout=10).returncode == 0:
+                return  # the inner network: seen from the host itself
+            time.sleep(0.1)
         raise RuntimeError(f"sshd on {h.name} ({h.addr}) did not come up in {timeout}s")
 
     def close(self) -> None:
         for ns in self._netns:
             self.kill_all(ns)
-        for h in self.hosts:
+        for h in self.hosts + ([self.bastion_host] if self.bastion_host else []):
             if h.sshd is not None and h.sshd.poll() is None:
                 h.sshd.kill()
                 h.sshd.wait(timeout=10)
@@ -190,11 +226,26 @@ class Testbed:
         for link in self._links:
             if _run("ip", "link", "show", link, check=False).returncode == 0:
                 _run("ip", "link", "del", link, check=False)
+        for route in self._routes:
+            _run("ip", "route", "del", "unreachable", route, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ---- looking at a host from the inside ---------------------------------------------------
     def host(self, name: str) -> TbHost:
-        return next(h for h in self.hosts if h.name == name)
+        every = self.hosts + ([self.bastion_host] if self.bastion_host else [])
+        return next(h for h in every if h.name == name)
+
+    def ssh_config(self, path: Path) -> Path:
+        """An OpenSSH client config: every host (through the bastion, if any) with the test key
+        and known_hosts."""
+        lines = []
+        if self.bastion_host:
+            lines += [f"Host {self.inner_subnet}.*", f"  ProxyJump root@{self.bastion_host.addr}"]
+        lines += ["Host *", f"  IdentityFile {self.key}",
+                  f"  UserKnownHostsFile {self.known_hosts}", "  User root"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def pids(self, ns: str) -> list[int]:
         out = _run("ip", "netns", "pids", ns, check=False).stdout

@@ -1,0 +1,102 @@
+"""Host-key trust: known_hosts files, keys pinned in the inventory, accept-new, never auto-add."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import paramiko
+
+from fleet.inventory import Host
+
+_LOCK = threading.Lock()  # known_hosts files are appended to from parallel connections
+
+
+class UnknownHostKey(paramiko.SSHException):  # type: ignore[misc]
+    """The server offered a key that no known_hosts file and no pin knows."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        self.hostname, self.key = hostname, key
+        super().__init__(f"unknown host key for {hostname}")
+
+
+def fingerprint(key: paramiko.PKey | None) -> str:
+    if key is None:
+        return "unknown"
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+def parse_pinned(text: str) -> paramiko.PKey:
+    """`ssh-ed25519 AAAA...` (as in known_hosts, without the host) to a key; ValueError if not."""
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError("expected '<type> <base64 key>', as a line of known_hosts without the "
+                         "host name")
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+        return paramiko.PKey.from_type_string(parts[0], blob)
+    except (binascii.Error, paramiko.SSHException, ValueError, TypeError) as e:
+        raise ValueError(f"not a valid {parts[0]} public key: {e}") from e
+
+
+def key_name(hostname: str, port: int) -> str:
+    """How known_hosts names a host (what paramiko looks up)."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+@dataclass
+class Trust:
+    """Where one connection's host keys come from, and where accepted new keys go."""
+
+    files: list[str]
+    write_to: str | None  # set when ssh_config says StrictHostKeyChecking accept-new
+
+
+class FleetPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
+    """Unknown keys stop the connection, unless ssh_config asked for accept-new."""
+
+    def __init__(self, trust: Trust) -> None:
+        self.trust = trust
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        if self.trust.write_to is None:
+            raise UnknownHostKey(hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _LOCK:
+            path = os.path.expanduser(self.trust.write_to)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def apply(conn: Any, host: Host | None) -> None:
+    """Make a Fabric connection (and each ProxyJump hop) verify host keys as fleet does."""
+    cfg = conn.ssh_config
+    # As OpenSSH: UserKnownHostsFile replaces the default, and accept-new writes to its first.
+    files = [os.path.expanduser(p) for p in str(cfg.get("userknownhostsfile", "")).split()]
+    files = files or [os.path.expanduser("~/.ssh/known_hosts")]
+    if host is not None and host.known_hosts:
+        files.append(os.path.expanduser(host.known_hosts))
+    client: paramiko.SSHClient = conn.client
+    for path in files:
+        if os.path.isfile(path):
+            client.get_host_keys().load(path)
+    # "StrictHostKeyChecking no" is not honoured: fleet never turns verification off.
+    accept_new = str(cfg.get("stricthostkeychecking", "")).lower() == "accept-new"
+    client.set_missing_host_key_policy(FleetPolicy(Trust(files, files[0] if accept_new
+                                                         else None)))
+    if host is not None and host.host_key:
+        pinned = parse_pinned(host.host_key)
+        name = key_name(conn.host, int(conn.port))
+        keys = client.get_host_keys()
+        if name in keys:
+            del keys[name]  # the pin is the whole truth for this host
+        keys.add(name, pinned.get_name(), pinned)
+    gateway = getattr(conn, "gateway", None)
+    if gateway is not None and not isinstance(gateway, str):
+        apply(gateway, None)

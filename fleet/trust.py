@@ -1,0 +1,86 @@
+"""`fleet trust`: show each host's key fingerprint and record the keys the user accepts."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from fleet import hostkeys
+from fleet.group import each
+from fleet.inventory import Host, Inventory
+from fleet.transport import ssh_connection
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    host: str
+    state: str  # known, new, changed, unreachable
+    key_host: str = ""  # the name known_hosts uses for it ("[addr]:port" off port 22)
+    key: paramiko.PKey | None = None
+    detail: str = ""
+
+
+def survey_host(host: Host) -> KeyStatus:
+    """What key the host offers and whether fleet already trusts it (no command is run)."""
+    conn = ssh_connection(host)
+    try:
+        conn.open()
+    except hostkeys.UnknownHostKey as e:
+        return KeyStatus(host.name, "new", e.hostname, e.key,
+                         "" if e.hostname == hostkeys.key_name(conn.host, int(conn.port))
+                         else f"(the ProxyJump hop {e.hostname})")
+    except paramiko.BadHostKeyException as e:
+        return KeyStatus(host.name, "changed", hostkeys.key_name(conn.host, int(conn.port)),
+                         e.key, f"expected {hostkeys.fingerprint(e.expected_key)}")
+    except paramiko.AuthenticationException:
+        pass  # the key was checked before authentication: it is known
+    except (paramiko.SSHException, OSError) as e:
+        return KeyStatus(host.name, "unreachable", detail=str(e))
+    finally:
+        transport = conn.client.get_transport()
+        key = transport.get_remote_server_key() if transport is not None else None
+        conn.close()
+    return KeyStatus(host.name, "known", hostkeys.key_name(conn.host, int(conn.port)), key)
+
+
+def survey(inventory: Inventory) -> list[KeyStatus]:
+    ssh_hosts = [h for h in inventory.hosts if h.transport == "ssh"]
+    results = each(((h.name, h) for h in ssh_hosts), survey_host)
+    return [r if isinstance(r, KeyStatus) else KeyStatus(name, "unreachable", detail=str(r))
+            for name, r in results.items()]
+
+
+def record_known_hosts(statuses: list[KeyStatus], path: str) -> int:
+    """Append the new keys to a known_hosts file; returns how many."""
+    new = [s for s in statuses if s.state == "new" and s.key is not None]
+    target = os.path.expanduser(path)
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    with open(target, "a") as f:
+        for s in new:
+            assert s.key is not None
+            f.write(f"{s.key_host} {s.key.get_name()} {s.key.get_base64()}\n")
+    return len(new)
+
+
+def _after(pin: str) -> Callable[[re.Match[str]], str]:
+    return lambda m: f"{m.group(1)}\n{pin}"
+
+
+def record_inventory(statuses: list[KeyStatus], path: Path) -> int:
+    """Pin new keys in the inventory, as `host_key = "..."` under each host's name line."""
+    text = path.read_text()
+    count = 0
+    for s in statuses:
+        if s.state != "new" or s.key is None or s.detail:  # never pin a ProxyJump hop's key
+            continue
+        line = re.compile(rf'^(\s*name\s*=\s*"{re.escape(s.host)}"\s*)$', re.M)
+        pin = f'host_key = "{s.key.get_name()} {s.key.get_base64()}"'
+        text, n = line.subn(_after(pin), text, count=1)
+        count += n
+    path.write_text(text)
+    return count
