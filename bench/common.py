@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testbed import Testbed, TbHost
+from tests.testbed import TbHost, Testbed
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable  # the venv's python: fleet's, and the testbed hosts' interpreter
@@ -65,6 +65,7 @@ class Proc:
         self.err: list[Line] = []
         self.cond = threading.Condition()
         self.rusage: object | None = None
+        self.ended: float | None = None  # time.monotonic() when it was seen to have exited
         self._readers = [threading.Thread(target=self._read, args=(s, d), daemon=True)
                          for s, d in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
         for r in self._readers:
@@ -100,28 +101,46 @@ class Proc:
         with self.cond:
             return "\n".join(x.text for x in self.out)
 
-    def wait(self, timeout: float) -> int | None:
-        """The exit code, or None after killing it at the deadline. Collects its rusage."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def poll(self) -> int | None:
+        """The exit code once it has exited (reaping it: records `ended` and its rusage)."""
+        if self.ended is None:
             pid, status, usage = os.wait4(self.p.pid, os.WNOHANG)
-            if pid:
-                self.p.returncode = os.waitstatus_to_exitcode(status)
-                self.rusage = usage
-                break
+            if not pid:
+                return None
+            self.ended = time.monotonic()
+            self.p.returncode = os.waitstatus_to_exitcode(status)
+            self.rusage = usage
+        return self.p.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None after killing it at the deadline."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                self.kill()
+                return None
             time.sleep(0.02)
-        else:
-            self.kill()
-            return None
         for r in self._readers:
             r.join(5)
         return self.p.returncode
 
+    @property
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process itself (after it was reaped)."""
+        u = self.rusage
+        return 0.0 if u is None else u.ru_utime + u.ru_stime  # type: ignore[attr-defined]
+
+    @property
+    def maxrss_kib(self) -> int:
+        return 0 if self.rusage is None else int(self.rusage.ru_maxrss)  # type: ignore[attr-defined]
+
     def kill(self) -> None:
-        if self.p.poll() is None:
+        if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.p.pid, signal.SIGKILL)
-            self.p.wait(10)
+            deadline = time.monotonic() + 10
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
         for r in self._readers:
             r.join(5)
 
@@ -285,6 +304,7 @@ class Table:
     columns: list[str]
     rows: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # checks that failed: the run exits 1
 
     def add(self, *cells: object) -> None:
         self.rows.append([str(c) for c in cells])
@@ -296,6 +316,6 @@ class Table:
         sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
         body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
                 for r in self.rows]
-        notes = [f"- {n}" for n in self.notes]
+        notes = [f"- {n}" for n in self.notes] + [f"- PROBLEM: {p}" for p in self.problems]
         return "\n".join([f"### {self.title}", "", line + " |", sep, *body,
                           *([""] + notes if notes else [])])

@@ -21,7 +21,6 @@ from bench.common import (
     run_pids,
     ssh_argv,
     torchrun_line,
-    wait_gone,
     wait_idle,
 )
 from tests.testbed import Testbed
@@ -44,6 +43,8 @@ START_TIMEOUT = 180  # seconds for the job to reach the crash
 class Teardown:
     gone: float | None  # seconds from the crash to the last process gone (None: not by the cap)
     left: int  # processes of the job still alive when the measurement ended
+    crashed_gone: float | None  # seconds from the crash to the crashed node's processes gone
+    noticed: float | None = None  # fleet: seconds from the crash to its "stopping" line
 
 
 def wait_marker(marker: Path, timeout: float, alive: list[Proc]) -> float:
@@ -61,11 +62,26 @@ def wait_marker(marker: Path, timeout: float, alive: list[Proc]) -> float:
 
 def measure(sc: Scratch, tag: str, marker: Path, n: int, cap: float,
             procs: list[Proc]) -> Teardown:
+    """Poll every 0.1 s from the crash until no process of the job is left (or the cap)."""
     crash = wait_marker(marker, START_TIMEOUT, procs)
     hosts = sc.tb.hosts[:n]
-    gone = wait_gone(sc.tb, tag, cap - (time.time() - crash), hosts)
-    left = sum(len(v) for v in run_pids(sc.tb, tag, hosts).values())
-    return Teardown(None if gone is None else gone - crash, left)
+    crashed = hosts[1].name
+    crashed_gone: float | None = None
+    while True:
+        now = time.time()
+        left = run_pids(sc.tb, tag, hosts)
+        if crashed_gone is None and not left[crashed]:
+            crashed_gone = now - crash
+        if not any(left.values()):
+            return Teardown(now - crash, 0, crashed_gone)
+        if now - crash > cap:
+            return Teardown(None, sum(len(v) for v in left.values()), crashed_gone)
+        time.sleep(max(0.0, 0.1 - (time.time() - now)))
+
+
+def noticed(proc: Proc, crash: float) -> float | None:
+    hits = [x.wall for x in proc.err if "stopping the job on every other node" in x.text]
+    return hits[0] - crash if hits else None
 
 
 def fleet_once(sc: Scratch, n: int, cap: float) -> Teardown:
@@ -81,6 +97,7 @@ def fleet_once(sc: Scratch, n: int, cap: float) -> Teardown:
         code = proc.wait(120)
         if code != 1:
             raise RuntimeError(f"fleet up exited {code}, not 1:\n{proc.err_text()}")
+        result.noticed = noticed(proc, float(marker.read_text()))
         return result
     finally:
         proc.kill()
@@ -107,33 +124,41 @@ def ssh_once(sc: Scratch, n: int, cap: float) -> Teardown:
 def run(cfg: Config) -> list[Table]:
     counts, reps = cfg.pick((2, 4, 8), (2, 4)), cfg.reps(3, 2)
     cap = 60.0 if not cfg.quick else 20.0
-    table = Table("teardown: rank 1 crashes, seconds until the job's last process is gone on "
-                  "every host (polled every 0.1 s)",
-                  ["hosts", "fleet up", "bare torchrun (ssh loop)", "left at cap", "fleet/ssh",
-                   "target"])
+    table = Table("teardown: rank 1 crashes; seconds from the crash until the job's last process "
+                  "is gone on every host (polled every 0.1 s)",
+                  ["hosts", "fleet up", "ssh loop (bare torchrun)", "fleet/ssh", "target",
+                   "fleet: crashed node gone", "fleet: noticed", "ssh: crashed node gone",
+                   "ssh: left at cap"])
     with Testbed(max(counts)) as tb:
         sc = Scratch(tb, "teardown")
         for n in counts:
-            fl: list[float] = []
+            fl: list[Teardown] = []
             base: list[Teardown] = []
             for _ in range(reps):
                 wait_idle()
-                r = fleet_once(sc, n, cap)
-                if r.gone is None:
-                    raise RuntimeError(f"fleet left {r.left} process(es) after {cap:.0f}s")
-                fl.append(r.gone)
+                fl.append(fleet_once(sc, n, cap))
+                if fl[-1].gone is None:
+                    raise RuntimeError(f"fleet left {fl[-1].left} process(es) after {cap:.0f}s")
                 if not base or base[-1].gone is not None:  # past the cap once is enough
                     wait_idle()
                     base.append(ssh_once(sc, n, cap))
-            f = median(fl)
-            b_gone = [b.gone for b in base if b.gone is not None]
-            b = median(b_gone) if len(b_gone) == len(base) else None
-            left = max(x.left for x in base)
-            ok = f is not None and f < 3.0
-            table.add(n, fmt(f), fmt(b) if b is not None else f"> {cap:.0f}s (cap)",
-                      left if b is None else 0, ratio(f, b) if b is not None else "< "
-                      + ratio(f, cap), "< 3 s " + ("met" if ok else "MISSED"))
-        table.notes.append(f"fleet: median of {reps} runs; the ssh loop is not repeated once "
-                           f"it passes the {cap:.0f} s cap (its other ranks sleep on for 600 s: "
-                           "static torchrun has no way to stop the other nodes)")
+            table.add(*row(n, fl, base, cap))
+        table.notes.append(f"fleet: median of {reps} runs; the ssh loop is not repeated once it "
+                           f"passes the {cap:.0f} s cap (static torchrun never stops the other "
+                           "nodes: their ranks sleep on for 600 s, then are killed by PID)")
     return [table]
+
+
+def row(n: int, fl: list[Teardown], base: list[Teardown], cap: float) -> list[object]:
+    def med(xs: list[float | None]) -> float | None:
+        return median([x for x in xs if x is not None]) if all(x is not None for x in xs) \
+            else None
+
+    f = med([x.gone for x in fl])
+    b = med([x.gone for x in base])
+    ok = f is not None and f < 3.0
+    return [n, fmt(f), fmt(b) if b is not None else f"> {cap:.0f}s (cap)",
+            ratio(f, b) if b is not None else "< " + ratio(f, cap),
+            "< 3 s " + ("met" if ok else "MISSED"), fmt(med([x.crashed_gone for x in fl])),
+            fmt(med([x.noticed for x in fl])), fmt(med([x.crashed_gone for x in base])),
+            max(x.left for x in base)]

@@ -19,7 +19,7 @@ from fleet.errors import FleetError
 from fleet.group import each, reason
 from fleet.inventory import load_inventory
 from fleet.job import load_job, with_extra_args
-from fleet.plan import Plan, make_plan, new_run_id
+from fleet.plan import Plan, make_plan, masked, new_run_id
 from fleet.shell import join
 from fleet.transport import open_transport
 
@@ -45,13 +45,15 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                                             help="Return once every node has started.")] = False,
        skip_checks: Annotated[bool, typer.Option(
            "--skip-checks", help="Start even if the preflight port checks fail.")] = False,
+       force: Annotated[bool, typer.Option(
+           "--force", help="Start even if another fleet run still holds these hosts.")] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
     console = Console()
     try:
         job = with_extra_args(load_job(job_path, inventory), extra or [])
         inv = load_inventory(job.inventory)
-        launch.up(inv, job, console, detach=detach, checks=not skip_checks)
+        launch.up(inv, job, console, detach=detach, checks=not skip_checks, force=force)
     except FleetError as e:
         raise _fail(e) from e
     except KeyboardInterrupt:
@@ -96,7 +98,7 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
               f"{':' + str(h.port) if h.port else ''}")
         print(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
         print(f"  run dir:   {n.run_dir}")
-        for k, v in n.env.items():
+        for k, v in masked(n.env, job.secret_env).items():
             print(f"  env {k}={v}")
         print(f"  command:   {join(n.argv)}")
 
@@ -107,7 +109,8 @@ def _plan_json(p: Plan) -> dict[str, object]:
          "node_rank": n.node_rank, "nnodes": n.nnodes, "nproc_per_node": n.nproc,
          "master_addr": n.master_addr, "master_port": n.master_port,
          "interface": n.net.interface, "interface_reason": n.net.reason,
-         "run_dir": n.run_dir, "code_dir": n.code_dir, "env": n.env, "argv": list(n.argv)}
+         "run_dir": n.run_dir, "code_dir": n.code_dir,
+         "env": masked(n.env, p.job.secret_env), "argv": list(n.argv)}
         for n in p.nodes]}
 
 

@@ -45,6 +45,7 @@ class Job:
     exclude: tuple[str, ...] = ()
     start_timeout: float = 120.0  # seconds to wait for the master's rendezvous port
     data: Path | None = None  # a local data directory synced to every node ($FLEET_DATA_DIR)
+    secret_env: tuple[str, ...] = ()  # env names never printed (beside those that look secret)
 
 
 DEFAULT_EXCLUDE = (".git", "__pycache__", ".fleet", ".venv", "*.pyc", ".mypy_cache",
@@ -100,6 +101,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     templates = here / templates_text if templates_text is not None else None
     if templates is not None and not templates.is_dir():
         raise root.error("templates", f"directory not found: {templates}")
+    secret_env = tuple(root.take_str_list("secret_env", []))
     exclude = tuple(root.take_str_list("exclude", [])) + DEFAULT_EXCLUDE
     data_text = root.take("data", str, None)
     data = (here / data_text).resolve() if data_text is not None else None
@@ -117,7 +119,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, launcher=launcher, command=command,
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
-               exclude=exclude, start_timeout=start_timeout, data=data)
+               exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

@@ -20,7 +20,7 @@ from fleet.logs import tag_line
 from fleet.plan import NodePlan, Plan, make_plan, new_run_id
 from fleet.probe import Facts, master_address, probe, python_problem, route_to
 from fleet.render import render_node
-from fleet.shell import AND, sh
+from fleet.shell import AND, Raw, sh
 from fleet.sync import local_manifest, sync_dir
 from fleet.transport import Transport, TransportError, open_transport
 
@@ -89,8 +89,25 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     return plan
 
 
-def preflight(session: Session, plan: Plan, console: Console) -> None:
-    """The fast part of `fleet check`: the master's port is free and reachable both ways."""
+def held_by(t: Transport, runs_dir: str) -> list[str]:
+    """Runs of fleet still alive in this node's workdir (another launch, maybe another user's)."""
+    script = " ".join([sh("cd", runs_dir), Raw("2>/dev/null || exit 0;"),
+                       Raw('for d in */; do d=${d%/}; [ -e "$d/exit_code" ] && continue; '
+                           'p=$(cat "$d/pid" 2>/dev/null) && kill -0 "$p" 2>/dev/null && '
+                           'echo "$d"; done; true')])
+    return t.run(script, timeout=30).out.split()
+
+
+def preflight(session: Session, plan: Plan, console: Console, force: bool = False) -> None:
+    """The fast part of `fleet check`: no other run holds the hosts (unless forced), and the
+    master's port is free and reachable both ways."""
+    if not force:
+        held = each(((n.host.name, n) for n in plan.nodes), lambda n: held_by(
+            session.t[n.host.name], n.run_dir.rsplit("/", 1)[0]))
+        busy = {name: f"held by run {r[0]} (still running); stop it (`fleet stop {r[0]}`) or "
+                      "pass --force" for name, r in held.items() if isinstance(r, list) and r}
+        if busy:
+            raise HostError("preflight", busy)
     m = plan.master
     checks = port_checks(session.t, m.host, m.master_addr, m.master_port,
                          {n.host.name: n.net.address or n.host.address for n in plan.nodes})
@@ -108,6 +125,13 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
     data_manifest = local_manifest(plan.job.data, ()) if plan.job.data else None
 
     def one(node: NodePlan) -> None:
+        try:
+            prepare(node)
+        except Exception as e:
+            raise RuntimeError(f"{reason(e)}{_space(session.t[node.host.name], node.run_dir)}") \
+                from e
+
+    def prepare(node: NodePlan) -> None:
         t = session.t[node.host.name]
         r = t.run(sh("mkdir", "-p", "-m", "700", node.run_dir) + f" {AND} " +
                   sh("mkdir", "-p", node.code_dir))
@@ -130,6 +154,15 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
         each(((n.host.name, n) for n in plan.nodes),
              lambda n: session.t[n.host.name].run(sh("rm", "-rf", n.run_dir)))
         all_ok("prepare", results)
+
+
+def _space(t: Transport, path: str) -> str:
+    """A note on free disk space where a write failed, if that is the likely cause."""
+    r = t.run(sh("df", "-Pk", path) + " " + Raw("2>/dev/null | tail -n 1"), timeout=15)
+    fields = r.out.split()
+    if len(fields) >= 4 and fields[3].isdigit() and int(fields[3]) < 1024 * 1024:
+        return f" (disk nearly full: {fields[3]} KiB free in {fields[-1]})"
+    return ""
 
 
 def start_all(session: Session, plan: Plan, console: Console) -> dict[str, int]:
@@ -278,7 +311,7 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome], console: C
 
 
 def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
-       checks: bool = True) -> str:
+       checks: bool = True, force: bool = False) -> str:
     """Run the job on every host of the inventory; returns the run id, raises JobFailed."""
     run_id = new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
@@ -287,7 +320,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
     try:
         plan = prepare_plan(session, inventory, job, run_id, console)
         if checks:
-            preflight(session, plan, console)
+            preflight(session, plan, console, force)
         upload(session, plan, console)
         record = state.save(plan)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,14 @@ class NodePlan:
 
     def global_rank(self, local_rank: int) -> int | None:
         return None if self.rank_base is None else self.rank_base + local_rank
+
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.I)
+
+
+def masked(env: dict[str, str], secret: tuple[str, ...] = ()) -> dict[str, str]:
+    """The env as fleet may print it: values of secret-looking or declared names as ***."""
+    return {k: "***" if k in secret or SECRET_NAME.search(k) else v for k, v in env.items()}
 
 
 @dataclass(frozen=True)
