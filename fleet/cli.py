@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from fleet.group import each, reason
 from fleet.inventory import load_inventory
 from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id
-from fleet.shell import join
+from fleet.shell import join, sh
 from fleet.transport import open_transport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -232,6 +233,35 @@ def _overall(states: dict[str, remote.NodeState | Exception]) -> str:
         if word in words:
             return word
     return "succeeded"
+
+
+@app.command()
+def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
+    """Remove a finished run: its directory on every node and its local record."""
+    console = Console()
+    try:
+        rec = state.load(run_id)
+    except FleetError as e:
+        raise _fail(e) from e
+    console.hosts([n.host.name for n in rec.nodes])
+
+    def one(node: state.NodeRecord) -> str:
+        with open_transport(node.host) as t:
+            run_dir = t.path(node.run_dir)
+            st = remote.state(t, run_dir)
+            if not st.done:
+                raise RuntimeError(f"still {st.state}: `fleet stop {rec.run_id}` first")
+            t.run(sh("rm", "-rf", run_dir), timeout=60)
+            return run_dir
+
+    results = each(((n.host.name, n) for n in rec.nodes), one)
+    bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
+    for name, r in results.items():
+        console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")
+    if bad:
+        raise typer.Exit(3)
+    shutil.rmtree(rec.dir, ignore_errors=True)
+    console.info(f"run {rec.run_id} removed")
 
 
 @app.command()

@@ -274,3 +274,41 @@ def test_node_whose_sshd_and_processes_die_mid_run(cli: CLI, tmp_path: Path) -> 
         assert_nothing_left(tb, run_id)
         st = cli("status", run_id)
         assert re.search(r"node2 .*unreachable", st.stdout), st.stdout
+
+
+SOAK_SCRIPT = '''
+import os, sys, time
+print(f"rank {os.environ['RANK']} up", flush=True)
+if os.environ["RANK"] == "2":
+    time.sleep(0.5)
+    sys.exit("injected failure")
+time.sleep(120)
+'''
+
+
+def test_soak_up_fail_stop_rm_leaves_nothing(cli: CLI, tb3: Testbed, tmp_path: Path) -> None:
+    """Cycles of up / injected failure / stop / rm on 3 hosts (FLEET_SOAK_CYCLES for more)."""
+    import os
+    cycles = int(os.environ.get("FLEET_SOAK_CYCLES", "30"))
+    tb3.inventory(tmp_path / "inv.toml")
+    (tmp_path / "soak.py").write_text(SOAK_SCRIPT)
+    job = tmp_path / "soak.toml"
+    job.write_text('inventory = "inv.toml"\nscript = "soak.py"\n[rendezvous]\nport = 29551\n')
+    run_ids = []
+    for _ in range(cycles):
+        r = cli("up", str(job), timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "injected failure" in r.stderr
+        run_ids.append(run_id_of(r.stderr))
+        assert cli("stop", run_ids[-1]).returncode == 0
+        removed = cli("rm", run_ids[-1])
+        assert removed.returncode == 0, removed.stderr
+    for h in tb3.hosts:
+        left = [p for rid in run_ids for p in tb3.run_processes(h.name, rid)]
+        assert not left, f"{h.name}: processes of the soak left: {left}"
+        listeners = tb3.exec(h.name, "ss", "-Hltn", "sport = :29551").stdout.strip()
+        assert not listeners, f"{h.name}: still listening on the rendezvous port: {listeners}"
+        runs = h.home / "fleet" / "runs"
+        assert not (list(runs.iterdir()) if runs.exists() else []), f"{h.name}: run dirs left"
+    assert not (cli.cwd / ".fleet" / "runs").exists() or \
+        not list((cli.cwd / ".fleet" / "runs").iterdir())
