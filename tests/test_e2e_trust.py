@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -228,6 +229,12 @@ def test_auth_refused_and_python_missing_fail_before_anything_starts(cli: CLI, t
     assert r.returncode == 3
     assert "node2: python '/nonexistent/python3' not found" in r.stderr, r.stderr
     assert not (tb2.hosts[0].home / "fleet" / "runs" / run_id_of(r.stderr)).exists()
+    bare = Path(sys.base_prefix) / "bin" / "python3"  # the interpreter under the venv: no torch
+    inv = tb2.inventory(tmp_path / "inv.toml")
+    inv.write_text(inv.read_text() + f'python = "{bare}"\n')
+    r = cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv))
+    assert r.returncode == 3
+    assert f"node2: {bare} has no torch" in r.stderr, r.stderr
 
 
 def test_full_disk_in_the_run_directory(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
