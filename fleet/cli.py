@@ -21,8 +21,7 @@ from fleet.group import each, reason
 from fleet.inventory import load_inventory
 from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id
-from fleet.shell import join, sh
-from fleet.transport import open_transport
+from fleet.shell import join
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run a PyTorch distributed job across the hosts of an inventory.")
@@ -191,11 +190,7 @@ def stop(run_id: RunArg = None) -> None:
         raise _fail(e) from e
     console.hosts([n.host.name for n in rec.nodes])
 
-    def one(node: state.NodeRecord) -> list[int]:
-        with open_transport(node.host) as t:
-            return remote.stop(t, t.path(node.run_dir))
-
-    results = each(((n.host.name, n) for n in rec.nodes), one)
+    results = remote.on_nodes(rec, remote.stop)
     bad = 0
     for name, r in results.items():
         if isinstance(r, Exception):
@@ -212,11 +207,7 @@ def stop(run_id: RunArg = None) -> None:
 
 
 def _states(rec: state.RunRecord) -> dict[str, remote.NodeState | Exception]:
-    def one(node: state.NodeRecord) -> remote.NodeState:
-        with open_transport(node.host) as t:
-            return remote.state(t, t.path(node.run_dir))
-
-    return each(((n.host.name, n) for n in rec.nodes), one)
+    return remote.on_nodes(rec, remote.state)
 
 
 def _duration(st: remote.NodeState) -> str:
@@ -245,16 +236,7 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
         raise _fail(e) from e
     console.hosts([n.host.name for n in rec.nodes])
 
-    def one(node: state.NodeRecord) -> str:
-        with open_transport(node.host) as t:
-            run_dir = t.path(node.run_dir)
-            st = remote.state(t, run_dir)
-            if not st.done:
-                raise RuntimeError(f"still {st.state}: `fleet stop {rec.run_id}` first")
-            t.run(sh("rm", "-rf", run_dir), timeout=60)
-            return run_dir
-
-    results = each(((n.host.name, n) for n in rec.nodes), one)
+    results = remote.on_nodes(rec, remote.remove)
     bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
     for name, r in results.items():
         console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")

@@ -6,11 +6,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import RemoteCommandError
+from fleet.group import each
 from fleet.shell import Raw, sh
-from fleet.transport import Transport
+from fleet.state import NodeRecord, RunRecord
+from fleet.transport import Transport, open_transport
+
+R = TypeVar("R")
 
 # How long to wait for run.sh to record its pid after it was started.
 PID_WAIT_TICKS = 100
@@ -108,6 +113,25 @@ def follow(t: Transport, run_dir: str, pid: int | None, on_line: Callable[[str],
     if pid is not None:
         args += ["-F", "-s", "0.2", "--pid", str(pid)]
     return t.stream(sh(*args, f"{run_dir}/node.log") + " " + Raw("2>/dev/null"), on_line, stop)
+
+
+def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R]) -> dict[str, R | Exception]:
+    """fn(transport, run dir) on every node of a recorded run, connected afresh, in parallel."""
+
+    def one(node: NodeRecord) -> R:
+        with open_transport(node.host) as t:
+            return fn(t, t.path(node.run_dir))
+
+    return each(((n.host.name, n) for n in record.nodes), one)
+
+
+def remove(t: Transport, run_dir: str) -> str:
+    """Delete a finished run's directory on the node."""
+    st = state(t, run_dir)
+    if not st.done:
+        raise RuntimeError(f"the run is still {st.state} here: stop it first")
+    t.run(sh("rm", "-rf", run_dir), timeout=60)
+    return run_dir
 
 
 def stop(t: Transport, run_dir: str) -> list[int]:
