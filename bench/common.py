@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -16,11 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 from tests.testbed import TbHost, Testbed
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable  # the venv's python: fleet's, and the testbed hosts' interpreter
+# Where `python -m fleet` is imported from: the working tree, or a snapshot of it (see snapshot)
+FLEET_PATH = [ROOT]
 RUN_ID = re.compile(r"^fleet: run (\S+): ", re.M)
 _ports = itertools.count(29600 + secrets.randbelow(200) * 10)
 
@@ -30,6 +35,7 @@ class Config:
     """How much to measure: --quick uses fewer repeats and host counts."""
 
     quick: bool = False
+    own_pids: bool = False  # hosts in PID namespaces of their own (see OwnPidsTestbed)
 
     def reps(self, full: int, quick: int) -> int:
         return quick if self.quick else full
@@ -104,7 +110,11 @@ class Proc:
     def poll(self) -> int | None:
         """The exit code once it has exited (reaping it: records `ended` and its rusage)."""
         if self.ended is None:
-            pid, status, usage = os.wait4(self.p.pid, os.WNOHANG)
+            try:
+                pid, status, usage = os.wait4(self.p.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (Popen): no rusage then
+                self.ended = time.monotonic()
+                return self.p.returncode
             if not pid:
                 return None
             self.ended = time.monotonic()
@@ -157,16 +167,22 @@ class Scratch:
     def __post_init__(self) -> None:
         self.dir = self.tb.dir / f"bench-{self.name}-{secrets.token_hex(2)}"
         self.dir.mkdir()
+        self.launches = 0
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "FLEET_STATE_DIR": str(self.dir / ".fleet"), "NO_COLOR": "1",
-                "PYTHONPATH": str(ROOT)}
+                "PYTHONPATH": str(FLEET_PATH[0])}
 
     def fleet(self, *args: str) -> Proc:
         return Proc([PY, "-m", "fleet", *args], env=self.env(), cwd=self.dir)
 
-    def inventory(self, n: int) -> Path:
-        return self.tb.inventory(self.dir / f"inv{n}.toml", [h.name for h in self.tb.hosts[:n]])
+    def inventory(self, n: int, workdir: str | None = None) -> Path:
+        """An inventory of the first n hosts. Each one gets a workdir of its own unless given,
+        so no launch meets an earlier run's directory (fleet refuses hosts it thinks busy)."""
+        self.launches += 1
+        wd = workdir or f"~/fleet-{self.name}-{self.launches}"
+        return self.tb.inventory(self.dir / f"inv{self.launches}.toml",
+                                 [h.name for h in self.tb.hosts[:n]], workdir=wd)
 
     def job(self, name: str, script: str, port: int, args: Sequence[str] = (),
             extra: str = "") -> Path:
@@ -180,6 +196,34 @@ class Scratch:
                         f"args = [{argv}]\nnproc_per_node = 1\n{extra}"
                         f"[rendezvous]\nport = {port}\n")
         return path
+
+
+def snapshot(dest: Path) -> str:
+    """Copy fleet (with its templates, where the installed package maps them) to dest, check
+    that it runs, and use it for every launch: the tree may be edited while benchmarks run.
+    Returns where it came from (commit, and whether fleet had uncommitted changes)."""
+    for attempt in range(5):
+        shutil.rmtree(dest / "fleet", ignore_errors=True)
+        shutil.copytree(ROOT / "fleet", dest / "fleet",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(ROOT / "templates", dest / "fleet" / "templates",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        env = {**os.environ, "PYTHONPATH": str(dest)}
+        probe = "import fleet.cli, fleet.templates as t; print(t.__file__)"
+        check = subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True,
+                               timeout=60, cwd=dest)
+        if check.returncode == 0 and check.stdout.startswith(str(dest)):
+            FLEET_PATH[0] = dest
+            break
+        time.sleep(2 + attempt)  # caught in the middle of an edit: try again
+    else:
+        raise RuntimeError(f"fleet in {ROOT} does not import: {check.stderr.strip()[-500:]}")
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, timeout=30).stdout.strip() or "unknown"
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "fleet", "templates"],
+                           capture_output=True, text=True, timeout=30).stdout.strip()
+    return f"commit {head}" + (" with uncommitted changes in fleet/" if dirty else "")
 
 
 def run_id_of(proc: Proc) -> str | None:
@@ -252,21 +296,38 @@ def wait_gone(tb: Testbed, run_id: str, timeout: float, hosts: Sequence[TbHost] 
     return None
 
 
+def run_dir(h: TbHost, run_id: str) -> Path:
+    """A fleet run's directory on a host (under whichever workdir the launch used)."""
+    found = sorted(h.home.glob(f"*/runs/{run_id}"))
+    return found[0] if found else h.home / "fleet" / "runs" / run_id
+
+
 def kill_run(tb: Testbed, run_id: str) -> dict[str, list[int]]:
-    """SIGKILL whatever of the run is left on the hosts, by PID; returns what was there."""
-    left = run_pids(tb, run_id)
-    for _ in range(5):
+    """SIGKILL whatever of the run is left on the hosts, by PID, fleet's run.sh last (so that
+    it still records an exit code); returns what was there."""
+    left = {k: v for k, v in run_pids(tb, run_id).items() if v}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
         pids = [p for ps in run_pids(tb, run_id).values() for p in ps]
         if not pids:
             break
+        late = time.monotonic() > deadline - 8  # run.sh had 2 s to end by itself
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-    return {k: v for k, v in left.items() if v}
+            if late or not _is_run_sh(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return left
 
 
-def wait_idle(max_wait: float = 20, load: float = 0.6) -> None:
+def _is_run_sh(pid: int) -> bool:
+    try:
+        return b"./run.sh" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def wait_idle(max_wait: float = 10, load: float = 0.5) -> None:
     """Let the machine settle between runs: wait (bounded) until the 1-second CPU use of
     everything is below `load` cores' worth."""
     deadline = time.monotonic() + max_wait
@@ -319,3 +380,29 @@ class Table:
         notes = [f"- {n}" for n in self.notes] + [f"- PROBLEM: {p}" for p in self.problems]
         return "\n".join([f"### {self.title}", "", line + " |", sep, *body,
                           *([""] + notes if notes else [])])
+
+
+class OwnPidsTestbed(Testbed):
+    """The testbed, but every host also gets a PID namespace of its own (sshd is its init and
+    reaps orphans at once; /proc shows only that host's processes), as on separate machines."""
+
+    __test__ = False
+
+    def _make_host(self, *args: Any, **kwargs: Any) -> None:
+        real = subprocess.Popen
+
+        def popen(argv: Any, *a: Any, **kw: Any) -> subprocess.Popen[Any]:
+            if isinstance(argv, list) and argv[:3] == ["ip", "netns", "exec"] \
+                    and "unshare" in argv:  # the host's sshd: give it a PID namespace
+                i = argv.index("unshare") + 1
+                argv = [*argv[:i], "--pid", "--fork", "--mount-proc", *argv[i:]]
+            return real(argv, *a, **kw)
+
+        with mock.patch.object(subprocess, "Popen", popen):
+            super()._make_host(*args, **kwargs)
+
+
+def testbed(n: int, cfg: Config) -> Testbed:
+    """The testbed for a benchmark: tests/testbed.py's, or with --own-pids hosts whose
+    processes live in PID namespaces of their own."""
+    return OwnPidsTestbed(n) if cfg.own_pids else Testbed(n)

@@ -19,11 +19,13 @@ from bench.common import (
     median,
     next_port,
     ratio,
+    run_dir,
     run_id_of,
     ssh_argv,
+    testbed,
     wait_idle,
 )
-from tests.testbed import TbHost, Testbed
+from tests.testbed import TbHost
 
 # One write per line (PYTHONUNBUFFERED is set on the nodes), as fast as it can.
 FLOOD_SCRIPT = '''import sys
@@ -56,7 +58,7 @@ class Delivery:
 
 
 def node_log(h: TbHost, run_id: str) -> Path:
-    return h.home / "fleet" / "runs" / run_id / "node.log"
+    return run_dir(h, run_id) / "node.log"
 
 
 def fleet_delivery(proc: Proc, n: int, count: int) -> Delivery:
@@ -112,7 +114,7 @@ def live_once(sc: Scratch, count: int) -> tuple[Delivery, Delivery, str]:
         run_id = run_id_of(proc) or ""
         hosts = sc.tb.hosts[:HOSTS]
         proc.until(lambda p: all(node_log(h, run_id).exists() for h in hosts)
-                   or p.p.poll() is not None, 120)
+                   or p.poll() is not None, 120)
         start = time.monotonic()
         procs = tails(sc, run_id, HOSTS)
         code = proc.wait(TIMEOUT)
@@ -144,7 +146,7 @@ def replay_once(sc: Scratch, run_id: str, count: int) -> tuple[Delivery, Deliver
 
 
 def throughput_table(sc: Scratch, cfg: Config) -> Table:
-    count, reps = cfg.reps(20000, 10000), cfg.reps(3, 2)
+    count, reps = cfg.reps(20000, 10000), cfg.reps(3, 1)
     table = Table(f"logs: {HOSTS} hosts x {count} lines as fast as each rank can print; "
                   "lines per second from the first line to the last (every line checked)",
                   ["mode", "fleet lines/s", "ssh tail -f lines/s", "fleet/ssh (rate)",
@@ -168,7 +170,7 @@ def throughput_table(sc: Scratch, cfg: Config) -> Table:
         if not f.intact:
             table.problems.append(f"fleet lost, repeated or reordered lines ({f.lines} of "
                                   f"{HOSTS * count})")
-    table.notes.append(f"median of {reps} runs; live: both read the same node.log files while "
+    table.notes.append(f"median of {reps} run(s); live: both read the same node.log files while "
                        "torchrun writes them (torchrun's --tee copy is the producer); replay: "
                        "each alone, from the finished files, end to end")
     return table
@@ -190,7 +192,7 @@ def delay_table(sc: Scratch, cfg: Config) -> Table:
         proc.until(lambda p: run_id_of(p) is not None, 60)
         run_id = run_id_of(proc) or ""
         proc.until(lambda p: all(node_log(h, run_id).exists() for h in sc.tb.hosts[:HOSTS])
-                   or p.p.poll() is not None, 120)
+                   or p.poll() is not None, 120)
         procs = tails(sc, run_id, HOSTS)
         code = proc.wait(TIMEOUT)
         time.sleep(1)
@@ -221,6 +223,6 @@ def delay_table(sc: Scratch, cfg: Config) -> Table:
 
 
 def run(cfg: Config) -> list[Table]:
-    with Testbed(HOSTS) as tb:
+    with testbed(HOSTS, cfg) as tb:
         sc = Scratch(tb, "logs")
         return [throughput_table(sc, cfg), delay_table(sc, cfg)]

@@ -6,12 +6,15 @@ import argparse
 import importlib
 import os
 import platform
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from bench.common import ROOT, Config, Table
+from bench.common import ROOT, Config, Table, snapshot
 from tests.testbed import available
 
 BENCHMARKS = ("fanout", "teardown", "stop", "logs", "footprint", "sync")
@@ -32,25 +35,47 @@ def run_one(name: str, cfg: Config) -> tuple[list[Table], str | None]:
         return [], traceback.format_exc()
 
 
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM or SIGHUP: unwind like Ctrl-C, so that every testbed is torn down."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer repeats and host counts")
     ap.add_argument("--only", choices=BENCHMARKS, action="append",
                     help="run only this benchmark (repeatable)")
+    ap.add_argument("--own-pids", action="store_true",
+                    help="give every testbed host its own PID namespace, as separate machines "
+                         "have (default: tests/testbed.py as it is, one PID space for all)")
     ap.add_argument("--out", type=Path, help="also write the tables (markdown) to this file")
     args = ap.parse_args(argv)
     why = available()
     if why is not None:
         print(f"bench: the testbed cannot run here: {why}", file=sys.stderr)
         return 2
-    cfg = Config(quick=args.quick)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with `&`
     os.chdir(ROOT)
+    snap = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    try:
+        cfg = Config(quick=args.quick, own_pids=args.own_pids)
+        return run_all(cfg, args.only or list(BENCHMARKS), args.out, snapshot(snap))
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+
+
+def run_all(cfg: Config, names: list[str], out: Path | None, source: str) -> int:
     header = (f"fleet benchmarks ({'quick' if cfg.quick else 'full'}), "
-              f"{time.strftime('%Y-%m-%d %H:%M')}\n\nmachine: {machine()}\n")
+              f"{time.strftime('%Y-%m-%d %H:%M')}\n\nmachine: {machine()}"
+              + ("; hosts with PID namespaces of their own (--own-pids)" if cfg.own_pids else "")
+              + "\n\n"
+              f"fleet: {source} (a copy taken at the start is what runs)\n")
     print(header, flush=True)
     parts, failed = [header], []
     start = time.monotonic()
-    for name in args.only or BENCHMARKS:
+    for name in names:
         t0 = time.monotonic()
         tables, error = run_one(name, cfg)
         for table in tables:
@@ -63,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(f"{name}: {error.strip().splitlines()[-1]}")
         print(f"({name}: {time.monotonic() - t0:.0f} s)\n", flush=True)
     print(f"total {time.monotonic() - start:.0f} s", flush=True)
-    if args.out:
-        args.out.write_text("\n".join(parts))
+    if out:
+        out.write_text("\n".join(parts))
     for f in failed:
         print(f"bench: problem: {f}", file=sys.stderr)
     return 1 if failed else 0

@@ -18,9 +18,10 @@ from bench.common import (
     next_port,
     ratio,
     run_id_of,
+    testbed,
     wait_idle,
 )
-from tests.testbed import TbHost, Testbed
+from tests.testbed import TbHost
 
 HOSTS = 4
 FILES = 1000  # main.py and 999 others, in 10 directories
@@ -51,7 +52,7 @@ def sync_job(sc: Scratch) -> Path:
 def fleet_sync(sc: Scratch, job: Path) -> tuple[float, float, int]:
     """One `fleet up --detach`: (wall seconds of the sync phase from stderr arrival times,
     the slowest node's own figure, files sent in all)."""
-    proc = sc.fleet("up", "--detach", str(job), "-i", str(sc.inventory(HOSTS)))
+    proc = sc.fleet("up", "--detach", str(job), "-i", str(sc.inventory(HOSTS, workdir="~/fleet")))
     code = proc.wait(TIMEOUT)
     run_id = run_id_of(proc)
     if run_id:
@@ -117,7 +118,7 @@ def run(cfg: Config) -> list[Table]:
                   ["case", "fleet sync phase", "fleet: slowest node's own figure",
                    "rsync, new ssh connections", "rsync, open connections (ControlMaster)",
                    "fleet/rsync new", "fleet/rsync open", "files fleet sent"])
-    with Testbed(HOSTS) as tb:
+    with testbed(HOSTS, cfg) as tb:
         sc = Scratch(tb, "sync")
         job = sync_job(sc)
         clear(tb.hosts)

@@ -20,10 +20,10 @@ from bench.common import (
     run_id_of,
     run_pids,
     ssh_argv,
+    testbed,
     torchrun_line,
     wait_idle,
 )
-from tests.testbed import Testbed
 
 # Rank 1 (a non-master node with nproc 1) writes the wall-clock time of its crash to the file
 # named by argv[1], then raises; every other rank sleeps.
@@ -53,7 +53,7 @@ def wait_marker(marker: Path, timeout: float, alive: list[Proc]) -> float:
     while time.monotonic() < deadline:
         if marker.exists():
             return float(marker.read_text())
-        if all(p.p.poll() is not None for p in alive):
+        if all(p.poll() is not None for p in alive):
             break
         time.sleep(0.05)
     raise RuntimeError("the injected crash never happened:\n" +
@@ -122,14 +122,14 @@ def ssh_once(sc: Scratch, n: int, cap: float) -> Teardown:
 
 
 def run(cfg: Config) -> list[Table]:
-    counts, reps = cfg.pick((2, 4, 8), (2, 4)), cfg.reps(3, 2)
-    cap = 60.0 if not cfg.quick else 20.0
+    counts, reps = cfg.pick((2, 4, 8), (2, 4)), cfg.reps(3, 1)
+    cap = 30.0 if not cfg.quick else 10.0
     table = Table("teardown: rank 1 crashes; seconds from the crash until the job's last process "
                   "is gone on every host (polled every 0.1 s)",
                   ["hosts", "fleet up", "ssh loop (bare torchrun)", "fleet/ssh", "target",
                    "fleet: crashed node gone", "fleet: noticed", "ssh: crashed node gone",
                    "ssh: left at cap"])
-    with Testbed(max(counts)) as tb:
+    with testbed(max(counts), cfg) as tb:
         sc = Scratch(tb, "teardown")
         for n in counts:
             fl: list[Teardown] = []
@@ -143,7 +143,7 @@ def run(cfg: Config) -> list[Table]:
                     wait_idle()
                     base.append(ssh_once(sc, n, cap))
             table.add(*row(n, fl, base, cap))
-        table.notes.append(f"fleet: median of {reps} runs; the ssh loop is not repeated once it "
+        table.notes.append(f"fleet: median of {reps} run(s); the ssh loop is not repeated once it "
                            f"passes the {cap:.0f} s cap (static torchrun never stops the other "
                            "nodes: their ranks sleep on for 600 s, then are killed by PID)")
     return [table]
