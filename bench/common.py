@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import statistics
@@ -384,22 +385,33 @@ class Table:
 
 class OwnPidsTestbed(Testbed):
     """The testbed, but every host also gets a PID namespace of its own (sshd is its init and
-    reaps orphans at once; /proc shows only that host's processes), as on separate machines."""
+    reaps orphans at once; /proc shows only that host's processes) and a /tmp of its own (PIDs
+    now repeat across hosts), as on separate machines. The testbed's directory stays visible."""
 
     __test__ = False
 
     def _make_host(self, *args: Any, **kwargs: Any) -> None:
         real = subprocess.Popen
+        host = args[0] if args else kwargs["h"]
 
         def popen(argv: Any, *a: Any, **kw: Any) -> subprocess.Popen[Any]:
             if isinstance(argv, list) and argv[:3] == ["ip", "netns", "exec"] \
-                    and "unshare" in argv:  # the host's sshd: give it a PID namespace
-                i = argv.index("unshare") + 1
-                argv = [*argv[:i], "--pid", "--fork", "--mount-proc", *argv[i:]]
+                    and "unshare" in argv and "-c" in argv:  # the host's sshd
+                i, j = argv.index("unshare") + 1, argv.index("-c") + 1
+                argv = [*argv[:i], "--pid", "--fork", "--mount-proc", *argv[i:j],
+                        self._private_tmp(host.name) + argv[j], *argv[j + 1:]]
             return real(argv, *a, **kw)
 
         with mock.patch.object(subprocess, "Popen", popen):
             super()._make_host(*args, **kwargs)
+
+    def _private_tmp(self, name: str) -> str:
+        """Shell that puts a private /tmp in place, with the testbed's directory inside it."""
+        private = self.dir / f"tmp-{name}"
+        inner = private / self.dir.name
+        inner.mkdir(parents=True)
+        return (f"mount --bind {shlex.quote(str(self.dir))} {shlex.quote(str(inner))} && "
+                f"mount --rbind {shlex.quote(str(private))} /tmp && ")
 
 
 def testbed(n: int, cfg: Config) -> Testbed:

@@ -18,6 +18,8 @@ from bench.common import (
     new_tag,
     next_port,
     ratio,
+    run_dir,
+    run_id_of,
     ssh_argv,
     testbed,
     torchrun_line,
@@ -39,6 +41,7 @@ class Usage:
     peak_kib: int  # peak RSS: VmHWM as last polled, or the kernel's ru_maxrss if higher
     cpu_s: float  # user + system
     lines: int  # tick lines received
+    missing: str = ""  # for fleet, when lines are missing: which, and what node.log holds
 
 
 def vm_hwm(pid: int) -> int:
@@ -68,6 +71,21 @@ def ticks(procs: list[Proc]) -> int:
     return sum(1 for p in procs for x in p.out if TICK.search(x.text))
 
 
+def missing_lines(sc: Scratch, proc: Proc, n: int) -> str:
+    """Which tick lines fleet did not print, and the node.log lines that hold them, if any."""
+    seen = {(int(m.group(2)), int(m.group(1))) for x in proc.out if (m := TICK.search(x.text))}
+    gaps = [(r, i) for r in range(n) for i in range(TICKS) if (r, i) not in seen][:5]
+    run_id = run_id_of(proc) or ""
+    notes = []
+    for r, i in gaps:
+        log = run_dir(sc.tb.hosts[r], run_id) / "node.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        held = [line for line in text.splitlines() if f"tick {i} of rank {r}" in line]
+        notes.append(f"rank {r} tick {i}: node.log has {held!r}")
+    odd = [x.text for x in proc.out if "tick" in x.text and not TICK.search(x.text)][:3]
+    return "; ".join(notes) + (f"; malformed lines on stdout: {odd!r}" if odd else "")
+
+
 def fleet_usage(sc: Scratch, n: int) -> Usage:
     job = sc.job("ticks", TICK_SCRIPT, next_port())
     proc = sc.fleet("up", str(job), "-i", str(sc.inventory(n)))
@@ -75,7 +93,9 @@ def fleet_usage(sc: Scratch, n: int) -> Usage:
         hwm = watch([proc], TIMEOUT)
         if proc.p.returncode != 0:
             raise RuntimeError(f"fleet up failed ({proc.p.returncode}):\n{proc.err_text()}")
-        return Usage(max(hwm.get(proc.p.pid, 0), proc.maxrss_kib), proc.cpu_s, ticks([proc]))
+        lines = ticks([proc])
+        return Usage(max(hwm.get(proc.p.pid, 0), proc.maxrss_kib), proc.cpu_s, lines,
+                     missing_lines(sc, proc, n) if lines != n * TICKS else "")
     finally:
         proc.kill()
 
@@ -123,7 +143,8 @@ def run(cfg: Config) -> list[Table]:
                       fmt(bc), ratio(fc, bc), "/".join(str(x) for x in sorted(lines)))
             if any(u.lines != n * TICKS for u in fl):
                 table.problems.append(f"fleet delivered {[u.lines for u in fl]} of {n * TICKS} "
-                                      f"lines at {n} hosts")
+                                      f"lines at {n} hosts: "
+                                      + " / ".join(u.missing for u in fl if u.missing))
     table.notes.append(f"median of {reps} run(s); RSS: VmHWM polled every 0.2 s and the "
                        "kernel's ru_maxrss; CPU: ru_utime + ru_stime from wait4. The ssh sum "
                        "counts shared pages once per client")
