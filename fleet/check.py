@@ -212,9 +212,7 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
         if master.name not in session:
             return checks
         mfacts = probe(session[master.name])
-        master_ip = master_address(master, mfacts)
-        if master.transport == "local" and len(inventory.hosts) == 1:
-            master_ip = "127.0.0.1"
+        master_ip = master_address(inventory, mfacts)
         nets = each(session.items(), lambda t: route_to(t, probe(t), master_ip))
 
         def own_ip(name: str) -> str:

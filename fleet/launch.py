@@ -14,7 +14,7 @@ from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import HostError, JobFailed
 from fleet.group import all_ok, each, failures, reason
-from fleet.inventory import Inventory
+from fleet.inventory import Host, Inventory
 from fleet.job import Job
 from fleet.logs import tag_line
 from fleet.plan import NodePlan, Plan, make_plan, new_run_id
@@ -47,9 +47,7 @@ class Session:
 def connect(inventory: Inventory, console: Console) -> Session:
     """Connect to every host in parallel; if any fails, close the rest and name each failure."""
 
-    def one(host: object) -> Transport:
-        from fleet.inventory import Host
-        assert isinstance(host, Host)
+    def one(host: Host) -> Transport:
         t0 = time.monotonic()
         t = open_transport(host)
         console.phase(host.name, f"connected ({host.transport}, {time.monotonic() - t0:.2f}s)")
@@ -74,10 +72,7 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
                 if (p := python_problem(hosts[name], facts[name])) is not None}
     if problems:
         raise HostError("checking python", problems)
-    master = inventory.hosts[0]
-    master_ip = master_address(master, facts[master.name])
-    if master.transport == "local" and len(inventory.hosts) == 1:
-        master_ip = "127.0.0.1"
+    master_ip = master_address(inventory, facts[inventory.hosts[0].name])
     nets = all_ok("finding the route to the master",
                   each(((n, (t, facts[n])) for n, t in session.t.items()),
                        lambda tf: route_to(tf[0], tf[1], master_ip)))

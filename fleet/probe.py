@@ -6,7 +6,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from fleet.inventory import Host
+from fleet.inventory import Host, Inventory
 from fleet.plan import NodeNet
 from fleet.shell import Raw, quote, sh
 from fleet.transport import Transport
@@ -59,8 +59,12 @@ def python_problem(host: Host, facts: Facts) -> str | None:
             "the inventory (full path to the venv's python)")
 
 
-def master_address(master: Host, facts: Facts) -> str:
-    """An IP the workers can reach: never a name that might resolve to loopback on a node."""
+def master_address(inventory: Inventory, facts: Facts) -> str:
+    """An IP the workers can reach: never a name that might resolve to loopback on a node
+    (this machine alone: loopback itself)."""
+    master = inventory.hosts[0]
+    if master.transport == "local" and len(inventory.hosts) == 1:
+        return "127.0.0.1"
     if _is_ipv4(master.address) and not ipaddress.ip_address(master.address).is_loopback:
         return master.address
     if facts.server_ip and _is_ipv4(facts.server_ip) and \

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 
 class Raw(str):
@@ -11,8 +11,6 @@ class Raw(str):
 
 
 AND = Raw("&&")
-OR = Raw("||")
-SEMI = Raw(";")
 
 
 def quote(value: object) -> str:
@@ -27,8 +25,3 @@ def sh(*parts: object) -> str:
 
 def join(argv: Iterable[object]) -> str:
     return " ".join(quote(a) for a in argv)
-
-
-def export_lines(env: Mapping[str, str]) -> str:
-    """`export NAME=value` lines for a file that a shell sources; names are checked upstream."""
-    return "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
