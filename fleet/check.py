@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.errors import FleetError
 from fleet.group import each, reason
 from fleet.inventory import Host, Inventory
 from fleet.job import DEFAULT_EXCLUDE, Job
 from fleet.plan import NodeNet
-from fleet.probe import master_address, probe, route_to
-from fleet.shell import Raw, sh
-from fleet.transport import Transport, open_transport
+from fleet.probe import Facts, master_address, net_for, probe, storage_groups
+from fleet.remote import connect_script
+from fleet.shell import sh
+from fleet.transport import SSHTransport, Transport, open_transport
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 CLOCK_SKEW_WARN_S = 2.0
@@ -78,14 +80,17 @@ print(json.dumps(out))
 # connections, then exits, or gives up after a while: the port is free again for the job.
 _LISTEN = r'''
 import os, socket, sys, time
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+port = int(sys.argv[1])
 try:
-    s.bind(("", int(sys.argv[1])))
+    # IPv4 and IPv6 on one socket where the node has both: nodes may reach it either way.
+    if socket.has_dualstack_ipv6():
+        s = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
+                                 backlog=64)
+    else:
+        s = socket.create_server(("", port), backlog=64)
 except OSError as e:
     print(f"busy {e}", flush=True)
     sys.exit(0)
-s.listen(64)
 print(f"listening {s.getsockname()[1]} {os.getpid()}", flush=True)
 s.settimeout(0.5)
 end = time.monotonic() + float(sys.argv[2])
@@ -123,13 +128,19 @@ def start_listener(t: Transport, port: int, expect: int,
                    seconds: int = LISTEN_S) -> tuple[bool, str, str]:
     """Start a listener on the node (port 0: any free one) that lives until `expect` connections
     came or `seconds` passed. Returns (listening?, the port or why not, its pid)."""
-    cmd = " ".join([sh("timeout", str(seconds + 5), t.host.python, "-c", _LISTEN, str(port),
-                       str(seconds), str(expect)),
-                    Raw("> /tmp/.fleet-listen-$$ 2>&1 < /dev/null &"),
-                    Raw("i=0; while [ ! -s /tmp/.fleet-listen-$$ ] && [ $i -lt 100 ]; do "
-                        "sleep 0.1; i=$((i+1)); done; cat /tmp/.fleet-listen-$$; "
-                        "rm -f /tmp/.fleet-listen-$$")])
-    out = t.run(cmd, timeout=30).out.strip()
+    listen = sh("timeout", str(seconds + 5), t.host.python, "-c", _LISTEN, str(port),
+                str(seconds), str(expect))
+    script = "\n".join([
+        'f=$(mktemp "${TMPDIR:-/tmp}/fleet-listen.XXXXXX") || exit 1',
+        f'{listen} > "$f" 2>&1 < /dev/null &',
+        'i=0; while [ ! -s "$f" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done',
+        'cat "$f"; rm -f "$f"',
+    ])
+    return parse_listener(t.run(script, timeout=30, what="start a test listener").out)
+
+
+def parse_listener(out: str) -> tuple[bool, str, str]:
+    out = out.strip()
     if out.startswith("listening "):
         _, port_text, pid = out.split()[:3]
         return True, port_text, pid
@@ -139,16 +150,15 @@ def start_listener(t: Transport, port: int, expect: int,
 def stop_listener(t: Transport, pid: str) -> None:
     """Free the port at once (a worker that could not connect leaves the listener waiting)."""
     if pid.isdigit():
-        t.run(sh("kill", pid) + " " + Raw("2>/dev/null; true"), timeout=15)
+        t.run(sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")
 
 
-def can_connect(t: Transport, addr: str, port: str | int, timeout: int = 5) -> tuple[bool, str]:
-    r = t.run(sh("timeout", str(timeout), "bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "probe",
-                 addr, str(port)) + " " + Raw("2>&1"), timeout=timeout + 10)
+def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
+    r = t.run(connect_script(t.host.python, addr, port), timeout=20, what="connect test")
     if r.ok:
         return True, ""
     why = r.out.strip().splitlines()[-1] if r.out.strip() else "timed out"
-    return False, why.split(": ")[-1]
+    return False, why
 
 
 def port_checks(session: dict[str, Transport], master: Host, master_ip: str, port: int,
@@ -207,34 +217,45 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
             if isinstance(r, Exception):
                 checks.append(Check(name, "ssh", FAIL, reason(r), _ssh_fix(hosts[name])))
             else:
-                checks.append(Check(name, "ssh", PASS, f"{r.host.transport} {r.host.address}"))
+                checks += _connection_checks(r)
         master = inventory.hosts[0]
         if master.name not in session:
             return checks
-        mfacts = probe(session[master.name])
-        master_ip = master_address(inventory, mfacts)
-        nets = each(session.items(), lambda t: route_to(t, probe(t), master_ip))
+        master_ip = master_address(inventory, probe(session[master.name], None))
+        found = each(session.items(), lambda t: probe(t, master_ip))
+        facts = {n: f for n, f in found.items() if isinstance(f, Facts)}
+        for name, fr in found.items():
+            if isinstance(fr, Exception):
+                checks.append(Check(name, "probe", FAIL, reason(fr)))
+        nets: dict[str, NodeNet | Exception] = {}
+        for name, f in facts.items():
+            try:
+                nets[name] = net_for(hosts[name], f, master_ip)
+            except RuntimeError as e:
+                nets[name] = e
+        checks += _storage_checks(facts)
 
         def own_ip(name: str) -> str:
-            net = nets[name]
+            net = nets.get(name)
             return (net.address if isinstance(net, NodeNet) else None) or hosts[name].address
 
-        facts = each(session.items(), lambda t: _facts(t, own_ip(t.host.name)))
-        for name, fr in facts.items():
-            if isinstance(fr, Exception):
-                checks.append(Check(name, "python", FAIL, reason(fr),
+        details = each(session.items(), lambda t: _facts(t, own_ip(t.host.name)))
+        for name, dr in details.items():
+            if isinstance(dr, Exception):
+                checks.append(Check(name, "python", FAIL, reason(dr),
                                     f"set `python` for {name} in the inventory to an interpreter "
                                     "with torch (the venv's full path)"))
-        good = {n: f for n, f in facts.items() if isinstance(f, dict)}
+        good = {n: f for n, f in details.items() if isinstance(f, dict)}
         checks += _version_checks(good, master.name)
-        for name, f in good.items():
-            checks += _node_checks(name, f, job, alone=len(hosts) == 1)
-            net = nets[name]
+        for name, d in good.items():
+            checks += _node_checks(name, d, job, alone=len(hosts) == 1)
+            checks.append(_write_check(session[name]))
+            net = nets.get(name)
             if isinstance(net, NodeNet):
                 checks.append(Check(name, "interface", PASS if net.interface or
                                     len(inventory.hosts) == 1 else WARN,
                                     f"{net.interface or '-'} ({net.reason})"))
-            else:
+            elif net is not None:
                 checks.append(Check(name, "interface", FAIL, reason(net),
                                     "the node has no route to the master's address"))
         if all(n in session for n in hosts):
@@ -244,6 +265,54 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
         for t in session.values():
             t.close()
     return checks
+
+
+def _connection_checks(t: Transport) -> list[Check]:
+    """How the node takes commands and files: login shell, rc files that print, SFTP."""
+    name = t.host.name
+    out = [Check(name, "ssh", PASS, f"{t.host.transport} {t.host.address}"
+                 + (f", login shell {t.shell}" if t.shell else ""))]
+    noise = [line for line in t.noise.splitlines() if line.strip()]
+    if noise:
+        out.append(Check(name, "rc files", WARN,
+                         f"the login shell prints {len(noise)} line(s) for every command: "
+                         f"{noise[0][:60]!r} (fleet ignores them)",
+                         "scp, rsync and an external sftp-server break on such output: print "
+                         "only in interactive shells (bash: `[[ $- == *i* ]] || return` at the "
+                         "top of ~/.bashrc; fish: `status is-interactive`; tcsh: `if ($?prompt)`)"))
+    if isinstance(t, SSHTransport):
+        if t.sftp_available():
+            out.append(Check(name, "sftp", PASS, "available"))
+        else:
+            out.append(Check(name, "sftp", WARN, f"not available ({t.sftp_problem}): fleet sends "
+                             "files over the exec channel (verified, a little slower)",
+                             "nothing to do; `Subsystem sftp internal-sftp` in sshd_config "
+                             "makes large syncs faster"))
+    return out
+
+
+def _storage_checks(facts: dict[str, Facts]) -> list[Check]:
+    out = []
+    for group in storage_groups(facts):
+        for name in group:
+            others = [n for n in group if n != name]
+            out.append(Check(name, "storage", PASS,
+                             f"workdir shared with {', '.join(others)}: synced once, run "
+                             "directories apart" if others else "workdir on its own storage"))
+    return out
+
+
+def _write_check(t: Transport) -> Check:
+    """Write (verified) and remove a 1 MiB file in the workdir: a full disk or quota fails."""
+    path = f"{t.path(t.host.workdir)}/.fleet-write-test"
+    try:
+        t.write(path, b"\0" * (1 << 20), 0o600)
+    except FleetError as e:
+        return Check(t.host.name, "write", FAIL, str(e),
+                     "free space or quota there, or set `workdir` for this host elsewhere")
+    finally:
+        t.run(sh("rm", "-f", path), what="remove the write test")
+    return Check(t.host.name, "write", PASS, f"1 MiB written and read back in {t.host.workdir}")
 
 
 def _ssh_fix(h: Host) -> str:

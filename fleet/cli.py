@@ -47,13 +47,18 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
            "--skip-checks", help="Start even if the preflight port checks fail.")] = False,
        force: Annotated[bool, typer.Option(
            "--force", help="Start even if another fleet run still holds these hosts.")] = False,
+       allow_mismatch: Annotated[bool, typer.Option(
+           "--allow-version-mismatch",
+           help="Start (with a warning) although nodes have different python/torch versions.")
+       ] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
     console = Console()
     try:
         job = with_extra_args(load_job(job_path, inventory), extra or [])
         inv = load_inventory(job.inventory)
-        launch.up(inv, job, console, detach=detach, checks=not skip_checks, force=force)
+        launch.up(inv, job, console, detach=detach, checks=not skip_checks, force=force,
+                  allow_mismatch=allow_mismatch)
     except FleetError as e:
         raise _fail(e) from e
     except KeyboardInterrupt:
@@ -77,7 +82,8 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
             console.hosts([h.name for h in inv.hosts])
             session = launch.connect(inv, console)
             try:
-                p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console)
+                p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
+                                        create=False, allow_mismatch=True)
             finally:
                 session.close()
         else:
@@ -91,6 +97,9 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
           f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}")
     for note in p.notes:
         print(f"note: {note}")
+    for group in p.storage:
+        if len(group) > 1:
+            print(f"shared storage: {', '.join(group)} (one workdir; code and data synced once)")
     for n in p.nodes:
         h = n.host
         print(f"\n[{h.name}] node rank {n.node_rank}, {h.transport} "
@@ -104,7 +113,8 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
 
 
 def _plan_json(p: Plan) -> dict[str, object]:
-    return {"run_id": p.run_id, "job": p.job.name, "notes": list(p.notes), "nodes": [
+    return {"run_id": p.run_id, "job": p.job.name, "notes": list(p.notes),
+            "storage": [list(g) for g in p.storage], "nodes": [
         {"host": n.host.name, "address": n.host.address, "transport": n.host.transport,
          "node_rank": n.node_rank, "nnodes": n.nnodes, "nproc_per_node": n.nproc,
          "master_addr": n.master_addr, "master_port": n.master_port,

@@ -21,6 +21,34 @@ class ConfigError(FleetError):
         super().__init__(f"{where}: {message}")
 
 
+class UsageError(FleetError):
+    """A command-line argument names nothing that exists or contradicts another."""
+
+    exit_code = 2
+
+
+class TransportError(FleetError):
+    """A node cannot be reached or authenticated, or its connection was lost."""
+
+    exit_code = 3
+
+
+class CommandTimedOut(FleetError):
+    """A command on a node gave no result in time (the node may still be running it)."""
+
+    exit_code = 3
+
+    def __init__(self, host: str, what: str, seconds: float | None) -> None:
+        self.host = host
+        super().__init__(f"{host}: no answer to {what} after {seconds}s")
+
+
+class WriteError(FleetError):
+    """A file could not be written on a node in full (a full disk or quota, permissions)."""
+
+    exit_code = 3
+
+
 class HostError(FleetError):
     """One or more hosts could not be reached, authenticated or prepared; nothing was started."""
 

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from fleet.errors import FleetError, HostError
-from fleet.transport import TransportError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -32,7 +31,7 @@ def each(items: Iterable[tuple[str, T]], fn: Callable[[T], R],
 
 
 def reason(e: Exception) -> str:
-    if isinstance(e, FleetError | TransportError):
+    if isinstance(e, FleetError):
         return str(e)
     return f"{type(e).__name__}: {e}"
 

@@ -12,17 +12,25 @@ from fleet import failure, remote, state
 from fleet.check import FAIL, port_checks
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
-from fleet.errors import HostError, JobFailed
+from fleet.errors import HostError, JobFailed, TransportError
 from fleet.group import all_ok, each, failures, reason
 from fleet.inventory import Host, Inventory
 from fleet.job import Job
 from fleet.logs import tag_line
 from fleet.plan import NodePlan, Plan, make_plan, new_run_id
-from fleet.probe import Facts, master_address, probe, python_problem, route_to
+from fleet.probe import (
+    Facts,
+    literal_address,
+    master_address,
+    net_for,
+    probe,
+    python_problem,
+    storage_groups,
+)
 from fleet.render import render_node
-from fleet.shell import AND, Raw, sh
+from fleet.shell import sh
 from fleet.sync import local_manifest, sync_dir
-from fleet.transport import Transport, TransportError, open_transport
+from fleet.transport import Transport, open_transport
 
 
 @dataclass(frozen=True)
@@ -64,43 +72,67 @@ def connect(inventory: Inventory, console: Console) -> Session:
 
 
 def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
-                 console: Console) -> Plan:
-    """Probe every node, then plan with what was learnt (homes, master IP, interfaces)."""
+                 console: Console, *, create: bool = True,
+                 allow_mismatch: bool = False) -> Plan:
+    """Probe every node (one round trip each where the master's address is an IP already),
+    then plan with what was learnt: homes, master IP, interfaces, shared storage."""
     hosts = {h.name: h for h in inventory.hosts}
-    facts: dict[str, Facts] = all_ok("probe", each(session.t.items(), probe))
+    guess = master_address(inventory, None)
+    hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
+    facts: dict[str, Facts] = all_ok("probe", each(
+        session.t.items(), lambda t: probe(t, hint, create=create)))
     problems = {name: p for name in facts
                 if (p := python_problem(hosts[name], facts[name])) is not None}
     if problems:
         raise HostError("checking python", problems)
     master_ip = master_address(inventory, facts[inventory.hosts[0].name])
-    nets = all_ok("finding the route to the master",
-                  each(((n, (t, facts[n])) for n, t in session.t.items()),
-                       lambda tf: route_to(tf[0], tf[1], master_ip)))
+    if master_ip != hint:  # the route could only be asked once the master's IP was known
+        facts = all_ok("finding the route to the master", each(
+            session.t.items(), lambda t: probe(t, master_ip, create=False)))
+    mismatch = version_problems(facts, inventory.hosts[0].name)
+    if mismatch and not allow_mismatch:
+        raise HostError("version check (--allow-version-mismatch starts anyway)", mismatch)
+    for name, why in mismatch.items():
+        console.phase(name, f"warning: {why}")
+    nets = all_ok("finding the route to the master", each(
+        ((n, n) for n in session.t), lambda n: net_for(hosts[n], facts[n], master_ip)))
     homes = {n: t.home for n, t in session.t.items()}
-    plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes)
+    plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
+                     storage=storage_groups(facts))
     for node in plan.nodes:
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
+    for group in plan.storage:
+        if len(group) > 1:
+            console.info(f"{', '.join(group)} share one filesystem under their workdir: code "
+                         "and data are synced once, through " + group[0])
     return plan
 
 
-def held_by(t: Transport, runs_dir: str) -> list[str]:
-    """Runs of fleet still alive in this node's workdir (another launch, maybe another user's)."""
-    script = " ".join([sh("cd", runs_dir), Raw("2>/dev/null || exit 0;"),
-                       Raw('for d in */; do d=${d%/}; [ -e "$d/exit_code" ] && continue; '
-                           'p=$(cat "$d/pid" 2>/dev/null) && kill -0 "$p" 2>/dev/null && '
-                           'echo "$d"; done; true')])
-    return t.run(script, timeout=30).out.split()
+def version_problems(facts: dict[str, Facts], master: str) -> dict[str, str]:
+    """Nodes whose python (major.minor) or torch differ from the master's."""
+    ref = facts[master]
+    out = {}
+    for name, f in facts.items():
+        py, ref_py = f.python_version.rsplit(".", 1)[0], ref.python_version.rsplit(".", 1)[0]
+        diffs = [f"{what} {mine or '?'} here, {theirs or '?'} on {master}"
+                 for what, mine, theirs in (("python", py, ref_py),
+                                            ("torch", f.torch_version, ref.torch_version))
+                 if mine != theirs]
+        if diffs:
+            out[name] = "; ".join(diffs) + " (install the same versions on every node)"
+    return out
 
 
 def preflight(session: Session, plan: Plan, console: Console, force: bool = False) -> None:
     """The fast part of `fleet check`: no other run holds the hosts (unless forced), and the
     master's port is free and reachable both ways."""
     if not force:
-        held = each(((n.host.name, n) for n in plan.nodes), lambda n: held_by(
-            session.t[n.host.name], n.run_dir.rsplit("/", 1)[0]))
-        busy = {name: f"held by run {r[0]} (still running); stop it (`fleet stop {r[0]}`) or "
-                      "pass --force" for name, r in held.items() if isinstance(r, list) and r}
+        held = each(((n.host.name, n) for n in plan.nodes), lambda n: remote.held_by(
+            session.t[n.host.name], n.run_dir.rsplit("/", 2)[0]))
+        busy = {name: f"held by run {r[0].split('/')[0]} (still running); stop it (`fleet stop "
+                      f"{r[0].split('/')[0]}`) or pass --force"
+                for name, r in held.items() if isinstance(r, list) and r}
         if busy:
             raise HostError("preflight", busy)
     m = plan.master
@@ -113,29 +145,22 @@ def preflight(session: Session, plan: Plan, console: Console, force: bool = Fals
                  + (", reachable from every node" if len(plan.nodes) > 1 else ""))
 
 
+SYNCED = ".fleet-synced"  # in a node's code directory: the run whose sync it holds
+
+
 def upload(session: Session, plan: Plan, console: Console) -> None:
-    """Sync the code and write the rendered scripts on every node; on any failure remove what was
-    written everywhere and raise (nothing has started yet)."""
+    """Sync the code and data (once per shared filesystem) and write the rendered scripts on
+    every node; on any failure remove what was written everywhere and raise (nothing has
+    started yet)."""
     manifest = local_manifest(plan.job.workdir, plan.job.exclude)
     data_manifest = local_manifest(plan.job.data, ()) if plan.job.data else None
+    leader = {name: group[0] for group in plan.storage for name in group}
+    nodes = {n.host.name: n for n in plan.nodes}
 
-    def one(node: NodePlan) -> None:
-        try:
-            prepare(node)
-        except Exception as e:
-            raise RuntimeError(f"{reason(e)}{_space(session.t[node.host.name], node.run_dir)}") \
-                from e
-
-    def prepare(node: NodePlan) -> None:
+    def sync(node: NodePlan) -> None:
         t = session.t[node.host.name]
-        r = t.run(sh("mkdir", "-p", "-m", "700", node.run_dir) + f" {AND} " +
-                  sh("mkdir", "-p", node.code_dir))
-        if not r.ok:
-            raise RuntimeError(f"cannot create {node.run_dir}: {r.err.strip()}")
         t0 = time.monotonic()
         stats = sync_dir(t, plan.job.workdir, node.code_dir, plan.job.exclude, manifest)
-        for name, (text, mode) in render_node(plan, node).files.items():
-            t.write(f"{node.run_dir}/{name}", text.encode(), mode)
         console.phase(node.host.name, f"code: sent {stats.files} file(s), {stats.bytes} bytes "
                       f"({stats.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
         if plan.job.data and node.data_dir:
@@ -143,21 +168,36 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
             d = sync_dir(t, plan.job.data, node.data_dir, (), data_manifest)
             console.phase(node.host.name, f"data: sent {d.files} file(s), {d.bytes} bytes "
                           f"({d.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
+        t.write(f"{node.code_dir}/{SYNCED}", plan.run_id.encode(), 0o644)
 
-    results = each(((n.host.name, n) for n in plan.nodes), one)
+    def prepare(node: NodePlan) -> None:
+        t = session.t[node.host.name]
+        t.run(sh("mkdir", "-p", "-m", "700", node.run_dir) + " && " + sh("mkdir", "-p",
+              node.code_dir), what=f"create {node.run_dir}").check(node.host.name)
+        if leader[node.host.name] == node.host.name:
+            sync(node)
+        for name, (text, mode) in render_node(plan, node).files.items():
+            t.write(f"{node.run_dir}/{name}", text.encode(), mode)
+
+    def confirm(node: NodePlan) -> None:
+        """A node that shares its leader's storage sees the leader's sync; if it does not (a
+        copied workdir, say), it gets its own."""
+        t = session.t[node.host.name]
+        seen = t.run(sh("cat", f"{node.code_dir}/{SYNCED}") + " 2>/dev/null",
+                     what="read the sync marker").out.strip()
+        if seen == plan.run_id:
+            console.phase(node.host.name, f"code: shared with {leader[node.host.name]}")
+        else:
+            console.phase(node.host.name, "code: its storage is not shared after all; syncing")
+            sync(node)
+
+    results = each(nodes.items(), prepare)
+    if not failures(results):
+        results = each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm)
     if failures(results):
-        each(((n.host.name, n) for n in plan.nodes),
-             lambda n: session.t[n.host.name].run(sh("rm", "-rf", n.run_dir)))
+        each(nodes.items(), lambda n: session.t[n.host.name].run(
+            remote.remove_script(n.run_dir), what="clean up"))
         all_ok("prepare", results)
-
-
-def _space(t: Transport, path: str) -> str:
-    """A note on free disk space where a write failed, if that is the likely cause."""
-    r = t.run(sh("df", "-Pk", path) + " " + Raw("2>/dev/null | tail -n 1"), timeout=15)
-    fields = r.out.split()
-    if len(fields) >= 4 and fields[3].isdigit() and int(fields[3]) < 1024 * 1024:
-        return f" (disk nearly full: {fields[3]} KiB free in {fields[-1]})"
-    return ""
 
 
 def start_all(session: Session, plan: Plan, console: Console) -> dict[str, int]:
@@ -306,14 +346,15 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome], console: C
 
 
 def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
-       checks: bool = True, force: bool = False) -> str:
+       checks: bool = True, force: bool = False, allow_mismatch: bool = False) -> str:
     """Run the job on every host of the inventory; returns the run id, raises JobFailed."""
     run_id = new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
     console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
     session = connect(inventory, console)
     try:
-        plan = prepare_plan(session, inventory, job, run_id, console)
+        plan = prepare_plan(session, inventory, job, run_id, console,
+                            allow_mismatch=allow_mismatch)
         if checks:
             preflight(session, plan, console, force)
         upload(session, plan, console)

@@ -19,7 +19,7 @@ class NodeNet:
     """How one node reaches the master, as detected on the node (or pinned in the inventory)."""
 
     interface: str | None = None
-    address: str | None = None  # this node's own IPv4 on that interface
+    address: str | None = None  # this node's own IP (v4 or v6) on that interface
     reason: str = "not detected"
 
 
@@ -59,6 +59,8 @@ class Plan:
     inventory: Inventory
     nodes: tuple[NodePlan, ...]
     notes: tuple[str, ...] = field(default=())
+    # Nodes grouped by the filesystem under their workdir (from the probe; unknown: one each).
+    storage: tuple[tuple[str, ...], ...] = field(default=())
 
     @property
     def master(self) -> NodePlan:
@@ -72,7 +74,8 @@ def new_run_id(job_name: str, now: float | None = None) -> str:
 
 def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str | None = None,
               nets: dict[str, NodeNet] | None = None,
-              homes: dict[str, str] | None = None) -> Plan:
+              homes: dict[str, str] | None = None,
+              storage: list[list[str]] | None = None) -> Plan:
     """The plan for every node. Without probe facts (a dry run) addresses and interfaces are the
     inventory's own and paths keep their ~."""
     hosts = inventory.hosts
@@ -91,7 +94,8 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
                                              "pinned in the inventory" if host.interface
                                              else "detected at launch")
         workdir = _expand(host.workdir, homes.get(host.name))
-        run_dir = f"{workdir}/runs/{run_id}"
+        # One directory per node, even in one run: nodes may share the workdir (an NFS home).
+        run_dir = f"{workdir}/runs/{run_id}/{host.name}"
         code_dir = f"{workdir}/code/{job.name}"
         data_dir = f"{workdir}/data/{job.name}" if job.data else None
         env = _env(job, host, run_id, rank, net, data_dir)
@@ -102,8 +106,9 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
                               master_port=job.rendezvous.port, net=net, env=env, argv=argv,
                               run_dir=run_dir, code_dir=code_dir, data_dir=data_dir,
                               rank_base=_rank_base(job, rank)))
+    groups = storage or [[h.name] for h in hosts]
     return Plan(run_id=run_id, job=job, inventory=inventory, nodes=tuple(nodes),
-                notes=tuple(notes))
+                notes=tuple(notes), storage=tuple(tuple(g) for g in groups))
 
 
 def _rank_base(job: Job, node_rank: int) -> int | None:
@@ -162,7 +167,8 @@ def _argv(job: Job, host: Host, rank: int, nnodes: int, master_addr: str, net: N
         argv += ["--master-addr", master_addr, "--master-port", str(rdzv.port),
                  "--rdzv-conf", f"timeout={rdzv.timeout}"]
     else:
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{rdzv.port}",
+        host_part = f"[{master_addr}]" if ":" in master_addr else master_addr
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host_part}:{rdzv.port}",
                  "--rdzv-id", run_id,
                  # Say which node hosts the store: torchrun's own guess compares the endpoint
                  # with what the hostname resolves to, which is wrong where it maps to 127.0.x.x.

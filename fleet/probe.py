@@ -1,53 +1,135 @@
-"""What fleet learns from each node before it plans: python, and the route to the master."""
+"""What fleet learns from each node before it plans, as commands plus pure parsers: the node's
+name, python and torch, its addresses, the route to the master, and the storage under its
+workdir (nodes that share an NFS home share it)."""
 
 from __future__ import annotations
 
 import ipaddress
-import re
+import json
+import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from fleet.inventory import Host, Inventory
 from fleet.plan import NodeNet
-from fleet.shell import Raw, quote, sh
+from fleet.shell import quote
 from fleet.transport import Transport
 
-_HAS_TORCH = ("import importlib.util as u, sys; "
-              "sys.exit(0 if u.find_spec('torch') else 3)")
+# Runs with the node's python: versions without importing torch (seconds saved per node), every
+# address of every interface (getifaddrs through ctypes: no `ip` needed, IPv6 included), and
+# the source address the kernel would use towards the master (a UDP connect sends nothing).
+_PY = r'''
+import ctypes, ctypes.util, importlib.util, json, socket, sys
+out = {"python": sys.version.split()[0], "torch": "", "has_torch": False, "addrs": []}
+try:
+    out["has_torch"] = importlib.util.find_spec("torch") is not None
+    from importlib.metadata import version
+    out["torch"] = version("torch")
+except Exception:
+    pass
+class SA(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
+class IFA(ctypes.Structure):
+    pass
+IFA._fields_ = [("next", ctypes.POINTER(IFA)), ("name", ctypes.c_char_p),
+                ("flags", ctypes.c_uint), ("addr", ctypes.POINTER(SA)),
+                ("netmask", ctypes.POINTER(SA)), ("dst", ctypes.c_void_p),
+                ("data", ctypes.c_void_p)]
+try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    head = ctypes.POINTER(IFA)()
+    if libc.getifaddrs(ctypes.byref(head)) == 0:
+        p = head
+        while p:
+            a = p.contents.addr
+            if a and a.contents.family in (socket.AF_INET, socket.AF_INET6):
+                fam = a.contents.family
+                raw = bytes(a.contents.data)
+                ip = socket.inet_ntop(fam, raw[2:6] if fam == socket.AF_INET else raw[6:22])
+                out["addrs"].append([p.contents.name.decode(), ip])
+            p = p.contents.next
+        libc.freeifaddrs(head)
+except Exception as e:
+    out["addrs_error"] = str(e)
+if len(sys.argv) > 1 and sys.argv[1]:
+    dest = sys.argv[1]
+    try:
+        s = socket.socket(socket.AF_INET6 if ":" in dest else socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((dest, 9))
+        out["route_src"] = s.getsockname()[0]
+    except OSError as e:
+        out["route_error"] = str(e)
+print("py=" + json.dumps(out))
+'''
 
 
 @dataclass(frozen=True)
 class Facts:
     hostname: str
     server_ip: str | None  # the node's address that this SSH connection reached
-    addrs: tuple[tuple[str, str], ...]  # (interface, IPv4) of every global address
+    addrs: tuple[tuple[str, str], ...]  # (interface, IP) of every address, v4 and v6
     python: str  # "ok", "missing", or "no torch"
+    python_version: str = ""
+    torch_version: str = ""
+    storage: str = ""  # id of the filesystem under the workdir ("" unknown)
+    route_src: str | None = None  # source address towards the master, when asked
+    route_error: str = ""
+    detail: str = ""  # why python is missing, as the node said it
 
 
-def probe(t: Transport) -> Facts:
-    py = quote(t.host.python)
-    script = "; ".join([
-        'printf "hostname=%s\\n" "$(hostname)"',
+def probe_script(python: str, workdir: str, master: str | None = None,
+                 create: bool = True) -> str:
+    """One round trip: name, SSH address, python facts, and the workdir's storage id, which is
+    created (atomically, NFS-safe: a hard link fails if it exists) unless `create` is false."""
+    wd = quote(workdir)
+    lines = [
+        'printf "hostname=%s\\n" "$(cat /proc/sys/kernel/hostname 2>/dev/null || hostname)"',
         'printf "ssh=%s\\n" "${SSH_CONNECTION:-}"',
-        f"{py} -c {quote(_HAS_TORCH)} >/dev/null 2>&1; printf 'python=%s\\n' $?",
-        "command -v ip >/dev/null 2>&1 && ip -o -4 addr show scope global | sed 's/^/addr=/'",
-        "true",
-    ])
-    r = t.run(script, timeout=30)
-    hostname, server_ip, python, addrs = "", None, "missing", []
-    for line in r.out.splitlines():
-        key, _, value = line.partition("=")
-        if key == "hostname":
-            hostname = value
-        elif key == "ssh" and value:
-            fields = value.split()
-            server_ip = fields[2] if len(fields) >= 3 else None
-        elif key == "python":
-            python = {"0": "ok", "3": "no torch"}.get(value, "missing")
-        elif key == "addr":
-            m = re.match(r"\d+:\s+(\S+)\s+inet\s+([\d.]+)/", value)
-            if m:
-                addrs.append((m.group(1), m.group(2)))
-    return Facts(hostname, server_ip, tuple(addrs), python)
+        f"{quote(python)} -c {quote(_PY)} {quote(master or '')} 2>&1",
+        'printf "python_exit=%s\\n" "$?"',
+    ]
+    f = f"{wd}/.fleet-storage"
+    if create:
+        new = secrets.token_hex(8)
+        lines += [f"mkdir -p {wd} 2>/dev/null",
+                  f"[ -s {f} ] || {{ printf '%s\\n' {new} > {f}.{new} && ln {f}.{new} {f}; "
+                  f"rm -f {f}.{new}; }} 2>/dev/null"]
+    lines.append(f'printf "storage=%s\\n" "$(cat {f} 2>/dev/null)"')
+    return "\n".join(lines)
+
+
+def parse_probe(out: str) -> Facts:
+    fields: dict[str, str] = {}
+    other: list[str] = []
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in ("hostname", "ssh", "py", "python_exit", "storage"):
+            fields[key] = value
+        elif line.strip():
+            other.append(line)
+    ssh = fields.get("ssh", "").split()
+    server_ip = ssh[2] if len(ssh) >= 3 else None
+    py: dict[str, Any] = {}
+    try:
+        py = json.loads(fields.get("py", "")) if fields.get("py") else {}
+    except ValueError:
+        py = {}
+    python = "ok" if py.get("has_torch") else "no torch" if py else "missing"
+    addrs = tuple((str(a[0]), str(a[1]).split("%")[0])
+                  for a in py.get("addrs", []) if isinstance(a, list) and len(a) == 2)
+    return Facts(hostname=fields.get("hostname", ""), server_ip=server_ip, addrs=addrs,
+                 python=python, python_version=str(py.get("python", "")),
+                 torch_version=str(py.get("torch", "")),
+                 storage=fields.get("storage", "").strip(),
+                 route_src=str(py["route_src"]) if py.get("route_src") else None,
+                 route_error=str(py.get("route_error", "")),
+                 detail="\n".join(other[-3:]))
+
+
+def probe(t: Transport, master: str | None = None, create: bool = True) -> Facts:
+    r = t.run(probe_script(t.host.python, t.path(t.host.workdir), master, create), timeout=60,
+              what="probe")
+    return parse_probe(r.out)
 
 
 def python_problem(host: Host, facts: Facts) -> str | None:
@@ -55,47 +137,80 @@ def python_problem(host: Host, facts: Facts) -> str | None:
         return None
     if facts.python == "no torch":
         return f"{host.python} has no torch; install it there or set `python` in the inventory"
-    return (f"python {host.python!r} not found or not runnable; set `python` for this host in "
-            "the inventory (full path to the venv's python)")
+    said = f" ({facts.detail.strip()})" if facts.detail.strip() else ""
+    return (f"python {host.python!r} not found or not runnable{said}; set `python` for this "
+            "host in the inventory (full path to the venv's python)")
 
 
-def master_address(inventory: Inventory, facts: Facts) -> str:
+def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not text:
+        return None
+    try:
+        ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        return ip.ipv4_mapped
+    return ip
+
+
+def literal_address(address: str) -> str | None:
+    """The inventory address as an IP other nodes can use, if it is one (not loopback)."""
+    ip = _ip(address)
+    return str(ip) if ip is not None and not ip.is_loopback else None
+
+
+def master_address(inventory: Inventory, facts: Facts | None) -> str:
     """An IP the workers can reach: never a name that might resolve to loopback on a node
     (this machine alone: loopback itself)."""
     master = inventory.hosts[0]
     if master.transport == "local" and len(inventory.hosts) == 1:
         return "127.0.0.1"
-    if _is_ipv4(master.address) and not ipaddress.ip_address(master.address).is_loopback:
-        return master.address
-    if facts.server_ip and _is_ipv4(facts.server_ip) and \
-            not ipaddress.ip_address(facts.server_ip).is_loopback:
-        return facts.server_ip
+    literal = literal_address(master.address)
+    if literal:
+        return literal
+    seen = _ip(facts.server_ip) if facts else None
+    if seen is not None and not seen.is_loopback:
+        return str(seen)
     return master.address
 
 
-def route_to(t: Transport, facts: Facts, master_ip: str) -> NodeNet:
-    """The interface and source address this node uses to reach the master."""
-    if t.host.interface:
-        own = [ip for dev, ip in facts.addrs if dev == t.host.interface]
-        return NodeNet(t.host.interface, own[0] if own else None, "pinned in the inventory")
-    holding = [dev for dev, ip in facts.addrs if ip == master_ip]
-    if holding:
-        return NodeNet(holding[0], master_ip, f"holds the master address {master_ip}")
-    if not _is_ipv4(master_ip):
-        return NodeNet(None, None, f"master address {master_ip!r} is not an IPv4 address")
-    r = t.run(sh("ip", "-o", "-4", "route", "get", master_ip) + " " + Raw("2>&1"), timeout=15)
-    dev = re.search(r"\bdev (\S+)", r.out)
-    src = re.search(r"\bsrc ([\d.]+)", r.out)
-    if not r.ok or not dev:
-        raise RuntimeError(f"no route to the master address {master_ip}: {r.out.strip()}")
-    if dev.group(1) == "lo":
+def net_for(host: Host, facts: Facts, master_ip: str) -> NodeNet:
+    """The interface and source address this node uses to reach the master (pure: from the
+    probe's addresses and the kernel's chosen source address)."""
+    if host.interface:
+        own = [ip for dev, ip in facts.addrs if dev == host.interface and _usable(ip, master_ip)]
+        return NodeNet(host.interface, own[0] if own else None, "pinned in the inventory")
+    target = _ip(master_ip)
+    if target is not None and target.is_loopback:
         return NodeNet(None, None, "master is this machine (loopback)")
-    return NodeNet(dev.group(1), src.group(1) if src else None,
-                   f"route to the master {master_ip} leaves through it")
+    holding = [dev for dev, ip in facts.addrs if target is not None and _ip(ip) == target]
+    if holding:
+        return NodeNet(holding[0], str(target), f"holds the master address {master_ip}")
+    if target is None:
+        return NodeNet(None, None, f"master address {master_ip!r} is not an IP address")
+    src = _ip(facts.route_src)
+    if src is None:
+        raise RuntimeError(f"no route to the master address {master_ip}: "
+                           f"{facts.route_error or 'the node could not tell'}")
+    if src.is_loopback:
+        return NodeNet(None, None, "master is this machine (loopback)")
+    devs = [dev for dev, ip in facts.addrs if _ip(ip) == src]
+    if not devs:
+        return NodeNet(None, str(src), f"source address {src} is on no interface found")
+    return NodeNet(devs[0], str(src), f"route to the master {master_ip} leaves through it")
 
 
-def _is_ipv4(text: str) -> bool:
-    try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
-    except ValueError:
-        return False
+def _usable(ip: str, master_ip: str) -> bool:
+    """An address of the master's family, and not link-local (those need a scope)."""
+    a, m = _ip(ip), _ip(master_ip)
+    return a is not None and (m is None or a.version == m.version) and not a.is_link_local
+
+
+def storage_groups(facts: dict[str, Facts]) -> list[list[str]]:
+    """Nodes grouped by the storage under their workdir, in the order given: nodes in one group
+    see the same files (one sync serves them all). Unknown storage is a group of its own."""
+    groups: dict[str, list[str]] = {}
+    for name, f in facts.items():
+        groups.setdefault(f.storage or f"?{name}", []).append(name)
+    return list(groups.values())

@@ -1,4 +1,5 @@
-"""Operations on one node's run directory: start, wait for the port, follow, state, stop."""
+"""Operations on one node's run directory (start, wait for the port, follow, state, stop, remove),
+each a script plus a pure parser of what it prints."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TypeVar
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import RemoteCommandError
 from fleet.group import each
-from fleet.shell import Raw, sh
+from fleet.shell import quote, sh
 from fleet.state import NodeRecord, RunRecord
 from fleet.transport import Transport, open_transport
 
@@ -19,6 +20,11 @@ R = TypeVar("R")
 
 # How long to wait for run.sh to record its pid after it was started.
 PID_WAIT_TICKS = 100
+
+# This machine, as run.sh records it in `machine`: a directory shared with other machines (an
+# NFS home) holds their runs too, and their pids mean nothing here.
+MACHINE = ("$(cat /proc/sys/kernel/hostname 2>/dev/null) "
+           "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)")
 
 
 @dataclass(frozen=True)
@@ -36,60 +42,130 @@ class NodeState:
         return self.state in ("succeeded", "failed", "stopped", "missing")
 
 
-def start(t: Transport, run_dir: str, run_id: str) -> int:
-    """Start run.sh detached from this connection (own session, no tty); returns its pid."""
-    cmd = " ".join([
-        sh("cd", run_dir), Raw("|| exit 1;"),
-        sh("env", f"FLEET_RUN_ID={run_id}", "setsid", "bash", "./run.sh"),
-        Raw("> node.log 2>&1 < /dev/null &"),
-        Raw(f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.05; "
-            "i=$((i+1)); done; cat pid"),
+# ---- start --------------------------------------------------------------------------------
+def start_script(run_dir: str, run_id: str) -> str:
+    """run.sh detached from this connection (own session, no tty); prints its pid."""
+    return "\n".join([
+        f"cd {quote(run_dir)} || exit 1",
+        sh("env", f"FLEET_RUN_ID={run_id}", "setsid", "sh", "./run.sh") +
+        " > node.log 2>&1 < /dev/null &",
+        f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.05; "
+        "i=$((i+1)); done",
+        "cat pid",
     ])
-    r = t.run(cmd, timeout=30)
-    if not r.ok or not r.out.strip().isdigit():
+
+
+def parse_pid(out: str) -> int | None:
+    words = out.split()
+    return int(words[-1]) if words and words[-1].isdigit() else None
+
+
+def start(t: Transport, run_dir: str, run_id: str) -> int:
+    r = t.run(start_script(run_dir, run_id), timeout=30, what="start run.sh")
+    pid = parse_pid(r.out)
+    if not r.ok or pid is None:
         raise RemoteCommandError(t.host.name, "start run.sh", r.code, r.out + r.err)
-    return int(r.out.strip())
+    return pid
 
 
-def state(t: Transport, run_dir: str) -> NodeState:
-    script = " ".join([sh("cd", run_dir), Raw("2>/dev/null || { echo missing; exit 0; };"),
-                       Raw('echo "pid=$(cat pid 2>/dev/null)";'),
-                       Raw('echo "code=$(cat exit_code 2>/dev/null)";'),
-                       Raw('echo "started=$(cat started 2>/dev/null)";'),
-                       Raw('echo "ended=$(stat -c %Y exit_code 2>/dev/null)";'),
-                       Raw('[ -e stopped ] && echo stopped;'),
-                       Raw('p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null '
-                           '&& echo alive; true')])
-    out = t.run(script, timeout=30).out.split()
-    if "missing" in out:
+# ---- state --------------------------------------------------------------------------------
+def state_script(run_dir: str) -> str:
+    return "\n".join([
+        f"cd {quote(run_dir)} 2>/dev/null || {{ echo missing; exit 0; }}",
+        'echo "pid=$(cat pid 2>/dev/null)"',
+        'echo "code=$(cat exit_code 2>/dev/null)"',
+        'echo "started=$(cat started 2>/dev/null)"',
+        'echo "ended=$(stat -c %Y exit_code 2>/dev/null)"',
+        "[ -e stopped ] && echo stopped",
+        'p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo alive',
+        "true",
+    ])
+
+
+def _int(text: str | None) -> int | None:
+    text = (text or "").strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def parse_state(out: str) -> NodeState:
+    words = out.split()
+    if "missing" in words:
         return NodeState("missing")
-    fields = dict(w.split("=", 1) for w in out if "=" in w)
-    pid = int(fields["pid"]) if fields.get("pid", "").isdigit() else None
-    code_text = fields.get("code", "")
-    code = int(code_text) if code_text.lstrip("-").isdigit() else None
-    stopped = "stopped" in out
-    times = {k: int(fields[k]) if fields.get(k, "").isdigit() else None
-             for k in ("started", "ended")}
+    fields = dict(w.split("=", 1) for w in words if "=" in w)
+    pid, code = _int(fields.get("pid")), _int(fields.get("code"))
+    started, ended = _int(fields.get("started")), _int(fields.get("ended"))
+    stopped = "stopped" in words
     if code is not None:
         if stopped and code != 0:
-            return NodeState("stopped", code, pid, **times)
-        return NodeState("succeeded" if code == 0 else "failed", code, pid, **times)
-    if "alive" in out:
-        return NodeState("running", None, pid, times["started"])
+            return NodeState("stopped", code, pid, started, ended)
+        return NodeState("succeeded" if code == 0 else "failed", code, pid, started, ended)
+    if "alive" in words:
+        return NodeState("running", None, pid, started)
     if pid is None:
         return NodeState("starting")
     # The wrapper died without recording an exit code: killed outright.
-    return NodeState("stopped" if stopped else "failed", None, pid, times["started"])
+    return NodeState("stopped" if stopped else "failed", None, pid, started)
+
+
+def state(t: Transport, run_dir: str) -> NodeState:
+    return parse_state(t.run(state_script(run_dir), timeout=30, what="read the run's state").out)
+
+
+# ---- runs that still hold a node ----------------------------------------------------------
+def held_script(runs_dir: str) -> str:
+    """Every run directory under runs_dir without an exit code: its machine and whether its pid
+    is alive here (which means something only where the machine is this one)."""
+    return "\n".join([
+        f"cd {quote(runs_dir)} 2>/dev/null || exit 0",
+        f'echo "me={MACHINE}"',
+        'for d in */*/; do d=${d%/}; [ -d "$d" ] || continue; [ -e "$d/exit_code" ] && continue',
+        '  p=$(cat "$d/pid" 2>/dev/null) || continue',
+        '  alive=no; kill -0 "$p" 2>/dev/null && alive=yes',
+        '  echo "run=$d $alive $(cat "$d/machine" 2>/dev/null)"',
+        "done",
+    ])
+
+
+def parse_held(out: str) -> list[str]:
+    """The runs (run-id/node) alive on this very machine."""
+    me = ""
+    held = []
+    for line in out.splitlines():
+        if line.startswith("me="):
+            me = line[3:].strip()
+        elif line.startswith("run="):
+            parts = line[4:].split(" ", 2) + ["", ""]
+            path, alive, machine = parts[0], parts[1], parts[2].strip()
+            if alive == "yes" and machine in (me, ""):
+                held.append(path)
+    return held
+
+
+def held_by(t: Transport, runs_dir: str) -> list[str]:
+    """Runs of fleet still alive on this node (another launch, maybe another user's)."""
+    return parse_held(t.run(held_script(runs_dir), timeout=30, what="list live runs").out)
+
+
+# ---- the master's port --------------------------------------------------------------------
+_CONNECT = ("import socket, sys\n"
+            "try:\n"
+            "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()\n"
+            "except OSError as e:\n"
+            "    print(e); sys.exit(1)\n")
+
+
+def connect_script(python: str, addr: str, port: int | str) -> str:
+    """Exits 0 if a TCP connection to addr:port opens from the node (IPv4 or IPv6)."""
+    return sh(python, "-c", _CONNECT, addr, str(port)) + " 2>&1"
 
 
 def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) -> None:
     """Wait until the master's rendezvous port accepts connections, checked on the master
     itself; fails early if the master's run already ended."""
-    probe = sh("bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "probe", addr, str(port)) + \
-        " " + Raw("2>/dev/null")
     deadline = time.monotonic() + timeout
     while True:
-        if t.run(probe, timeout=15).ok:
+        if t.run(connect_script(t.host.python, addr, port), timeout=15,
+                 what="probe the rendezvous port").ok:
             return
         st = state(t, run_dir)
         if st.state == "succeeded":
@@ -112,7 +188,7 @@ def follow(t: Transport, run_dir: str, pid: int | None, on_line: Callable[[str],
     args = ["tail", "-n", f"+{from_line}"]
     if pid is not None:
         args += ["-F", "-s", "0.2", "--pid", str(pid)]
-    return t.stream(sh(*args, f"{run_dir}/node.log") + " " + Raw("2>/dev/null"), on_line, stop)
+    return t.stream(sh(*args, f"{run_dir}/node.log") + " 2>/dev/null", on_line, stop)
 
 
 def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R]) -> dict[str, R | Exception]:
@@ -125,19 +201,33 @@ def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R]) -> dict[str, 
     return each(((n.host.name, n) for n in record.nodes), one)
 
 
+def remove_script(run_dir: str) -> str:
+    """Delete the node's run directory, and the run's directory if no other node's is left."""
+    return f"rm -rf {quote(run_dir)} && {{ rmdir {quote(run_dir.rsplit('/', 1)[0])} " \
+           "2>/dev/null; true; }"
+
+
 def remove(t: Transport, run_dir: str) -> str:
     """Delete a finished run's directory on the node."""
     st = state(t, run_dir)
     if not st.done:
         raise RuntimeError(f"the run is still {st.state} here: stop it first")
-    t.run(sh("rm", "-rf", run_dir), timeout=60)
+    t.run(remove_script(run_dir), timeout=60, what=f"remove {run_dir}").check(t.host.name)
     return run_dir
+
+
+# ---- stop ---------------------------------------------------------------------------------
+def parse_stop(out: str) -> list[int] | None:
+    """The pids still alive after stop.sh, or None if it did not get as far as saying."""
+    if "left=" not in out:
+        return None
+    return [int(p) for p in out.rsplit("left=", 1)[-1].split() if p.isdigit()]
 
 
 def stop(t: Transport, run_dir: str) -> list[int]:
     """Run the node's stop.sh; returns the pids of the run still alive after it (none, normally)."""
-    r = t.run(sh("bash", f"{run_dir}/stop.sh"), timeout=60)
-    left = r.out.rsplit("left=", 1)[-1].split() if "left=" in r.out else []
-    if not r.ok and "left=" not in r.out:
+    r = t.run(sh("sh", f"{run_dir}/stop.sh"), timeout=60, what="stop.sh")
+    left = parse_stop(r.out)
+    if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
-    return [int(p) for p in left if p.isdigit()]
+    return left

@@ -1,58 +1,178 @@
-"""Transports: run commands, write files and stream output on one node, over SSH or locally."""
+"""Transports: run scripts, write files and stream output on one node, over SSH or locally.
+
+A node's login shell may be bash, zsh, dash, fish or tcsh, and its rc files may print banners.
+So the login shell only ever sees one trivial command, `/bin/sh -s`, and the real script reaches
+that POSIX shell on stdin, framed by markers that no banner can forge: what fleet parses is only
+what the script printed between them. Files go over SFTP where the server offers it and over the
+exec channel where it does not, and every write is checked (size and SHA-256) before it replaces
+the target, so a full disk is an error that says so instead of an empty script.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import secrets
+import socket
 import subprocess
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import paramiko
 
 from fleet import hostkeys
+from fleet.errors import CommandTimedOut, RemoteCommandError, TransportError, WriteError
 from fleet.inventory import Host
+from fleet.shell import quote
+
+# What the login shell runs: no quotes, no operators, the same in every shell.
+BOOT = "/bin/sh -s"
+EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 
 
 @dataclass(frozen=True)
 class Result:
+    """A script's outcome on a node: only what the script itself printed, noise set apart."""
+
+    command: str  # what it was for, as the user would name it
     code: int
     out: str
     err: str
+    noise: str = ""  # what the login shell's rc files printed before the script ran
 
     @property
     def ok(self) -> bool:
         return self.code == 0
 
+    def check(self, host: str) -> Result:
+        """This result, or a RemoteCommandError naming the host, the command and its output."""
+        if not self.ok:
+            raise RemoteCommandError(host, self.command, self.code, self.err or self.out)
+        return self
 
-class TransportError(Exception):
-    """A node cannot be reached, authenticated, or stopped answering (not a command's failure)."""
+
+# ---- framing: pure, unit-tested -------------------------------------------------------------
+def frame(script: str, token: str, merge_stderr: bool = False) -> str:
+    """The text fed to `/bin/sh -s`: markers on both streams around the script, which runs in a
+    subshell (parsed whole before it starts) with stdin from /dev/null."""
+    begin, end = f"FLEET-{token}-BEGIN", f"FLEET-{token}-END"
+    merge = "exec 2>&1\n" if merge_stderr else ""
+    return (f"printf '%s\\n' {begin}; printf '%s\\n' {begin} >&2\n"
+            f"(\n{merge}{script}\n) </dev/null\n"
+            "fleet_status=$?\n"
+            f"printf '\\n%s\\n' {end}; printf '\\n%s\\n' {end} >&2\n"
+            "exit $fleet_status\n")
+
+
+def unframe(raw: str, token: str) -> tuple[str, str, bool]:
+    """(what the script printed, what came before it, whether the script started at all)."""
+    begin, end = f"FLEET-{token}-BEGIN\n", f"\nFLEET-{token}-END\n"
+    at = raw.find(begin)
+    if at < 0:
+        return "", raw, False
+    body = raw[at + len(begin):]
+    stop = body.rfind(end)
+    return (body[:stop] if stop >= 0 else body), raw[:at], True
+
+
+def verify_script(tmp: str, target: str, data: bytes, mode: int) -> str:
+    """Replaces target with tmp only if tmp holds exactly `data`; else says what arrived and how
+    much room is left (see parse_verify)."""
+    size, digest = len(data), hashlib.sha256(data).hexdigest()
+    t, dest = quote(tmp), quote(target)
+    return "\n".join([
+        f"got=$(wc -c < {t} 2>/dev/null | tr -d ' ')",
+        f"sum={digest}",
+        f"command -v sha256sum >/dev/null 2>&1 && sum=$(sha256sum < {t} | cut -c1-64)",
+        f'if [ "$got" = {size} ] && [ "$sum" = {digest} ]; then',
+        f"  chmod {mode:o} {t} && mv -f {t} {dest} && echo written && exit 0",
+        "fi",
+        f"rm -f {t}",
+        'echo "got=${got:-0}"',
+        f'df -Pk "$(dirname {dest})" 2>/dev/null | tail -n 1 | sed "s/^/df=/"',
+        "exit 1",
+    ])
+
+
+@dataclass(frozen=True)
+class Written:
+    ok: bool
+    got: int = 0  # bytes that arrived, when not ok
+    free_kib: int | None = None
+    mount: str = ""
+
+
+def parse_verify(out: str) -> Written:
+    if "written" in out.split():
+        return Written(True)
+    got, free, mount = 0, None, ""
+    for line in out.splitlines():
+        if line.startswith("got=") and line[4:].strip().isdigit():
+            got = int(line[4:].strip())
+        elif line.startswith("df="):
+            fields = line[3:].split()
+            if len(fields) >= 6 and fields[3].isdigit():
+                free, mount = int(fields[3]), fields[5]
+    return Written(False, got, free, mount)
+
+
+def write_problem(host: str, target: str, size: int, w: Written, cause: str = "") -> str:
+    """The message for a write that did not arrive whole, with the likely cause and the fix."""
+    msg = f"cannot write {target} on {host}: {w.got} of {size} bytes arrived"
+    if w.free_kib is not None and w.free_kib * 1024 < max(size, 1 << 20):
+        return (f"{msg}; the disk or your quota is full ({w.free_kib} KiB free on {w.mount}). "
+                "Free space there, or set `workdir` for this host to a larger disk")
+    return msg + (f" ({cause})" if cause else "") + \
+        "; check the permissions of the directory and that its filesystem is writable"
 
 
 class Transport(ABC):
-    """What fleet needs of a node: run, write a file, stream a command's output."""
+    """What fleet needs of a node: run a script, write a file, stream a script's output."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
         self.home = ""
+        self.shell = ""  # the login shell, as the node reports $SHELL
+        self.noise = ""  # what the node's rc files print for every command
+        self.sftp_problem: str | None = None  # why SFTP is not used, once tried
 
     @abstractmethod
     def connect(self) -> None: ...
 
     @abstractmethod
-    def run(self, command: str, timeout: float | None = 60.0) -> Result: ...
+    def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
+        """Run a POSIX sh script; `what` names it in errors (default: its first line)."""
 
     @abstractmethod
-    def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        """Create or replace a file whose mode is set before any byte is written."""
-
-    @abstractmethod
-    def stream(self, command: str, on_line: Callable[[str], None],
+    def stream(self, script: str, on_line: Callable[[str], None],
                stop: threading.Event | None = None) -> int:
-        """Run a command, calling on_line for each line of its output; returns its exit code."""
+        """Run a script, calling on_line for each line of its output (stderr merged); returns
+        its exit code, or -1 if `stop` ended it."""
+
+    @abstractmethod
+    def _put(self, path: str, data: bytes, mode: int) -> str:
+        """Write data to a new file at path, mode set first; returns a problem seen, or ''."""
+
+    def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Create or replace a file, atomically and verified; WriteError says why not."""
+        target = self.path(path)
+        tmp = f"{target}.fleet-{secrets.token_hex(4)}"
+        cause = self._put(tmp, data, mode)
+        r = self.run(verify_script(tmp, target, data, mode), timeout=120,
+                     what=f"write {target}")
+        w = parse_verify(r.out)
+        if not w.ok:
+            raise WriteError(write_problem(self.host.name, target, len(data), w,
+                                           cause or r.err.strip()))
+
+    def _hello(self) -> None:
+        r = self.run('printf "%s\\n%s\\n" "$HOME" "${SHELL:-}"', timeout=30, what="hello")
+        lines = r.check(self.host.name).out.splitlines() + ["", ""]
+        self.home, self.shell, self.noise = lines[0], lines[1], r.noise
 
     def close(self) -> None:
         return None
@@ -70,34 +190,42 @@ class Transport(ABC):
         self.close()
 
 
+def _what(script: str, what: str) -> str:
+    """How a script is named in errors: as the caller put it, else by its first line."""
+    if what or not script.strip():
+        return what
+    return script.strip().splitlines()[0][:80]
+
+
 class LocalTransport(Transport):
     """This machine, as a node: plain subprocesses and files, no SSH server needed."""
 
     def connect(self) -> None:
-        self.home = str(Path.home())
+        self._hello()
 
-    def run(self, command: str, timeout: float | None = 60.0) -> Result:
+    def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
         try:
-            p = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True,
+            p = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
                                timeout=timeout, stdin=subprocess.DEVNULL, errors="replace")
         except subprocess.TimeoutExpired as e:
-            raise TransportError(f"command timed out after {timeout}s") from e
-        return Result(p.returncode, p.stdout, p.stderr)
+            raise CommandTimedOut(self.host.name, _what(script, what), timeout) from e
+        return Result(_what(script, what), p.returncode, p.stdout, p.stderr)
 
-    def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        target = self.path(path)
-        tmp = f"{target}.fleet-tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    def _put(self, path: str, data: bytes, mode: int) -> str:
         try:
-            os.fchmod(fd, mode)
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            try:
+                os.fchmod(fd, mode)
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            return str(e)
+        return ""
 
-    def stream(self, command: str, on_line: Callable[[str], None],
+    def stream(self, script: str, on_line: Callable[[str], None],
                stop: threading.Event | None = None) -> int:
-        p = subprocess.Popen(["/bin/sh", "-c", command], stdout=subprocess.PIPE,
+        p = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         assert p.stdout is not None
         watcher = _kill_on(stop, p.kill)
@@ -106,7 +234,7 @@ class LocalTransport(Transport):
         code = p.wait()
         if watcher:
             watcher.set()
-        return code
+        return -1 if stop is not None and stop.is_set() else code
 
 
 def _kill_on(stop: threading.Event | None, kill: Callable[[], None]) -> threading.Event | None:
@@ -125,6 +253,43 @@ def _kill_on(stop: threading.Event | None, kill: Callable[[], None]) -> threadin
     return done
 
 
+class _Lines:
+    """Splits a byte stream into lines and hands on those after the start marker."""
+
+    def __init__(self, token: str, on_line: Callable[[str], None]) -> None:
+        self.begin = f"FLEET-{token}-BEGIN".encode()
+        self.end = f"FLEET-{token}-END".encode()
+        self.on_line = on_line
+        self.started = False
+        self.buf = b""
+        self.pending_blank = False  # the blank line printed before the end marker
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if not self.started:
+            self.started = line == self.begin
+            return
+        if line == self.end:
+            self.pending_blank = False
+            self.started = False  # anything after the end marker is noise too
+            return
+        if self.pending_blank:
+            self.on_line("")
+        self.pending_blank = line == b""
+        if not self.pending_blank:
+            self.on_line(line.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        if self.buf:
+            self._line(self.buf)
+            self.buf = b""
+
+
 class SSHTransport(Transport):
     """A node over SSH (paramiko via Fabric's config), host keys verified, never auto-added."""
 
@@ -132,7 +297,6 @@ class SSHTransport(Transport):
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
-        self._conn: object | None = None
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
@@ -162,9 +326,8 @@ class SSHTransport(Transport):
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(self.KEEPALIVE_S)
-        self._conn, self._client = conn, client
-        home = self.run('printf %s "$HOME"')
-        self.home = home.out
+        self._client = client
+        self._hello()
 
     def _transport(self) -> paramiko.Transport:
         t = self._client.get_transport() if self._client else None
@@ -172,59 +335,105 @@ class SSHTransport(Transport):
             raise TransportError(f"connection to {self.host.address} was lost")
         return t
 
-    def run(self, command: str, timeout: float | None = 60.0) -> Result:
+    def _session(self) -> paramiko.Channel:
+        chan = self._transport().open_session(timeout=10)
+        chan.exec_command(BOOT)
+        return chan
+
+    def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
+        what = _what(script, what)
+        token = secrets.token_hex(8)
+        out: list[bytes] = []
+        err: list[bytes] = []
         try:
-            chan = self._transport().open_session(timeout=10)
+            chan = self._session()
             chan.settimeout(timeout)
-            chan.exec_command(command)
-            err_parts: list[bytes] = []
-            reader = threading.Thread(target=lambda: err_parts.append(_read_all(chan.recv_stderr)),
-                                      daemon=True)
-            reader.start()  # stdout and stderr drain together, or a chatty stderr can stall both
-            out = _read_all(chan.recv)
-            reader.join(timeout)
-            err = b"".join(err_parts)
+            # Both streams drain while the script is still being sent: a node that prints much
+            # before it reads its input would otherwise stall both sides.
+            readers = [threading.Thread(target=_drain, args=(chan.recv_stderr, err), daemon=True),
+                       threading.Thread(target=_drain, args=(chan.recv, out), daemon=True)]
+            for th in readers:
+                th.start()
+            chan.sendall(frame(script, token).encode())
+            chan.shutdown_write()
+            for th in readers:
+                th.join(timeout)
+            if any(th.is_alive() for th in readers) or not chan.status_event.wait(timeout):
+                chan.close()
+                raise CommandTimedOut(self.host.name, what, timeout)
             code = chan.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as e:
+            if isinstance(e, TimeoutError | socket.timeout):
+                raise CommandTimedOut(self.host.name, what, timeout) from e
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
         if code == -1:
-            raise TransportError(f"lost connection to {self.host.address} during a command")
-        return Result(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+            raise TransportError(f"lost connection to {self.host.address} during {what}")
+        o, noise, started = unframe(b"".join(out).decode("utf-8", "replace"), token)
+        er, enoise, _ = unframe(b"".join(err).decode("utf-8", "replace"), token)
+        if not started:
+            # The login shell could not run /bin/sh: say what it printed instead.
+            return Result(what, code or 127, "", (noise + enoise).strip() or
+                          f"{BOOT} did not start under the login shell", noise + enoise)
+        return Result(what, code, o, er, noise + enoise)
 
-    def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        target = self.path(path)
-        tmp = f"{target}.fleet-tmp"
+    def _put(self, path: str, data: bytes, mode: int) -> str:
+        sftp = self._sftp_client()
+        if sftp is None:
+            return self._exec_put(path, data, mode)
         try:
-            with self._lock:
-                if self._sftp is None:
-                    self._sftp = self._client.open_sftp()  # type: ignore[union-attr]
-                sftp = self._sftp
-            with sftp.open(tmp, "wb") as f:
+            with sftp.open(path, "wb") as f:
                 f.chmod(mode)
                 f.set_pipelined(True)
                 f.write(data)
-            sftp.posix_rename(tmp, target)
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise TransportError(f"cannot write {target} on {self.host.address}: {e}") from e
+            return f"SFTP: {e}"
+        return ""
 
-    def stream(self, command: str, on_line: Callable[[str], None],
+    def _exec_put(self, path: str, data: bytes, mode: int) -> str:
+        """A file through the exec channel, base64 in a here-document, in chunks."""
+        problem = ""
+        for i, off in enumerate(range(0, max(len(data), 1), EXEC_CHUNK)):
+            b64 = base64.encodebytes(data[off:off + EXEC_CHUNK]).decode()
+            first = f"umask 077; : > {quote(path)} && chmod {mode:o} {quote(path)} && " \
+                if i == 0 else ""
+            r = self.run(f"{first}base64 -d >> {quote(path)} <<'FLEET_DATA'\n{b64}FLEET_DATA",
+                         timeout=120, what=f"write {path}")
+            if not r.ok:
+                problem = r.err.strip() or f"exit {r.code}"
+                break
+        return problem
+
+    def _sftp_client(self) -> paramiko.SFTPClient | None:
+        """The SFTP session, opened once; None where the server has none (or a chatty rc file
+        garbles it), and then the exec channel carries files."""
+        with self._lock:
+            if self._sftp is None and self.sftp_problem is None:
+                try:
+                    self._sftp = self._client.open_sftp()  # type: ignore[union-attr]
+                except (paramiko.SSHException, OSError, EOFError) as e:
+                    self.sftp_problem = str(e) or type(e).__name__
+            return self._sftp
+
+    def sftp_available(self) -> bool:
+        return self._sftp_client() is not None
+
+    def stream(self, script: str, on_line: Callable[[str], None],
                stop: threading.Event | None = None) -> int:
+        token = secrets.token_hex(8)
+        lines = _Lines(token, on_line)
         try:
-            chan = self._transport().open_session(timeout=10)
-            chan.set_combine_stderr(True)
-            chan.exec_command(command)
+            chan = self._session()
+            chan.sendall(frame(script, token, merge_stderr=True).encode())
+            chan.shutdown_write()
             watcher = _kill_on(stop, chan.close)
-            buf = b""
+            noise: list[bytes] = []
+            threading.Thread(target=_drain, args=(chan.recv_stderr, noise), daemon=True).start()
             while True:
                 chunk = chan.recv(65536)
                 if not chunk:
                     break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    on_line(line.decode("utf-8", "replace"))
-            if buf:
-                on_line(buf.decode("utf-8", "replace"))
+                lines.feed(chunk)
+            lines.close()
             if watcher:
                 watcher.set()
             if stop is not None and stop.is_set():
@@ -246,13 +455,15 @@ class SSHTransport(Transport):
         self._sftp = self._client = None
 
 
-def _read_all(recv: Callable[[int], bytes]) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        chunk = recv(65536)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
+def _drain(recv: Callable[[int], bytes], into: list[bytes]) -> None:
+    try:
+        while True:
+            chunk = recv(65536)
+            if not chunk:
+                return
+            into.append(chunk)
+    except (OSError, EOFError, paramiko.SSHException):
+        return
 
 
 def ssh_connection(host: Host) -> Any:
@@ -274,3 +485,4 @@ def open_transport(host: Host) -> Transport:
     t: Transport = LocalTransport(host) if host.transport == "local" else SSHTransport(host)
     t.connect()
     return t
+

@@ -40,8 +40,8 @@ def test_ranks_follow_inventory_order_master_first() -> None:
                   homes={"n1": "/root", "n2": "/home/x"})
     assert [(n.host.name, n.node_rank, n.nnodes) for n in p.nodes] == [("n1", 0, 2), ("n2", 1, 2)]
     assert p.master.host.name == "n1"
-    assert p.nodes[0].run_dir == "/root/fleet/runs/j-1"
-    assert p.nodes[1].run_dir == "/scratch/fleet/runs/j-1"
+    assert p.nodes[0].run_dir == "/root/fleet/runs/j-1/n1"
+    assert p.nodes[1].run_dir == "/scratch/fleet/runs/j-1/n2"
     assert p.nodes[1].global_rank(1) == 3
 
 

@@ -1,0 +1,238 @@
+"""Each fact fleet reads from a node is a script plus a pure parser: the parsers against captured
+output (noisy rc files included), and the framing through every real login shell."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fleet import remote
+from fleet.check import parse_listener
+from fleet.inventory import Host
+from fleet.launch import version_problems
+from fleet.probe import Facts, net_for, parse_probe, storage_groups
+from fleet.transport import (
+    BOOT,
+    Written,
+    _Lines,
+    frame,
+    parse_verify,
+    unframe,
+    verify_script,
+    write_problem,
+)
+
+BANNER = "Welcome to the lab cluster; module load cuda/12\n"
+TOKEN = "0123456789abcdef"
+
+
+# ---- framing --------------------------------------------------------------------------------
+def test_unframe_drops_what_rc_files_printed() -> None:
+    raw = (BANNER + f"FLEET-{TOKEN}-BEGIN\n" + "pid=12\ncode=\n" +
+           f"\nFLEET-{TOKEN}-END\n" + "bye from .logout\n")
+    out, noise, started = unframe(raw, TOKEN)
+    assert (out, noise, started) == ("pid=12\ncode=\n", BANNER, True)
+
+
+def test_unframe_keeps_output_without_a_final_newline_exactly() -> None:
+    out, _, _ = unframe(f"FLEET-{TOKEN}-BEGIN\n/root\nFLEET-{TOKEN}-END\n", TOKEN)
+    assert out == "/root"
+
+
+def test_unframe_of_a_script_that_never_started() -> None:
+    out, noise, started = unframe("fish: Unknown command: /bin/sh\n", TOKEN)
+    assert (out, started) == ("", False) and "Unknown command" in noise
+
+
+def test_a_banner_cannot_forge_the_marker() -> None:
+    raw = "FLEET-aaaa-BEGIN\nfake\n" + f"FLEET-{TOKEN}-BEGIN\nreal\n\nFLEET-{TOKEN}-END\n"
+    assert unframe(raw, TOKEN)[0] == "real\n"
+
+
+def test_streamed_lines_after_the_marker_only_blank_lines_kept() -> None:
+    got: list[str] = []
+    lines = _Lines(TOKEN, got.append)
+    stream = (BANNER + f"FLEET-{TOKEN}-BEGIN\n" + "[default0]:a\n\n\nb\n" +
+              f"\nFLEET-{TOKEN}-END\n" + "trailing noise\n").encode()
+    for i in range(0, len(stream), 7):  # chunks that cut lines and markers anywhere
+        lines.feed(stream[i:i + 7])
+    lines.close()
+    assert got == ["[default0]:a", "", "", "b"]
+
+
+SHELLS = {
+    "bash": (".bashrc", "echo '{o}'; echo '{e}' >&2\n"),
+    "zsh": (".zshenv", "echo '{o}'; echo '{e}' >&2\n"),
+    "dash": (".profile", "echo '{o}'\n"),  # read by login shells only: sshd's are not
+    "fish": (".config/fish/config.fish", "echo '{o}'; echo '{e}' >&2\n"),
+    "tcsh": (".tcshrc", "echo '{o}'; echo '{e}' > /dev/stderr\n"),
+}
+SCRIPT = r"""
+printf 'home=%s\n' "$HOME"
+x='it'"'"'s $(not run) `nor` this! \\ %s'
+printf '%s\n' "$x"
+for i in 1 2; do echo "n=$i"; done
+echo to-stderr >&2
+exit 3
+"""
+
+
+@pytest.mark.parametrize("shell", sorted(SHELLS))
+def test_framed_script_through_a_real_login_shell(shell: str, tmp_path: Path) -> None:
+    """What sshd does: `<login shell> -c '/bin/sh -s'`, the script on stdin, rc files that
+    print on both streams. The script's own output comes back exact, the banner set apart."""
+    path = shutil.which(shell)
+    if path is None:
+        pytest.skip(f"{shell} not installed (.ci/setup installs it)")
+    rc, text = SHELLS[shell]
+    (tmp_path / rc).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / rc).write_text(text.format(o="Welcome to the lab", e="quota: 81% used"))
+    # SSH_CLIENT set, as sshd sets it: Debian's bash then reads ~/.bashrc for `bash -c`.
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "SSH_CLIENT": "10.0.0.1 5000 22"}
+    p = subprocess.run([path, "-c", BOOT], input=frame(SCRIPT, TOKEN), capture_output=True,
+                       text=True, timeout=30, env=env)
+    out, noise, started = unframe(p.stdout, TOKEN)
+    err, enoise, _ = unframe(p.stderr, TOKEN)
+    assert started, p.stdout + p.stderr
+    assert p.returncode == 3
+    assert out == (f"home={tmp_path}\nit's $(not run) `nor` this! \\\\ %s\nn=1\nn=2\n")
+    assert err == "to-stderr\n"
+    if shell != "dash":
+        assert "Welcome to the lab" in noise and "quota" in enoise
+
+
+# ---- probe ----------------------------------------------------------------------------------
+def probe_output(**py: object) -> str:
+    base: dict[str, object] = {"python": "3.11.7", "torch": "2.14.1", "has_torch": True,
+                               "addrs": [["lo", "127.0.0.1"], ["docker0", "172.17.0.1"],
+                                         ["eth0", "10.1.0.12"], ["lo", "::1"],
+                                         ["eth0", "fe80::1%eth0"], ["eth0", "fd00::12"]]}
+    base.update(py)
+    return ("hostname=node2\nssh=10.1.0.1 52000 10.1.0.12 22\n"
+            f"py={json.dumps(base)}\npython_exit=0\nstorage=5e1f00aa\n")
+
+
+def test_parse_probe() -> None:
+    f = parse_probe(probe_output(route_src="10.1.0.12"))
+    assert (f.hostname, f.server_ip, f.python, f.python_version, f.torch_version, f.storage) \
+        == ("node2", "10.1.0.12", "ok", "3.11.7", "2.14.1", "5e1f00aa")
+    assert ("eth0", "fe80::1") in f.addrs and ("eth0", "fd00::12") in f.addrs
+    assert f.route_src == "10.1.0.12"
+
+
+def test_parse_probe_python_missing_or_without_torch() -> None:
+    missing = parse_probe("hostname=n\nssh=\nsh: 1: /opt/py: not found\npython_exit=127\n"
+                          "storage=\n")
+    assert missing.python == "missing" and "not found" in missing.detail
+    assert parse_probe(probe_output(has_torch=False)).python == "no torch"
+
+
+HOST = Host(name="node2", address="10.1.0.12")
+
+
+def test_route_through_the_interface_holding_the_source_address() -> None:
+    f = parse_probe(probe_output(route_src="10.1.0.12"))
+    net = net_for(HOST, f, "10.1.0.11")
+    assert (net.interface, net.address) == ("eth0", "10.1.0.12")
+
+
+def test_route_ipv6_and_the_master_itself() -> None:
+    f = parse_probe(probe_output(route_src="fd00::12"))
+    net = net_for(HOST, f, "fd00::11")
+    assert (net.interface, net.address) == ("eth0", "fd00::12")
+    master = net_for(HOST, f, "fd00::12")
+    assert master.interface == "eth0" and "holds the master address" in master.reason
+
+
+def test_pinned_interface_takes_a_global_address_of_the_masters_family() -> None:
+    f = parse_probe(probe_output())
+    pinned = Host(name="node2", address="x", interface="eth0")
+    assert net_for(pinned, f, "fd00::11").address == "fd00::12"
+    assert net_for(pinned, f, "10.1.0.11").address == "10.1.0.12"
+
+
+def test_no_route_names_the_reason() -> None:
+    f = parse_probe(probe_output(route_error="[Errno 101] Network is unreachable"))
+    with pytest.raises(RuntimeError, match="Network is unreachable"):
+        net_for(HOST, f, "10.9.9.9")
+
+
+def test_storage_groups_keep_inventory_order_and_unknowns_apart() -> None:
+    facts = {n: Facts(n, None, (), "ok", storage=s) for n, s in
+             (("a", "x"), ("b", "y"), ("c", "x"), ("d", ""), ("e", ""))}
+    assert storage_groups(facts) == [["a", "c"], ["b"], ["d"], ["e"]]
+
+
+def test_version_problems_name_the_node_and_both_versions() -> None:
+    facts = {"n1": Facts("n1", None, (), "ok", "3.11.7", "2.14.1"),
+             "n2": Facts("n2", None, (), "ok", "3.11.9", "2.14.1"),
+             "n3": Facts("n3", None, (), "ok", "3.12.1", "2.13.0")}
+    problems = version_problems(facts, "n1")
+    assert list(problems) == ["n3"]
+    assert "python 3.12 here, 3.11 on n1" in problems["n3"]
+    assert "torch 2.13.0 here, 2.14.1 on n1" in problems["n3"]
+
+
+# ---- run state, held runs, stop, start ------------------------------------------------------
+def test_parse_state() -> None:
+    running = remote.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nalive\n")
+    assert (running.state, running.pid, running.started) == ("running", 41, 1700000000)
+    failed = remote.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n")
+    assert (failed.state, failed.code, failed.ended) == ("failed", 1, 1700000060)
+    stopped = remote.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nstopped\n")
+    assert stopped.state == "stopped"
+    assert remote.parse_state("missing\n").state == "missing"
+    assert remote.parse_state("pid=\ncode=\nstarted=\nended=\n").state == "starting"
+    assert remote.parse_state("pid=41\ncode=\nstarted=1\nended=\n").state == "failed"
+
+
+def test_parse_held_counts_only_runs_of_this_machine() -> None:
+    out = ("me=node1 6f1c-boot\n"
+           "run=r1/node1 yes node1 6f1c-boot\n"
+           "run=r1/node2 yes node2 6f1c-boot\n"  # same boot (one kernel), other host: not ours
+           "run=r2/node1 no node1 6f1c-boot\n"
+           "run=r3/node1 yes\n")  # no machine file yet (just started): ours
+    assert remote.parse_held(out) == ["r1/node1", "r3/node1"]
+
+
+def test_parse_stop_and_pid() -> None:
+    assert remote.parse_stop("left=\n") == []
+    assert remote.parse_stop("left=12 13\n") == [12, 13]
+    assert remote.parse_stop("sh: stop.sh: No such file\n") is None
+    assert remote.parse_pid("4242\n") == 4242 and remote.parse_pid("") is None
+
+
+# ---- writes ---------------------------------------------------------------------------------
+def test_parse_verify_of_a_full_disk() -> None:
+    out = "got=0\ndf=tmpfs 64 64 0 100% /root/tiny\n"
+    w = parse_verify(out)
+    assert w == Written(False, 0, 0, "/root/tiny")
+    msg = write_problem("node2", "/root/tiny/runs/x/run.sh", 900, w)
+    assert "node2" in msg and "/root/tiny/runs/x/run.sh" in msg and "0 of 900 bytes" in msg
+    assert "disk or your quota is full (0 KiB free on /root/tiny)" in msg
+    assert parse_verify("written\n").ok
+
+
+def test_verify_script_replaces_only_a_whole_file(tmp_path: Path) -> None:
+    target, tmp = tmp_path / "run.sh", tmp_path / "run.sh.fleet-1"
+    tmp.write_bytes(b"echo hi\n")
+    short = subprocess.run(["sh", "-c", verify_script(str(tmp), str(target), b"echo hi!\n",
+                                                      0o700)],
+                           capture_output=True, text=True, timeout=30)
+    assert short.returncode == 1 and not target.exists() and not tmp.exists()
+    assert parse_verify(short.stdout).got == 8
+    tmp.write_bytes(b"echo hi\n")
+    ok = subprocess.run(["sh", "-c", verify_script(str(tmp), str(target), b"echo hi\n", 0o700)],
+                        capture_output=True, text=True, timeout=30)
+    assert parse_verify(ok.stdout).ok and target.read_bytes() == b"echo hi\n"
+    assert target.stat().st_mode & 0o777 == 0o700
+
+
+def test_parse_listener() -> None:
+    assert parse_listener("listening 29500 812\n") == (True, "29500", "812")
+    assert parse_listener("busy [Errno 98] Address already in use\n") == \
+        (False, "[Errno 98] Address already in use", "")
