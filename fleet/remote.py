@@ -12,7 +12,7 @@ from typing import TypeVar
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import RemoteCommandError
 from fleet.group import each
-from fleet.shell import quote, sh
+from fleet.shell import MACHINE_ID, quote, sh
 from fleet.state import NodeRecord, RunRecord
 from fleet.transport import Transport, open_transport
 
@@ -21,10 +21,6 @@ R = TypeVar("R")
 # How long to wait for run.sh to record its pid after it was started.
 PID_WAIT_TICKS = 100
 
-# This machine, as run.sh records it in `machine`: a directory shared with other machines (an
-# NFS home) holds their runs too, and their pids mean nothing here.
-MACHINE = ("$(cat /proc/sys/kernel/hostname 2>/dev/null) "
-           "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)")
 
 
 @dataclass(frozen=True)
@@ -114,10 +110,11 @@ def state(t: Transport, run_dir: str) -> NodeState:
 # ---- runs that still hold a node ----------------------------------------------------------
 def held_script(runs_dir: str) -> str:
     """Every run directory under runs_dir without an exit code: its machine and whether its pid
-    is alive here (which means something only where the machine is this one)."""
+    is alive here (which means something only where the machine is this one: a directory shared
+    with other machines holds their runs too, and their pids mean nothing here)."""
     return "\n".join([
         f"cd {quote(runs_dir)} 2>/dev/null || exit 0",
-        f'echo "me={MACHINE}"',
+        f'echo "me={MACHINE_ID}"',
         'for d in */*/; do d=${d%/}; [ -d "$d" ] || continue; [ -e "$d/exit_code" ] && continue',
         '  p=$(cat "$d/pid" 2>/dev/null) || continue',
         '  alive=no; kill -0 "$p" 2>/dev/null && alive=yes',

@@ -9,7 +9,7 @@ import jinja2
 
 import fleet.templates
 from fleet.plan import NodePlan, Plan
-from fleet.shell import join, quote
+from fleet.shell import MACHINE_ID, join, quote
 
 SHIPPED = Path(fleet.templates.__file__).parent
 STOP_GRACE_S = 10
@@ -36,7 +36,8 @@ def environment(override: Path | None = None) -> jinja2.Environment:
 
 def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFiles:
     env = environment(plan.job.templates)
-    ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace}
+    ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace,
+           "machine_id": MACHINE_ID}
     return NodeFiles({
         "env.sh": (env.get_template("env.sh.j2").render(ctx), 0o600),
         "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),

@@ -25,3 +25,9 @@ def sh(*parts: object) -> str:
 
 def join(argv: Iterable[object]) -> str:
     return " ".join(quote(a) for a in argv)
+
+
+# This machine, as opposed to another that shares a directory with it (an NFS home): its name and
+# boot id, as run.sh records them and as fleet compares them.
+MACHINE_ID = ("$(cat /proc/sys/kernel/hostname 2>/dev/null) "
+              "$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)")
