@@ -1,29 +1,40 @@
-"""The command line: the only module that knows typer, prints errors and picks exit codes."""
+"""The command line: the only module that knows typer, prints errors and picks exit codes.
+
+Commands raise FleetError subclasses; `main` is the one handler that turns them into a message
+and an exit code (0 ok, 1 failed, 2 bad input, 3 hosts unreachable or state unknown, 4 stopped,
+70 a bug in fleet, 130 interrupted), and never shows a Python traceback unless asked
+(`--debug`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 
 from fleet import check as fleet_check
-from fleet import hostkeys, launch, remote, state
+from fleet import hostkeys, launch, lifecycle, remote, state
 from fleet import logs as fleet_logs
 from fleet import trust as fleet_trust
 from fleet.console import Console
-from fleet.errors import FleetError
+from fleet.errors import FleetError, Interrupted, UsageError
 from fleet.group import each, reason
-from fleet.inventory import load_inventory
+from fleet.inventory import Host, load_inventory
 from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id
 from fleet.shell import join
+from fleet.states import NodeStatus, overall
+from fleet.transport import open_transport
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a PyTorch distributed job across the hosts of an inventory.")
 
 JobArg = Annotated[Path, typer.Argument(help="Job file (TOML), e.g. jobs/mnist.toml.")]
@@ -34,9 +45,11 @@ ExtraArgs = Annotated[list[str] | None, typer.Argument(
 RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")]
 
 
-def _fail(e: FleetError) -> typer.Exit:
-    print(f"fleet: error: {e}", file=sys.stderr)
-    return typer.Exit(e.exit_code)
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option(
+        "--debug", help="Show the Python traceback of an error (for reporting a bug).")
+        ] = False) -> None:
+    """Run a PyTorch distributed job across the hosts of an inventory."""
 
 
 @app.command()
@@ -53,17 +66,10 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
        ] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
-    console = Console()
-    try:
-        job = with_extra_args(load_job(job_path, inventory), extra or [])
-        inv = load_inventory(job.inventory)
-        launch.up(inv, job, console, detach=detach, checks=not skip_checks, force=force,
-                  allow_mismatch=allow_mismatch)
-    except FleetError as e:
-        raise _fail(e) from e
-    except KeyboardInterrupt:
-        print("fleet: interrupted; the job was stopped on every node", file=sys.stderr)
-        raise typer.Exit(130) from None
+    job = with_extra_args(load_job(job_path, inventory), extra or [])
+    inv = load_inventory(job.inventory)
+    lifecycle.up(inv, job, Console(), detach=detach, checks=not skip_checks, force=force,
+                 allow_mismatch=allow_mismatch)
 
 
 @app.command()
@@ -74,22 +80,19 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                              "and paths.")] = False,
          ) -> None:
     """Dry run: each node's rank, env and command; without --probe nothing is connected to."""
-    try:
-        job = with_extra_args(load_job(job_path, inventory), extra or [])
-        inv = load_inventory(job.inventory)
-        if probe:
-            console = Console(out=sys.stderr)
-            console.hosts([h.name for h in inv.hosts])
-            session = launch.connect(inv, console)
-            try:
-                p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
-                                        create=False, allow_mismatch=True)
-            finally:
-                session.close()
-        else:
-            p = make_plan(inv, job, new_run_id(job.name))
-    except FleetError as e:
-        raise _fail(e) from e
+    job = with_extra_args(load_job(job_path, inventory), extra or [])
+    inv = load_inventory(job.inventory)
+    if probe:
+        console = Console(out=sys.stderr)
+        console.hosts([h.name for h in inv.hosts])
+        session = launch.connect(inv, console)
+        try:
+            p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
+                                    create=False, allow_mismatch=True)
+        finally:
+            session.close()
+    else:
+        p = make_plan(inv, job, new_run_id(job.name))
     if as_json:
         print(json.dumps(_plan_json(p), indent=2))
         return
@@ -130,11 +133,8 @@ def check(job_path: JobArg, inventory: InvOpt = None,
               "--collective", help="Also run a short all_reduce and print bandwidth per size.")
           ] = False) -> None:
     """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk."""
-    try:
-        job = load_job(job_path, inventory)
-        inv = load_inventory(job.inventory)
-    except FleetError as e:
-        raise _fail(e) from e
+    job = load_job(job_path, inventory)
+    inv = load_inventory(job.inventory)
     checks = fleet_check.run_checks(inv, job)
     print(fleet_check.table(checks))
     failed = [c for c in checks if c.status == fleet_check.FAIL]
@@ -144,11 +144,7 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     if failed:
         raise typer.Exit(1)
     if collective:
-        console = Console()
-        try:
-            launch.up(inv, fleet_check.collective_job(job), console)
-        except FleetError as e:
-            raise _fail(e) from e
+        lifecycle.up(inv, fleet_check.collective_job(job), Console())
 
 
 @app.command()
@@ -156,17 +152,15 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
           accept: Annotated[bool, typer.Option(
               "--accept", help="Record the NEW keys shown (a CHANGED key never is).")] = False,
           to: Annotated[str, typer.Option(
-              "--to", help="Where to record: known_hosts (the inventory's `known_hosts` file, "
-                           "else ~/.ssh/known_hosts) or inventory (pin `host_key` per host).")
+              "--to", help="Where to record: known_hosts (the file fleet reads for the host: "
+                           "the inventory's `known_hosts`, else ssh_config's "
+                           "UserKnownHostsFile, else ~/.ssh/known_hosts) or inventory (pin "
+                           "`host_key` per host).")
           ] = "known_hosts") -> None:
     """Show each host's key fingerprint, and with --accept record the new ones."""
     if to not in ("known_hosts", "inventory"):
-        print("fleet: error: --to must be known_hosts or inventory", file=sys.stderr)
-        raise typer.Exit(2)
-    try:
-        inv = load_inventory(inventory_path)
-    except FleetError as e:
-        raise _fail(e) from e
+        raise UsageError("--to must be known_hosts or inventory")
+    inv = load_inventory(inventory_path)
     statuses = fleet_trust.survey(inv)
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:
@@ -178,10 +172,8 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
             n = fleet_trust.record_inventory(statuses, inventory_path)
             print(f"pinned {n} key(s) in {inventory_path}")
         else:
-            hosts = {h.name: h for h in inv.hosts}
-            target = hosts[new[0].host].known_hosts or "~/.ssh/known_hosts"
-            n = fleet_trust.record_known_hosts(statuses, target)
-            print(f"recorded {n} key(s) in {target}")
+            for path, n in fleet_trust.record_known_hosts(statuses).items():
+                print(f"recorded {n} key(s) in {path}")
         new = []
     bad = [s for s in statuses if s.state in ("changed", "unreachable")]
     if bad or new:
@@ -194,18 +186,15 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
 def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
     console = Console()
-    try:
-        rec = state.load(run_id)
-    except FleetError as e:
-        raise _fail(e) from e
+    rec = state.load(run_id)
     console.hosts([n.host.name for n in rec.nodes])
-
-    results = remote.on_nodes(rec, remote.stop)
+    results = remote.on_nodes(rec, lambda t, d: remote.stop(t, d, "fleet stop"))
     bad = 0
     for name, r in results.items():
         if isinstance(r, Exception):
             bad += 1
-            console.phase(name, f"could not stop: {reason(r)}")
+            console.phase(name, f"could not stop: {reason(r)}; the run may still be running "
+                                f"there: run `fleet stop {rec.run_id}` again once it answers")
         elif r:
             bad += 1
             console.phase(name, f"still alive after SIGKILL: {r}")
@@ -220,37 +209,22 @@ def _states(rec: state.RunRecord) -> dict[str, remote.NodeState | Exception]:
     return remote.on_nodes(rec, remote.state)
 
 
-def _duration(st: remote.NodeState) -> str:
-    if st.started is None:
-        return ""
-    end = st.ended if st.ended is not None else int(time.time())
-    return f"  {max(0, end - st.started)}s"
-
-
-def _overall(states: dict[str, remote.NodeState | Exception]) -> str:
-    words = {s.state if isinstance(s, remote.NodeState) else "unreachable"
-             for s in states.values()}
-    for word in ("failed", "unreachable", "stopped", "running", "starting", "missing"):
-        if word in words:
-            return word
-    return "succeeded"
+def _status(r: remote.NodeState | Exception) -> NodeStatus:
+    return r.status if isinstance(r, remote.NodeState) else NodeStatus.UNREACHABLE
 
 
 @app.command()
 def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     """Remove a finished run: its directory on every node and its local record."""
     console = Console()
-    try:
-        rec = state.load(run_id)
-    except FleetError as e:
-        raise _fail(e) from e
+    rec = state.load(run_id)
     console.hosts([n.host.name for n in rec.nodes])
-
     results = remote.on_nodes(rec, remote.remove)
     bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
     for name, r in results.items():
         console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")
     if bad:
+        console.info(f"the local record of {rec.run_id} is kept until every node is clean")
         raise typer.Exit(3)
     shutil.rmtree(rec.dir, ignore_errors=True)
     console.info(f"run {rec.run_id} removed")
@@ -258,36 +232,69 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
 
 @app.command()
 def status(run_id: RunArg = None) -> None:
-    """Each node's state for a run: starting, running, succeeded, failed, stopped, unreachable."""
-    try:
-        rec = state.load(run_id)
-    except FleetError as e:
-        raise _fail(e) from e
+    """Each node's state for a run; exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node
+    could not be asked), 4 stopped."""
+    rec = state.load(run_id)
     results = _states(rec)
-    print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
-          f"{_overall(results)}")
+    final = overall(_status(r) for r in results.values())
+    print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
     for n in rec.nodes:
         r = results[n.host.name]
         if isinstance(r, Exception):
-            print(f"  {n.host.name:<16} rank {n.node_rank}  unreachable: {reason(r)}")
-        else:
-            code = f" (exit {r.code})" if r.code is not None else ""
-            print(f"  {n.host.name:<16} rank {n.node_rank}  {r.state}{code}{_duration(r)}")
+            print(f"  {n.host.name:<16} rank {n.node_rank}  unreachable (may still be running): "
+                  f"{reason(r)}")
+            continue
+        code = f" (exit {r.code})" if r.code is not None else ""
+        by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else ""
+        took = f"  {r.elapsed}s" if r.elapsed is not None else ""
+        print(f"  {n.host.name:<16} rank {n.node_rank}  {r.status.value}{code}{by}{took}")
+    if final.exit_code:
+        raise typer.Exit(final.exit_code)
 
 
 @app.command()
 def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run, "
-                                               "not only the last 10.")] = False) -> None:
+                                               "not only the last 10.")] = False,
+       hosts: Annotated[Path | None, typer.Option(
+           "--hosts", help="Instead: the runs alive on the hosts of this inventory, whoever "
+                           "started them.")] = None) -> None:
     """Recorded runs, newest last, each with its state across its nodes."""
-    runs = state.all_runs()
+    if hosts is not None:
+        _ps_hosts(hosts)
+        return
+    runs, damaged = state.all_runs()
+    for path, why in damaged.items():
+        print(f"fleet: skipping a damaged run record {path} ({why})", file=sys.stderr)
     runs = runs if all_runs else runs[-10:]
     results = each(((r.run_id, r) for r in runs), _states)
     for rec in runs:
         r = results[rec.run_id]
-        word = _overall(r) if isinstance(r, dict) else f"unknown ({reason(r)})"
-        hosts = ",".join(n.host.name for n in rec.nodes)
+        word = overall(_status(s) for s in r.values()).value if isinstance(r, dict) else \
+            f"unknown ({reason(r)})"
+        names = ",".join(n.host.name for n in rec.nodes)
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
-        print(f"{rec.run_id:<40} {word:<12} {started}  {hosts}")
+        print(f"{rec.run_id:<40} {word:<12} {started}  {names}")
+
+
+def _ps_hosts(path: Path) -> None:
+    inv = load_inventory(path)
+
+    def alive(h: Host) -> list[str]:
+        with open_transport(h) as t:
+            return remote.held_by(t, f"{t.path(t.host.workdir)}/runs")
+
+    results = each(((h.name, h) for h in inv.hosts), alive)
+    bad = 0
+    for name, r in results.items():
+        if isinstance(r, Exception):
+            bad += 1
+            print(f"{name}: unreachable: {reason(r)}", file=sys.stderr)
+            continue
+        for held in r:
+            run_id, _, node = held.partition("/")
+            print(f"{run_id:<40} running      {name} (as node {node})")
+    if bad:
+        raise typer.Exit(3)
 
 
 @app.command()
@@ -299,13 +306,9 @@ def logs(run_id: RunArg = None,
          ) -> None:
     """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
     console = Console()
-    try:
-        rec = state.load(run_id)
-    except FleetError as e:
-        raise _fail(e) from e
+    rec = state.load(run_id)
     if node is not None and node not in {n.host.name for n in rec.nodes}:
-        print(f"fleet: error: run {rec.run_id} has no node {node!r}", file=sys.stderr)
-        raise typer.Exit(2)
+        raise UsageError(f"run {rec.run_id} has no node {node!r}")
     keep = rec.dir if node is None and rank is None else None
     problems = fleet_logs.attach(rec, console, follow, node, rank, keep)
     for name, why in problems.items():
@@ -314,5 +317,35 @@ def logs(run_id: RunArg = None,
         raise typer.Exit(3)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
 def main() -> None:
-    app()
+    """The one handler: every FleetError becomes its message and exit code; anything else is a
+    bug in fleet, said in one line (with the traceback under --debug)."""
+    args = sys.argv[1:]
+    debug = "--debug" in args[:args.index("--")] if "--" in args else "--debug" in args
+    debug = debug or bool(os.environ.get("FLEET_DEBUG"))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    try:
+        app()
+    except Interrupted as e:
+        _trace(debug)
+        print(f"fleet: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except FleetError as e:
+        _trace(debug)
+        print(f"fleet: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except Exception as e:
+        _trace(debug)
+        print(f"fleet: internal error: {type(e).__name__}: {e} (a bug in fleet; `fleet --debug "
+              "...` shows where)", file=sys.stderr)
+        sys.exit(70)
+
+
+def _trace(debug: bool) -> None:
+    if debug:
+        traceback.print_exc()

@@ -74,12 +74,44 @@ class RemoteCommandError(FleetError):
 
 
 class RunNotFound(FleetError):
-    """A run id (or 'the latest run') names no run recorded under .fleet/runs."""
+    """A run id (or 'the latest run') names no run recorded in the state directory."""
+
+    exit_code = 2
+
+
+class DamagedRecord(FleetError):
+    """A local run record cannot be read (truncated, edited by hand)."""
 
     exit_code = 2
 
 
 class JobFailed(FleetError):
-    """The job ran and at least one node did not succeed."""
+    """The job ran and at least one node did not succeed (3: and one could not be asked)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
+class RunStopped(FleetError):
+    """The run was stopped (by `fleet stop`, say) while fleet followed it: not a failure."""
+
+    exit_code = 4
+
+
+class Interrupted(FleetError):
+    """fleet itself got a signal (Ctrl-C, SIGTERM, SIGHUP) and stopped what it had started."""
+
+    exit_code = 130
+
+    def __init__(self, signame: str, outcome: str = "") -> None:
+        self.signame = signame
+        super().__init__(f"interrupted ({signame})" + (f": {outcome}" if outcome else ""))
+
+
+class InternalError(FleetError):
+    """A bug in fleet: reported in one line (the traceback with --debug), never as a crash."""
+
+    exit_code = 70

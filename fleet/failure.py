@@ -26,6 +26,7 @@ class RankFailure:
     local_rank: int | None
     exitcode: int | None
     when: float | None  # when the rank's error (or stderr) file was last written, epoch seconds
+    #                     by this machine's clock (the node's clock offset taken off)
     traceback: str  # the script's own traceback (error file), else the rank's stderr tail
     log: str = ""  # the end of the node's log, for recognising known failures
 
@@ -57,7 +58,15 @@ def _sections(text: str) -> dict[str, str]:
 
 def explain(t: Transport, node: str, node_rank: int, run_dir: str) -> RankFailure | None:
     """The root cause torchrun recorded on this node, if it recorded one."""
-    sections = _sections(t.run(_report_script(run_dir), timeout=30).out)
+    out = t.run(_report_script(run_dir), timeout=30, what="read the failure report").out
+    return parse_report(out, node, node_rank, t.clock_offset)
+
+
+def parse_report(out: str, node: str, node_rank: int,
+                 clock_offset: float = 0.0) -> RankFailure | None:
+    """The failure report of one node; file times are turned into this machine's clock by
+    taking off the node's clock offset, so that nodes compare whatever their clocks say."""
+    sections = _sections(out)
     log = sections.get("log", "")
     errors: dict[int, tuple[float, str]] = {}  # local rank -> (written at, traceback)
     stderr: dict[int, tuple[float, str]] = {}
@@ -65,7 +74,7 @@ def explain(t: Transport, node: str, node_rank: int, run_dir: str) -> RankFailur
         m = _LOCAL_DIR.search(name)
         if not m:
             continue
-        local, written = int(m.group(1)), float(m.group(3))
+        local, written = int(m.group(1)), float(m.group(3)) - clock_offset
         if m.group(2) == "stderr.log":
             stderr[local] = (written, body)
             continue

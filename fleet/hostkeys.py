@@ -74,14 +74,29 @@ class FleetPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
-def apply(conn: Any, host: Host | None) -> None:
-    """Make a Fabric connection (and each ProxyJump hop) verify host keys as fleet does."""
-    cfg = conn.ssh_config
-    # As OpenSSH: UserKnownHostsFile replaces the default, and accept-new writes to its first.
+def known_hosts_files(cfg: Any, host: Host | None) -> list[str]:
+    """The known_hosts files fleet reads for a host, the one OpenSSH writes to first: as
+    OpenSSH, ssh_config's UserKnownHostsFile replaces ~/.ssh/known_hosts; the inventory's
+    `known_hosts` comes on top."""
     files = [os.path.expanduser(p) for p in str(cfg.get("userknownhostsfile", "")).split()]
     files = files or [os.path.expanduser("~/.ssh/known_hosts")]
     if host is not None and host.known_hosts:
         files.append(os.path.expanduser(host.known_hosts))
+    return files
+
+
+def record_file(cfg: Any, host: Host | None) -> str:
+    """Where an accepted key is written so that fleet (and ssh) read it again: the inventory's
+    own known_hosts file if it names one, else the first file ssh_config says."""
+    if host is not None and host.known_hosts:
+        return os.path.expanduser(host.known_hosts)
+    return known_hosts_files(cfg, None)[0]
+
+
+def apply(conn: Any, host: Host | None) -> None:
+    """Make a Fabric connection (and each ProxyJump hop) verify host keys as fleet does."""
+    cfg = conn.ssh_config
+    files = known_hosts_files(cfg, host)
     client: paramiko.SSHClient = conn.client
     for path in files:
         if os.path.isfile(path):

@@ -1,23 +1,18 @@
-"""`fleet up`: connect, probe, plan, prepare, start (master first), stream, and tear down."""
+"""Getting a run ready: connect to every node, probe, plan, preflight, and upload; nothing of
+the job runs anywhere yet (fleet.lifecycle takes it from there)."""
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from fleet import failure, remote, state
+from fleet import remote
 from fleet.check import FAIL, port_checks
 from fleet.console import Console
-from fleet.diagnose import diagnose, format_diagnoses
-from fleet.errors import HostError, JobFailed, TransportError
-from fleet.group import all_ok, each, failures, reason
+from fleet.errors import HostError
+from fleet.group import all_ok, each, failures
 from fleet.inventory import Host, Inventory
 from fleet.job import Job
-from fleet.logs import tag_line
-from fleet.plan import NodePlan, Plan, make_plan, new_run_id
+from fleet.plan import NodePlan, Plan, make_plan
 from fleet.probe import (
     Facts,
     literal_address,
@@ -31,15 +26,6 @@ from fleet.render import render_node
 from fleet.shell import sh
 from fleet.sync import local_manifest, sync_dir
 from fleet.transport import Transport, open_transport
-
-
-@dataclass(frozen=True)
-class NodeOutcome:
-    name: str
-    node_rank: int
-    state: str  # succeeded, failed, stopped, lost
-    code: int | None
-    detail: str = ""
 
 
 class Session:
@@ -198,181 +184,3 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
         each(nodes.items(), lambda n: session.t[n.host.name].run(
             remote.remove_script(n.run_dir), what="clean up"))
         all_ok("prepare", results)
-
-
-def start_all(session: Session, plan: Plan, console: Console) -> dict[str, int]:
-    """Start the master, wait for its rendezvous port, then start the others in parallel."""
-    m = plan.master
-    tm = session.t[m.host.name]
-    pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
-    console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
-    try:
-        remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout)
-        console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
-        others = plan.nodes[1:]
-        started = all_ok("start", each(((n.host.name, n) for n in others),
-                                       lambda n: remote.start(session.t[n.host.name], n.run_dir,
-                                                              plan.run_id)))
-    except Exception:
-        stop_all(session, plan, console)
-        raise
-    for name, pid in started.items():
-        console.phase(name, f"started (pid {pid})")
-    pids.update(started)
-    return pids
-
-
-def stop_all(session: Session, plan: Plan, console: Console,
-             skip: set[str] | None = None) -> dict[str, str]:
-    """Stop the run on every node (but `skip`); returns per host a problem, if any."""
-    nodes = [n for n in plan.nodes if n.host.name not in (skip or set())]
-    results = each(((n.host.name, n) for n in nodes),
-                   lambda n: remote.stop(session.t[n.host.name], n.run_dir))
-    problems = failures(results)
-    for name, r in results.items():
-        if isinstance(r, list) and r:
-            problems[name] = f"processes still alive after SIGKILL: {r}"
-    for name, why in problems.items():
-        console.phase(name, f"stop: {why}")
-    return problems
-
-
-HEARTBEAT_S = 2.0  # how often every running node is asked to answer
-HEARTBEAT_TIMEOUT_S = 10.0  # a node silent this long is declared lost
-
-
-def stream(session: Session, plan: Plan, pids: dict[str, int], console: Console,
-           logdir: Path | None = None) -> list[NodeOutcome]:
-    """Follow every node's log until all have ended. The first node to fail or stop answering
-    stops the run on every other node."""
-    events: queue.Queue[tuple[str, int | Exception]] = queue.Queue()
-    finished = threading.Event()
-    index = {n.host.name: i for i, n in enumerate(plan.nodes)}
-    nodes = {n.host.name: n for n in plan.nodes}
-    outcomes: dict[str, NodeOutcome] = {}
-
-    def follow(node: NodePlan) -> None:
-        t = session.t[node.host.name]
-        local_log = (open(logdir / f"{node.host.name}.log", "w", buffering=1)  # noqa: SIM115
-                     if logdir else None)
-        try:
-            def on_line(line: str) -> None:
-                if local_log:
-                    local_log.write(line + "\n")
-                tagged = tag_line(node.host.name, node.rank_base, line)
-                console.line(tagged.tag, index[node.host.name], tagged.text)
-            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, finished)
-            events.put((node.host.name, code))
-        except Exception as e:
-            events.put((node.host.name, e))
-        finally:
-            if local_log:
-                local_log.close()
-
-    def heartbeat() -> None:
-        # A cut link does not end a TCP stream for many minutes; a command that gets no answer
-        # in HEARTBEAT_TIMEOUT_S does.
-        while not finished.wait(HEARTBEAT_S):
-            alive = [(n, t) for n, t in session.t.items() if n not in outcomes]
-            answers = each(alive, lambda t: t.run("true", timeout=HEARTBEAT_TIMEOUT_S))
-            for name, r in answers.items():
-                if isinstance(r, Exception) and name not in outcomes:
-                    events.put((name, TransportError(f"stopped answering: {reason(r)}")))
-
-    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in plan.nodes]
-    threads.append(threading.Thread(target=heartbeat, daemon=True))
-    for th in threads:
-        th.start()
-    first_failure: str | None = None
-    try:
-        while len(outcomes) < len(plan.nodes):
-            name, result = events.get()
-            if name in outcomes:
-                continue
-            node = nodes[name]
-            if isinstance(result, Exception):
-                outcome = NodeOutcome(name, node.node_rank, "lost", None, reason(result))
-                session.t[name].close()
-            else:
-                st = remote.state(session.t[name], node.run_dir)
-                outcome = NodeOutcome(name, node.node_rank, st.state, st.code)
-            outcomes[name] = outcome
-            if outcome.state != "succeeded" and first_failure is None:
-                first_failure = name
-                console.info(f"{name} (node rank {node.node_rank}) {_describe(outcome)}; "
-                             "stopping the job on every other node")
-                stop_all(session, plan, console, skip=set(outcomes))
-    finally:
-        finished.set()
-    return [outcomes[n.host.name] for n in plan.nodes]
-
-
-def _describe(o: NodeOutcome) -> str:
-    if o.state == "lost":
-        return f"is unreachable ({o.detail})"
-    if o.code is None:
-        return o.state
-    if o.code > 128:
-        return f"{o.state} (exit {o.code}, signal {o.code - 128})"
-    return f"{o.state} (exit {o.code})"
-
-
-def report(session: Session, plan: Plan, outcomes: list[NodeOutcome], console: Console) -> None:
-    """Per node how it ended; for a failure, the first failing rank and its traceback."""
-    for o in outcomes:
-        console.phase(o.name, _describe(o))
-    failed = [o for o in outcomes if o.state == "failed"]
-    found = each(((o.name, o) for o in failed), lambda o: failure.explain(
-        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir))
-    causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
-    root = failure.first(causes)
-    lost = [o for o in outcomes if o.state == "lost"]
-    if root is not None:
-        rank = f"rank {root.rank}" if root.rank is not None else "a rank"
-        local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
-        code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
-        console.info(f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}"
-                     f"{code}:")
-        for line in root.traceback.splitlines():
-            console.info(f"    {line}")
-        for line in format_diagnoses(diagnose(root.traceback + "\n" + root.log)):
-            console.info(line)
-    elif lost:
-        console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
-    first_name = root.node if root else (lost[0].name if lost else None)
-    collateral = [o.name for o in outcomes if o.state != "succeeded" and o.name != first_name]
-    if first_name and collateral:
-        console.info("stopped as a consequence: " + ", ".join(collateral))
-
-
-def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
-       checks: bool = True, force: bool = False, allow_mismatch: bool = False) -> str:
-    """Run the job on every host of the inventory; returns the run id, raises JobFailed."""
-    run_id = new_run_id(job.name)
-    console.hosts([h.name for h in inventory.hosts])
-    console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
-    session = connect(inventory, console)
-    try:
-        plan = prepare_plan(session, inventory, job, run_id, console,
-                            allow_mismatch=allow_mismatch)
-        if checks:
-            preflight(session, plan, console, force)
-        upload(session, plan, console)
-        record = state.save(plan)
-        try:
-            pids = start_all(session, plan, console)
-            if detach:
-                console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")
-                return run_id
-            outcomes = stream(session, plan, pids, console, record.dir)
-        except KeyboardInterrupt:
-            console.info("interrupted: stopping the job on every node")
-            stop_all(session, plan, console)
-            raise
-        report(session, plan, outcomes, console)
-    finally:
-        session.close()
-    if any(o.state != "succeeded" for o in outcomes):
-        raise JobFailed(f"run {run_id} failed (logs: `fleet logs {run_id}`)")
-    console.info(f"run {run_id} succeeded on all {len(outcomes)} node(s)")
-    return run_id

@@ -10,6 +10,7 @@ from fleet import remote
 from fleet.console import Console
 from fleet.group import each, reason
 from fleet.state import NodeRecord, RunRecord
+from fleet.states import NodeStatus
 from fleet.transport import open_transport
 
 _RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
@@ -47,7 +48,7 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
             with open_transport(n.host) as t:
                 run_dir = t.path(n.run_dir)
                 st = remote.state(t, run_dir)
-                if st.state == "missing":
+                if st.status is NodeStatus.MISSING:
                     raise FileNotFoundError(f"no run directory {run_dir}")
 
                 def on_line(line: str) -> None:

@@ -14,6 +14,7 @@ from fleet.errors import RemoteCommandError
 from fleet.group import each
 from fleet.shell import MACHINE_ID, quote, sh
 from fleet.state import NodeRecord, RunRecord
+from fleet.states import NodeStatus
 from fleet.transport import Transport, open_transport
 
 R = TypeVar("R")
@@ -27,15 +28,15 @@ PID_WAIT_TICKS = 100
 class NodeState:
     """What a node's run directory says about the run there."""
 
-    state: str  # starting, running, succeeded, failed, stopped, missing
+    status: NodeStatus
     code: int | None = None
     pid: int | None = None
-    started: int | None = None  # epoch seconds, the node's clock
-    ended: int | None = None
+    elapsed: int | None = None  # seconds it ran (or has run), all by the node's own clock
+    stopped_by: str = ""  # who stopped it: "fleet stop", "fail-fast: node2 failed", ...
 
     @property
     def done(self) -> bool:
-        return self.state in ("succeeded", "failed", "stopped", "missing")
+        return self.status.is_terminal
 
 
 # ---- start --------------------------------------------------------------------------------
@@ -72,7 +73,9 @@ def state_script(run_dir: str) -> str:
         'echo "code=$(cat exit_code 2>/dev/null)"',
         'echo "started=$(cat started 2>/dev/null)"',
         'echo "ended=$(stat -c %Y exit_code 2>/dev/null)"',
-        "[ -e stopped ] && echo stopped",
+        'echo "last=$(stat -c %Y node.log stopped 2>/dev/null | sort -n | tail -n 1)"',
+        'echo "now=$(date +%s)"',
+        '[ -e stopped ] && echo "stopped=$(head -n 1 stopped)"',
         'p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo alive',
         "true",
     ])
@@ -84,23 +87,32 @@ def _int(text: str | None) -> int | None:
 
 
 def parse_state(out: str) -> NodeState:
-    words = out.split()
-    if "missing" in words:
-        return NodeState("missing")
-    fields = dict(w.split("=", 1) for w in words if "=" in w)
+    lines = out.splitlines()
+    if "missing" in lines:
+        return NodeState(NodeStatus.MISSING)
+    fields = dict(line.split("=", 1) for line in lines if "=" in line)
     pid, code = _int(fields.get("pid")), _int(fields.get("code"))
-    started, ended = _int(fields.get("started")), _int(fields.get("ended"))
-    stopped = "stopped" in words
+    started, now = _int(fields.get("started")), _int(fields.get("now"))
+    stopped = "stopped" in fields
+    by = fields.get("stopped", "").strip() or ("stopped" if stopped else "")
+    alive = "alive" in lines
+    # Durations by the node's clock alone: its start, and its end, its last sign of life (a
+    # wrapper killed outright records no end) or its present time.
+    end = _int(fields.get("ended")) if code is not None else now if alive else \
+        _int(fields.get("last"))
+    elapsed = end - started if end is not None and started is not None else None
     if code is not None:
         if stopped and code != 0:
-            return NodeState("stopped", code, pid, started, ended)
-        return NodeState("succeeded" if code == 0 else "failed", code, pid, started, ended)
-    if "alive" in words:
-        return NodeState("running", None, pid, started)
+            return NodeState(NodeStatus.STOPPED, code, pid, elapsed, by)
+        status = NodeStatus.SUCCEEDED if code == 0 else NodeStatus.FAILED
+        return NodeState(status, code, pid, elapsed)
+    if alive:
+        return NodeState(NodeStatus.RUNNING, None, pid, elapsed)
     if pid is None:
-        return NodeState("starting")
+        return NodeState(NodeStatus.STARTING)
     # The wrapper died without recording an exit code: killed outright.
-    return NodeState("stopped" if stopped else "failed", None, pid, started)
+    return NodeState(NodeStatus.STOPPED if stopped else NodeStatus.FAILED, None, pid, elapsed,
+                     by)
 
 
 def state(t: Transport, run_dir: str) -> NodeState:
@@ -165,13 +177,11 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) 
                  what="probe the rendezvous port").ok:
             return
         st = state(t, run_dir)
-        if st.state == "succeeded":
-            return  # done before anyone could look: nothing to wait for
         if st.done:
             log = t.run(sh("tail", "-n", "30", f"{run_dir}/node.log"), timeout=15).out
             hints = "\n".join(format_diagnoses(diagnose(log)))
             raise RemoteCommandError(t.host.name, "the master's launcher", st.code or 1,
-                                     f"it ended ({st.state}) before its rendezvous port "
+                                     f"it ended ({st.status.value}) before its rendezvous port "
                                      f"{addr}:{port} opened; its log ends:\n{log}{hints}")
         if time.monotonic() > deadline:
             raise RemoteCommandError(t.host.name, f"wait for {addr}:{port}", 1,
@@ -208,7 +218,7 @@ def remove(t: Transport, run_dir: str) -> str:
     """Delete a finished run's directory on the node."""
     st = state(t, run_dir)
     if not st.done:
-        raise RuntimeError(f"the run is still {st.state} here: stop it first")
+        raise RuntimeError(f"the run is still {st.status.value} here: stop it first")
     t.run(remove_script(run_dir), timeout=60, what=f"remove {run_dir}").check(t.host.name)
     return run_dir
 
@@ -221,9 +231,10 @@ def parse_stop(out: str) -> list[int] | None:
     return [int(p) for p in out.rsplit("left=", 1)[-1].split() if p.isdigit()]
 
 
-def stop(t: Transport, run_dir: str) -> list[int]:
-    """Run the node's stop.sh; returns the pids of the run still alive after it (none, normally)."""
-    r = t.run(sh("sh", f"{run_dir}/stop.sh"), timeout=60, what="stop.sh")
+def stop(t: Transport, run_dir: str, by: str = "fleet stop") -> list[int]:
+    """Run the node's stop.sh, saying who stops it; returns the pids of the run still alive
+    after it (none, normally)."""
+    r = t.run(sh("sh", f"{run_dir}/stop.sh", by), timeout=60, what="stop.sh")
     left = parse_stop(r.out)
     if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)

@@ -1,4 +1,4 @@
-"""Local record of runs under .fleet/runs/<run-id>/, so later commands can find every node."""
+"""Local record of runs under <state dir>/runs/<run-id>/, so later commands find every node."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.errors import RunNotFound
+from fleet.errors import DamagedRecord, RunNotFound
 from fleet.inventory import Host
 from fleet.plan import Plan
 
@@ -35,7 +35,13 @@ class RunRecord:
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("FLEET_STATE_DIR", ".fleet")) / "runs"
+    """Where runs are recorded, the same from any directory: $FLEET_STATE_DIR, else
+    $XDG_STATE_HOME/fleet, else ~/.local/state/fleet (XDG's base directories)."""
+    explicit = os.environ.get("FLEET_STATE_DIR")
+    if explicit:
+        return Path(explicit) / "runs"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "fleet" / "runs"
 
 
 def save(plan: Plan) -> RunRecord:
@@ -44,29 +50,53 @@ def save(plan: Plan) -> RunRecord:
                                 for n in plan.nodes))
     d = state_dir() / plan.run_id
     d.mkdir(parents=True, exist_ok=True)
-    (d / "run.json").write_text(json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
+    write_atomic(d / "run.json", json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
     return rec
 
 
-def load(run_id: str | None = None) -> RunRecord:
-    """A recorded run by id, or the latest one."""
-    root = state_dir()
-    if run_id is None:
-        runs = all_runs()
-        if not runs:
-            raise RunNotFound(f"no runs recorded under {root} (run `fleet up JOB` first)")
-        return runs[-1]
-    path = root / run_id / "run.json"
-    if "/" in run_id or not path.is_file():
-        raise RunNotFound(f"no run {run_id!r} under {root} (see `fleet ps`)")
-    data = json.loads(path.read_text())
+def write_atomic(path: Path, text: str) -> None:
+    """Replace a file whole or not at all (a crash mid-write leaves the old one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def parse_record(text: str) -> RunRecord:
+    """A run record from its JSON; ValueError (or KeyError/TypeError) if it is damaged."""
+    data = json.loads(text)
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
                              n.get("rank_base"))
                   for n in data["nodes"])
     return RunRecord(data["run_id"], data["job"], data["started"], nodes)
 
 
-def all_runs() -> list[RunRecord]:
-    """Every recorded run, oldest first."""
-    runs = [load(p.parent.name) for p in state_dir().glob("*/run.json")]
-    return sorted(runs, key=lambda r: r.started)
+def load(run_id: str | None = None) -> RunRecord:
+    """A recorded run by id, or the latest one."""
+    root = state_dir()
+    if run_id is None:
+        runs, _ = all_runs()
+        if not runs:
+            raise RunNotFound(f"no runs recorded under {root} (run `fleet up JOB` first)")
+        return runs[-1]
+    path = root / run_id / "run.json"
+    if "/" in run_id or not path.is_file():
+        raise RunNotFound(f"no run {run_id!r} under {root} (see `fleet ps`)")
+    try:
+        return parse_record(path.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DamagedRecord(f"{path}: the record of run {run_id} is damaged ({e}); remove that "
+                            "directory if the run is no more") from e
+
+
+def all_runs() -> tuple[list[RunRecord], dict[str, str]]:
+    """Every recorded run, oldest first, and the damaged records (path: why), skipped."""
+    runs, damaged = [], {}
+    for p in state_dir().glob("*/run.json"):
+        try:
+            runs.append(parse_record(p.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            damaged[str(p)] = f"{type(e).__name__}: {e}"
+    return sorted(runs, key=lambda r: r.started), damaged

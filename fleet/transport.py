@@ -17,6 +17,7 @@ import secrets
 import socket
 import subprocess
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,6 +131,15 @@ def write_problem(host: str, target: str, size: int, w: Written, cause: str = ""
         "; check the permissions of the directory and that its filesystem is writable"
 
 
+def clock_offset(node_time: str, sent: float, received: float) -> float:
+    """The node's clock minus this machine's, from the node's time stamp taken between `sent`
+    and `received` (taken at the midpoint: the error is at most half the round trip)."""
+    try:
+        return float(node_time) - (sent + received) / 2
+    except ValueError:
+        return 0.0
+
+
 class Transport(ABC):
     """What fleet needs of a node: run a script, write a file, stream a script's output."""
 
@@ -139,6 +149,7 @@ class Transport(ABC):
         self.shell = ""  # the login shell, as the node reports $SHELL
         self.noise = ""  # what the node's rc files print for every command
         self.sftp_problem: str | None = None  # why SFTP is not used, once tried
+        self.clock_offset = 0.0  # the node's clock minus this machine's, in seconds
 
     @abstractmethod
     def connect(self) -> None: ...
@@ -170,9 +181,14 @@ class Transport(ABC):
                                            cause or r.err.strip()))
 
     def _hello(self) -> None:
-        r = self.run('printf "%s\\n%s\\n" "$HOME" "${SHELL:-}"', timeout=30, what="hello")
-        lines = r.check(self.host.name).out.splitlines() + ["", ""]
+        """Home, login shell, rc noise, and the node's clock against this machine's."""
+        t0 = time.time()
+        r = self.run('printf "%s\\n%s\\n%s\\n" "$HOME" "${SHELL:-}" "$(date +%s.%N)"',
+                     timeout=30, what="hello")
+        t1 = time.time()
+        lines = r.check(self.host.name).out.splitlines() + ["", "", ""]
         self.home, self.shell, self.noise = lines[0], lines[1], r.noise
+        self.clock_offset = clock_offset(lines[2], t0, t1)
 
     def close(self) -> None:
         return None

@@ -23,20 +23,22 @@ class KeyStatus:
     key_host: str = ""  # the name known_hosts uses for it ("[addr]:port" off port 22)
     key: paramiko.PKey | None = None
     detail: str = ""
+    record_to: str = ""  # the known_hosts file fleet reads for this host, to record it in
 
 
 def survey_host(host: Host) -> KeyStatus:
     """What key the host offers and whether fleet already trusts it (no command is run)."""
     conn = ssh_connection(host)
+    to = hostkeys.record_file(conn.ssh_config, host)
     try:
         conn.open()
     except hostkeys.UnknownHostKey as e:
         return KeyStatus(host.name, "new", e.hostname, e.key,
                          "" if e.hostname == hostkeys.key_name(conn.host, int(conn.port))
-                         else f"(the ProxyJump hop {e.hostname})")
+                         else f"(the ProxyJump hop {e.hostname})", to)
     except paramiko.BadHostKeyException as e:
         return KeyStatus(host.name, "changed", hostkeys.key_name(conn.host, int(conn.port)),
-                         e.key, f"expected {hostkeys.fingerprint(e.expected_key)}")
+                         e.key, f"expected {hostkeys.fingerprint(e.expected_key)}", to)
     except paramiko.AuthenticationException:
         pass  # the key was checked before authentication: it is known
     except (paramiko.SSHException, OSError) as e:
@@ -45,7 +47,8 @@ def survey_host(host: Host) -> KeyStatus:
         transport = conn.client.get_transport()
         key = transport.get_remote_server_key() if transport is not None else None
         conn.close()
-    return KeyStatus(host.name, "known", hostkeys.key_name(conn.host, int(conn.port)), key)
+    return KeyStatus(host.name, "known", hostkeys.key_name(conn.host, int(conn.port)), key,
+                     record_to=to)
 
 
 def survey(inventory: Inventory) -> list[KeyStatus]:
@@ -55,16 +58,18 @@ def survey(inventory: Inventory) -> list[KeyStatus]:
             for name, r in results.items()]
 
 
-def record_known_hosts(statuses: list[KeyStatus], path: str) -> int:
-    """Append the new keys to a known_hosts file; returns how many."""
-    new = [s for s in statuses if s.state == "new" and s.key is not None]
-    target = os.path.expanduser(path)
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    with open(target, "a") as f:
-        for s in new:
-            assert s.key is not None
+def record_known_hosts(statuses: list[KeyStatus]) -> dict[str, int]:
+    """Append each new key to the known_hosts file fleet reads for its host; per file, how
+    many were recorded."""
+    written: dict[str, int] = {}
+    for s in statuses:
+        if s.state != "new" or s.key is None or not s.record_to:
+            continue
+        os.makedirs(os.path.dirname(s.record_to) or ".", exist_ok=True)
+        with open(s.record_to, "a") as f:
             f.write(f"{s.key_host} {s.key.get_name()} {s.key.get_base64()}\n")
-    return len(new)
+        written[s.record_to] = written.get(s.record_to, 0) + 1
+    return written
 
 
 def _after(pin: str) -> Callable[[re.Match[str]], str]:

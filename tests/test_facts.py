@@ -15,6 +15,7 @@ from fleet.check import parse_listener
 from fleet.inventory import Host
 from fleet.launch import version_problems
 from fleet.probe import Facts, net_for, parse_probe, storage_groups
+from fleet.states import NodeStatus
 from fleet.transport import (
     BOOT,
     Written,
@@ -179,15 +180,28 @@ def test_version_problems_name_the_node_and_both_versions() -> None:
 
 # ---- run state, held runs, stop, start ------------------------------------------------------
 def test_parse_state() -> None:
-    running = remote.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nalive\n")
-    assert (running.state, running.pid, running.started) == ("running", 41, 1700000000)
-    failed = remote.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n")
-    assert (failed.state, failed.code, failed.ended) == ("failed", 1, 1700000060)
-    stopped = remote.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nstopped\n")
-    assert stopped.state == "stopped"
-    assert remote.parse_state("missing\n").state == "missing"
-    assert remote.parse_state("pid=\ncode=\nstarted=\nended=\n").state == "starting"
-    assert remote.parse_state("pid=41\ncode=\nstarted=1\nended=\n").state == "failed"
+    running = remote.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nlast=1700000050\n"
+                                 "now=1700000070\nalive\n")
+    assert (running.status, running.pid, running.elapsed) == (NodeStatus.RUNNING, 41, 70)
+    failed = remote.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n"
+                                "last=1700000060\nnow=1700000900\n")
+    assert (failed.status, failed.code, failed.elapsed) == (NodeStatus.FAILED, 1, 60)
+    stopped = remote.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
+                                 "stopped=fleet stop\n")
+    assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fleet stop")
+    assert remote.parse_state("missing\n").status is NodeStatus.MISSING
+    assert remote.parse_state("pid=\ncode=\nstarted=\nended=\nnow=5\n").status is \
+        NodeStatus.STARTING
+
+
+def test_a_node_killed_outright_stops_counting_time() -> None:
+    """No exit code, wrapper gone: it ran until its last sign of life, not until now (and the
+    control machine's clock plays no part)."""
+    killed = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n")
+    assert (killed.status, killed.elapsed) == (NodeStatus.FAILED, 30)
+    stopped = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n"
+                                 "stopped=fail-fast: node2 failed\n")
+    assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fail-fast: node2 failed")
 
 
 def test_parse_held_counts_only_runs_of_this_machine() -> None:

@@ -1,0 +1,43 @@
+"""Fault points for the end-to-end fault tests: `FLEET_FAULT=<phase>:<action>` makes fleet hurt
+itself at that phase boundary of `fleet up`. Without the variable, a point does nothing.
+
+Actions: kill (SIGKILL itself), int (one SIGINT), int2 (two SIGINTs 5 ms apart, as `timeout` or
+a terminal multiplexer sends them), term (SIGTERM), raise (an unexpected exception), pause (say
+so on stderr and wait, at most 120 s, until the file named by FLEET_FAULT_RESUME exists: the test
+then cuts a link or kills an sshd)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+
+def point(phase: str) -> None:
+    spec = os.environ.get("FLEET_FAULT", "")
+    if not spec:
+        return
+    want, _, action = spec.partition(":")
+    if want != phase:
+        return
+    me = os.getpid()
+    if action == "kill":
+        os.kill(me, signal.SIGKILL)
+    elif action == "int":
+        os.kill(me, signal.SIGINT)
+    elif action == "int2":
+        os.kill(me, signal.SIGINT)
+        time.sleep(0.005)
+        os.kill(me, signal.SIGINT)
+    elif action == "term":
+        os.kill(me, signal.SIGTERM)
+    elif action == "raise":
+        raise RuntimeError(f"injected fault at {phase}")
+    elif action == "pause":
+        print(f"fleet: fault point {phase} reached", file=sys.stderr, flush=True)
+        resume = os.environ.get("FLEET_FAULT_RESUME", "")
+        deadline = time.monotonic() + 120
+        while resume and not os.path.exists(resume) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    time.sleep(0.05)  # let a signal sent to itself arrive here, at the boundary

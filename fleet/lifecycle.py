@@ -1,0 +1,342 @@
+"""A run's lifecycle as one state machine with one guard: connect, probe, preflight, upload, start
+(master first), stream, and one teardown that every way out passes through.
+
+From the moment anything may run on a node, `Guard` owns the run: success, a failing node, a
+lost node, an exception, or any number of signals all end in a stop on every node that may hold
+a process, and in a final state that says what really happened (torch's elastic agent does the
+same with `_shutdown()` in a `finally`)."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from fleet import failure, faults, remote, state
+from fleet.console import Console
+from fleet.diagnose import diagnose, format_diagnoses
+from fleet.errors import FleetError, Interrupted, JobFailed, RunStopped, TransportError
+from fleet.group import all_ok, each, failures, reason
+from fleet.inventory import Inventory
+from fleet.job import Job
+from fleet.launch import Session, connect, preflight, prepare_plan, upload
+from fleet.logs import tag_line
+from fleet.plan import NodePlan, Plan, new_run_id
+from fleet.states import NodeStatus, RunStatus, overall
+
+
+class Phase(Enum):
+    """Where `fleet up` is; a fault test can strike at each boundary (see fleet.faults)."""
+
+    CONNECT = "connect"
+    PROBE = "probe"
+    PREFLIGHT = "preflight"
+    UPLOAD = "upload"
+    MASTER_START = "master-start"
+    WORKER_START = "worker-start"
+    STREAM = "stream"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    name: str
+    node_rank: int
+    status: NodeStatus
+    code: int | None = None
+    detail: str = ""  # who stopped it, or why it could not be reached
+
+    def describe(self) -> str:
+        if self.status is NodeStatus.UNREACHABLE:
+            return f"is unreachable ({self.detail}); its part of the run may still be running"
+        words: str = self.status.value
+        if self.code is not None:
+            signal_part = f", signal {self.code - 128}" if self.code > 128 else ""
+            words += f" (exit {self.code}{signal_part})"
+        if self.status is NodeStatus.STOPPED and self.detail:
+            words += f" by {self.detail}"
+        return words
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Guard:
+    """The one teardown of a run (see the module's docstring). Signals: the first one ends the
+    run (it raises Interrupted where the main thread is); any later one is only counted, so
+    that nothing can cut the teardown short."""
+
+    def __init__(self, session: Session, plan: Plan, console: Console) -> None:
+        self.session, self.plan, self.console = session, plan, console
+        self.may_run: set[str] = set()  # nodes where a start was even attempted
+        self.ended = False  # every node's part ended by itself: nothing left to stop
+        self.released = False  # detached on purpose: the run goes on without fleet
+        self.signals: list[int] = []
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> Guard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        if len(self.signals) == 1:
+            raise Interrupted(signal.Signals(signum).name)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.signals.append(0)  # from here on, a signal is only counted
+        try:
+            if self.released and exc is None:
+                return
+            if self.ended:
+                if isinstance(exc, Interrupted):
+                    raise Interrupted(exc.signame, "the run had already ended") from None
+                return
+            problems = self.stop(self._why(exc)) if self.may_run else {}
+            self._forget_unstarted()
+            if isinstance(exc, Interrupted):
+                raise Interrupted(exc.signame, self._summary(problems)) from None
+            if exc is not None and not isinstance(exc, FleetError):
+                self.console.info(f"{type(exc).__name__} in fleet: {self._summary(problems)}")
+        finally:
+            for sig, handler in self._saved.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _why(self, exc: BaseException | None) -> str:
+        if isinstance(exc, Interrupted):
+            return f"fleet up, interrupted ({exc.signame})"
+        if exc is None:
+            return "fleet up, which ended before the run"
+        return f"fleet up, after an error: {reason(exc) if isinstance(exc, Exception) else exc}"
+
+    def stop(self, by: str, skip: set[str] | None = None) -> dict[str, str]:
+        """Stop the run on every node that may hold a process (but `skip`); per node a problem,
+        if any."""
+        faults.point(Phase.STOP.value)
+        nodes = [n for n in self.plan.nodes if n.host.name in self.may_run - (skip or set())]
+        if nodes and not skip:
+            self.console.info(f"stopping the job on {len(nodes)} node(s)")
+        return stop_nodes(self.session, nodes, self.console, by)
+
+    def _forget_unstarted(self) -> None:
+        """Run directories of nodes where nothing was ever started go (best effort)."""
+        never = [n for n in self.plan.nodes if n.host.name not in self.may_run]
+        each(((n.host.name, n) for n in never), lambda n: self.session.t[n.host.name].run(
+            remote.remove_script(n.run_dir), what="clean up"))
+
+    def _summary(self, problems: dict[str, str]) -> str:
+        if not self.may_run:
+            return "nothing had been started on any node"
+        if not problems:
+            return "the job was stopped on every node"
+        names = ", ".join(problems)
+        return (f"the job could not be stopped on {names} (it may still run there); finish the "
+                f"stop with `fleet stop {self.plan.run_id}` once it answers")
+
+
+def stop_nodes(session: Session, nodes: list[NodePlan], console: Console,
+               by: str) -> dict[str, str]:
+    results = each(((n.host.name, n) for n in nodes),
+                   lambda n: remote.stop(session.t[n.host.name], n.run_dir, by))
+    problems = failures(results)
+    for name, r in results.items():
+        if isinstance(r, list) and r:
+            problems[name] = f"processes still alive after SIGKILL: {r}"
+    for name, why in problems.items():
+        console.phase(name, f"stop failed: {why}")
+    return problems
+
+
+def start_all(guard: Guard) -> dict[str, int]:
+    """Start the master, wait for its rendezvous port, then start the others in parallel. Each
+    node counts as possibly running from the moment its start is attempted."""
+    plan, session, console = guard.plan, guard.session, guard.console
+    m = plan.master
+    tm = session.t[m.host.name]
+    guard.may_run.add(m.host.name)
+    pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
+    console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
+    faults.point(Phase.MASTER_START.value)
+    remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout)
+    console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
+    others = plan.nodes[1:]
+    guard.may_run.update(n.host.name for n in others)
+    started = all_ok("start", each(((n.host.name, n) for n in others), lambda n: remote.start(
+        session.t[n.host.name], n.run_dir, plan.run_id)))
+    for name, pid in started.items():
+        console.phase(name, f"started (pid {pid})")
+    faults.point(Phase.WORKER_START.value)
+    pids.update(started)
+    return pids
+
+
+HEARTBEAT_S = 2.0  # how often every running node is asked to answer
+HEARTBEAT_TIMEOUT_S = 10.0  # a node silent this long is declared lost
+
+
+def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> list[NodeOutcome]:
+    """Follow every node's log until all have ended. The first node to fail or stop answering
+    stops the run on every other node."""
+    plan, session, console = guard.plan, guard.session, guard.console
+    events: queue.Queue[tuple[str, int | Exception]] = queue.Queue()
+    finished = threading.Event()
+    index = {n.host.name: i for i, n in enumerate(plan.nodes)}
+    nodes = {n.host.name: n for n in plan.nodes}
+    outcomes: dict[str, NodeOutcome] = {}
+
+    def follow(node: NodePlan) -> None:
+        t = session.t[node.host.name]
+        local_log = (open(logdir / f"{node.host.name}.log", "w", buffering=1)  # noqa: SIM115
+                     if logdir else None)
+        try:
+            def on_line(line: str) -> None:
+                if local_log:
+                    local_log.write(line + "\n")
+                tagged = tag_line(node.host.name, node.rank_base, line)
+                console.line(tagged.tag, index[node.host.name], tagged.text)
+            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, finished)
+            events.put((node.host.name, code))
+        except Exception as e:
+            events.put((node.host.name, e))
+        finally:
+            if local_log:
+                local_log.close()
+
+    def heartbeat() -> None:
+        # A cut link does not end a TCP stream for many minutes; a command that gets no answer
+        # in HEARTBEAT_TIMEOUT_S does.
+        while not finished.wait(HEARTBEAT_S):
+            alive = [(n, t) for n, t in session.t.items() if n not in outcomes]
+            answers = each(alive, lambda t: t.run("true", timeout=HEARTBEAT_TIMEOUT_S,
+                                                  what="heartbeat"))
+            for name, r in answers.items():
+                if isinstance(r, Exception) and name not in outcomes:
+                    events.put((name, TransportError(f"stopped answering: {reason(r)}")))
+
+    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in plan.nodes]
+    threads.append(threading.Thread(target=heartbeat, daemon=True))
+    for th in threads:
+        th.start()
+    faults.point(Phase.STREAM.value)
+    stopping = False
+    try:
+        while len(outcomes) < len(plan.nodes):
+            name, result = events.get()
+            if name in outcomes:
+                continue
+            outcome = _outcome(session, nodes[name], result)
+            outcomes[name] = outcome
+            if outcome.status is not NodeStatus.SUCCEEDED and not stopping:
+                stopping = True
+                node = nodes[name]
+                if outcome.status is NodeStatus.STOPPED:
+                    by = outcome.detail or "a stop"
+                    console.info(f"{name} (node rank {node.node_rank}) was stopped by {by}; "
+                                 "stopping the job on every other node")
+                else:
+                    by = f"fail-fast: {name} {outcome.status.value}"
+                    console.info(f"{name} (node rank {node.node_rank}) {outcome.describe()}; "
+                                 "stopping the job on every other node")
+                guard.stop(by, skip=set(outcomes))
+    finally:
+        finished.set()
+    return [outcomes[n.host.name] for n in plan.nodes]
+
+
+def _outcome(session: Session, node: NodePlan, result: int | Exception) -> NodeOutcome:
+    name = node.host.name
+    if not isinstance(result, Exception):
+        try:
+            st = remote.state(session.t[name], node.run_dir)
+            return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by)
+        except FleetError as e:
+            result = e
+    session.t[name].close()
+    return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None, reason(result))
+
+
+def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
+           console: Console) -> RunStatus:
+    """Per node how it ended; for a failure, the first failing rank and its traceback; what
+    was stopped, by whom, and what may still run. Returns the run's final state."""
+    for o in outcomes:
+        console.phase(o.name, o.describe())
+    failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
+    found = each(((o.name, o) for o in failed), lambda o: failure.explain(
+        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir))
+    causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
+    root = failure.first(causes)
+    lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
+    if root is not None:
+        rank = f"rank {root.rank}" if root.rank is not None else "a rank"
+        local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
+        code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
+        console.info(f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}"
+                     f"{code}:")
+        for line in root.traceback.splitlines():
+            console.info(f"    {line}")
+        for line in format_diagnoses(diagnose(root.traceback + "\n" + root.log)):
+            console.info(line)
+    elif lost:
+        console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
+    first_name = root.node if root else (lost[0].name if lost else None)
+    others = [o for o in failed if o.name != first_name]
+    if others:
+        console.info("also failed: " + ", ".join(o.name for o in others))
+    collateral = [o.name for o in outcomes if o.status is NodeStatus.STOPPED
+                  and o.detail.startswith("fail-fast")]
+    if collateral:
+        console.info("stopped as a consequence: " + ", ".join(collateral))
+    for o in lost:
+        console.info(f"{o.name} could not be reached: its part of the run may still be running; "
+                     f"stop it with `fleet stop {plan.run_id}` once it answers")
+    return overall(o.status for o in outcomes)
+
+
+def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
+       checks: bool = True, force: bool = False, allow_mismatch: bool = False) -> str:
+    """Run the job on every host of the inventory; returns the run id. Raises JobFailed,
+    RunStopped or Interrupted, each saying what was left where."""
+    run_id = new_run_id(job.name)
+    console.hosts([h.name for h in inventory.hosts])
+    console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
+    faults.point(Phase.CONNECT.value)
+    session = connect(inventory, console)
+    try:
+        faults.point(Phase.PROBE.value)
+        plan = prepare_plan(session, inventory, job, run_id, console,
+                            allow_mismatch=allow_mismatch)
+        faults.point(Phase.PREFLIGHT.value)
+        if checks:
+            preflight(session, plan, console, force)
+        record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
+        with Guard(session, plan, console) as guard:
+            faults.point(Phase.UPLOAD.value)
+            upload(session, plan, console)
+            pids = start_all(guard)
+            if detach:
+                guard.released = True
+                console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")
+                return run_id
+            outcomes = stream(guard, pids, record.dir)
+            guard.ended = True
+            final = report(session, plan, outcomes, console)
+    finally:
+        session.close()
+    if final is RunStatus.SUCCEEDED:
+        console.info(f"run {run_id} succeeded on all {len(outcomes)} node(s)")
+        return run_id
+    if final is RunStatus.STOPPED:
+        by = next((o.detail for o in outcomes if o.status is NodeStatus.STOPPED), "")
+        raise RunStopped(f"run {run_id} was stopped{' by ' + by if by else ''}")
+    if final is RunStatus.UNKNOWN:
+        raise JobFailed(f"run {run_id} ended in an unknown state: a node could not be reached "
+                        f"(logs: `fleet logs {run_id}`)", exit_code=3)
+    raise JobFailed(f"run {run_id} failed (logs: `fleet logs {run_id}`)")

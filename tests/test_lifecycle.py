@@ -1,0 +1,203 @@
+"""The run's state machine without hosts: states and what follows from them, the guard's one
+teardown under exceptions and signals, skew-proof failure ordering, damaged records."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet import lifecycle, remote, state
+from fleet.console import Console
+from fleet.errors import DamagedRecord, Interrupted, RemoteCommandError
+from fleet.failure import first, parse_report
+from fleet.inventory import Host, Inventory
+from fleet.job import Job
+from fleet.plan import make_plan
+from fleet.states import NodeStatus, RunStatus, overall
+from fleet.transport import clock_offset
+
+S = NodeStatus
+
+
+@pytest.mark.parametrize(("nodes", "run"), [
+    ([S.SUCCEEDED, S.SUCCEEDED], RunStatus.SUCCEEDED),
+    ([S.SUCCEEDED, S.RUNNING], RunStatus.RUNNING),
+    ([S.STARTING, S.RUNNING], RunStatus.RUNNING),
+    ([S.STOPPED, S.STOPPED], RunStatus.STOPPED),
+    ([S.FAILED, S.STOPPED], RunStatus.FAILED),
+    ([S.FAILED, S.UNREACHABLE], RunStatus.FAILED),
+    ([S.STOPPED, S.UNREACHABLE], RunStatus.UNKNOWN),
+    ([S.RUNNING, S.UNREACHABLE], RunStatus.UNKNOWN),
+    ([S.SUCCEEDED, S.MISSING], RunStatus.UNKNOWN),
+])
+def test_overall(nodes: list[NodeStatus], run: RunStatus) -> None:
+    assert overall(nodes) is run
+
+
+def test_exit_codes_and_terminal_states() -> None:
+    assert [r.exit_code for r in (RunStatus.SUCCEEDED, RunStatus.RUNNING, RunStatus.FAILED,
+                                  RunStatus.UNKNOWN, RunStatus.STOPPED)] == [0, 0, 1, 3, 4]
+    assert not RunStatus.RUNNING.is_terminal and RunStatus.STOPPED.is_terminal
+    assert not S.UNREACHABLE.is_terminal and S.MISSING.is_terminal
+
+
+def test_clock_offset_is_taken_at_the_midpoint() -> None:
+    assert clock_offset("1000.5", 990.0, 991.0) == pytest.approx(10.0)
+    assert clock_offset("garbage", 1.0, 2.0) == 0.0
+
+
+def report(when: float, rank: int) -> str:
+    return (f"=== log\nboom\n=== torchrun/r/attempt_0/0/error.json {when:.9f}\n"
+            f'{{"message": {{"message": "RuntimeError: rank {rank}", "extraInfo": '
+            f'{{"py_callstack": "Traceback\\nRuntimeError: rank {rank}"}}}}}}\n')
+
+
+def test_first_failure_is_ordered_by_corrected_clocks() -> None:
+    """node2's clock is 5 s fast: its error file, stamped 3 s later than node1's by its own
+    clock, was in truth written 2 s earlier. The root cause is node2's rank."""
+    node1 = parse_report(report(1000.0, 0), "node1", 0, clock_offset=0.0)
+    node2 = parse_report(report(1003.0, 2), "node2", 1, clock_offset=5.0)
+    assert node1 is not None and node2 is not None
+    root = first([node1, node2])
+    assert root is node2 and "rank 2" in root.traceback
+
+
+# ---- the guard ------------------------------------------------------------------------------
+@dataclass
+class FakeTransport:
+    """Records the scripts a node was sent; stop.sh says nothing is left."""
+
+    name: str
+    scripts: list[str] = field(default_factory=list)
+    fail: bool = False
+    delay: float = 0.0
+
+    def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Any:
+        self.scripts.append(script)
+        time.sleep(self.delay)
+        if self.fail:
+            raise RemoteCommandError(self.name, what, 255, "connection lost")
+        return type("R", (), {"out": "left=\n", "ok": True, "code": 0, "err": ""})()
+
+    def close(self) -> None:
+        pass
+
+
+def guard_for(tmp_path: Path, fail: set[str] | None = None,
+              delay: float = 0.0) -> lifecycle.Guard:
+    hosts = tuple(Host(name=f"n{i}", address=f"10.0.0.{i}") for i in (1, 2, 3))
+    inv = Inventory(tmp_path / "inv.toml", hosts)
+    job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
+              script="t.py")
+    plan = make_plan(inv, job, "j-1")
+    session = lifecycle.Session({h.name: FakeTransport(h.name, fail=h.name in (fail or set()),
+                                                       delay=delay)
+                                 for h in hosts})  # type: ignore[dict-item]
+    return lifecycle.Guard(session, plan, Console(out=io.StringIO(), err=io.StringIO()))
+
+
+def stops(g: lifecycle.Guard) -> list[str]:
+    return [n for n, t in g.session.t.items()
+            if any("stop.sh" in s for s in t.scripts)]  # type: ignore[attr-defined]
+
+
+def test_an_exception_stops_every_node_that_may_run(tmp_path: Path) -> None:
+    g = guard_for(tmp_path)
+    with pytest.raises(ValueError), g:
+        g.may_run.update({"n1", "n2"})
+        raise ValueError("bug")
+    assert stops(g) == ["n1", "n2"]
+    removed = [n for n, t in g.session.t.items() if any("rm -rf" in s for s in t.scripts)]
+    assert removed == ["n3"]  # never started: its directory goes
+    assert any("fleet up, after an error: ValueError: bug" in s
+               for s in g.session.t["n1"].scripts)  # type: ignore[attr-defined]
+
+
+def test_two_signals_5ms_apart_end_in_one_complete_teardown(tmp_path: Path) -> None:
+    """What `timeout` or a terminal multiplexer sends: the second arrives while the teardown
+    (slow here: every node takes 0.2 s to answer) is under way, and must not cut it short."""
+    g = guard_for(tmp_path, delay=0.2)
+    before = signal.getsignal(signal.SIGINT)
+
+    def send() -> None:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=send)
+    with pytest.raises(Interrupted) as e, g:
+        g.may_run.update({"n1", "n2", "n3"})
+        sender.start()
+        time.sleep(5)
+    sender.join()
+    assert [s for s in g.signals if s] == [signal.SIGINT, signal.SIGINT]
+    assert stops(g) == ["n1", "n2", "n3"]
+    assert str(e.value) == "interrupted (SIGINT): the job was stopped on every node"
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupt_never_claims_a_stop_that_failed(tmp_path: Path) -> None:
+    g = guard_for(tmp_path, fail={"n2"})
+    with pytest.raises(Interrupted) as e, g:
+        g.may_run.update({"n1", "n2"})
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+    assert "could not be stopped on n2 (it may still run there)" in str(e.value)
+    assert "`fleet stop j-1`" in str(e.value)
+
+
+def test_nothing_started_nothing_stopped(tmp_path: Path) -> None:
+    g = guard_for(tmp_path)
+    with pytest.raises(Interrupted) as e, g:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert stops(g) == []
+    assert "nothing had been started on any node" in str(e.value)
+
+
+def test_an_ended_or_detached_run_is_left_alone(tmp_path: Path) -> None:
+    g = guard_for(tmp_path)
+    with g:
+        g.may_run.update({"n1"})
+        g.ended = True
+    d = guard_for(tmp_path)
+    with d:
+        d.may_run.update({"n1"})
+        d.released = True
+    assert stops(g) == [] and stops(d) == []
+
+
+# ---- records --------------------------------------------------------------------------------
+def test_damaged_record_is_named_and_skipped(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    bad = tmp_path / "runs" / "r-1"
+    bad.mkdir(parents=True)
+    (bad / "run.json").write_text('{"run_id": "r-1", "nod')  # truncated
+    with pytest.raises(DamagedRecord, match="run.json: the record of run r-1 is damaged"):
+        state.load("r-1")
+    runs, damaged = state.all_runs()
+    assert runs == [] and list(damaged) == [str(bad / "run.json")]
+
+
+def test_state_dir_follows_xdg_wherever_fleet_runs(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    monkeypatch.delenv("FLEET_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    assert state.state_dir() == tmp_path / "xdg" / "fleet" / "runs"
+
+
+def test_stop_reason_reaches_stop_sh() -> None:
+    t = FakeTransport("n1")
+    assert remote.stop(t, "/w/runs/r/n1", "fail-fast: n2 failed") == []  # type: ignore[arg-type]
+    assert "'fail-fast: n2 failed'" in t.scripts[0]
