@@ -61,6 +61,17 @@ class HostError(FleetError):
         super().__init__("\n".join(lines))
 
 
+class StartError(FleetError):
+    """The job could not be started on some node, after it was started on others."""
+
+    exit_code = 3
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        lines = [f"could not start the job on {len(failures)} host(s):"]
+        lines += [f"  {host}: {reason}" for host, reason in failures.items()]
+        super().__init__("\n".join(lines))
+
+
 class RemoteCommandError(FleetError):
     """A command fleet ran on a node exited non-zero."""
 

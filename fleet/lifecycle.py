@@ -9,6 +9,7 @@ same with `_shutdown()` in a `finally`)."""
 from __future__ import annotations
 
 import queue
+import shutil
 import signal
 import threading
 from dataclasses import dataclass
@@ -19,8 +20,15 @@ from types import FrameType, TracebackType
 from fleet import failure, faults, remote, state
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
-from fleet.errors import FleetError, Interrupted, JobFailed, RunStopped, TransportError
-from fleet.group import all_ok, each, failures, reason
+from fleet.errors import (
+    FleetError,
+    Interrupted,
+    JobFailed,
+    RunStopped,
+    StartError,
+    TransportError,
+)
+from fleet.group import each, failures, reason
 from fleet.inventory import Inventory
 from fleet.job import Job
 from fleet.launch import Session, connect, preflight, prepare_plan, upload
@@ -70,8 +78,10 @@ class Guard:
     run (it raises Interrupted where the main thread is); any later one is only counted, so
     that nothing can cut the teardown short."""
 
-    def __init__(self, session: Session, plan: Plan, console: Console) -> None:
+    def __init__(self, session: Session, plan: Plan, console: Console,
+                 record_dir: Path) -> None:
         self.session, self.plan, self.console = session, plan, console
+        self.record_dir = record_dir  # the local record, dropped if nothing ever started
         self.may_run: set[str] = set()  # nodes where a start was even attempted
         self.ended = False  # every node's part ended by itself: nothing left to stop
         self.released = False  # detached on purpose: the run goes on without fleet
@@ -101,10 +111,11 @@ class Guard:
                 return
             problems = self.stop(self._why(exc)) if self.may_run else {}
             self._forget_unstarted()
+            if not self.may_run:
+                shutil.rmtree(self.record_dir, ignore_errors=True)  # no run ever existed
             if isinstance(exc, Interrupted):
                 raise Interrupted(exc.signame, self._summary(problems)) from None
-            if exc is not None and not isinstance(exc, FleetError):
-                self.console.info(f"{type(exc).__name__} in fleet: {self._summary(problems)}")
+            self.console.info(self._summary(problems))
         finally:
             for sig, handler in self._saved.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -168,8 +179,12 @@ def start_all(guard: Guard) -> dict[str, int]:
     console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
     others = plan.nodes[1:]
     guard.may_run.update(n.host.name for n in others)
-    started = all_ok("start", each(((n.host.name, n) for n in others), lambda n: remote.start(
-        session.t[n.host.name], n.run_dir, plan.run_id)))
+    results = each(((n.host.name, n) for n in others), lambda n: remote.start(
+        session.t[n.host.name], n.run_dir, plan.run_id))
+    bad = failures(results)
+    if bad:
+        raise StartError(bad)
+    started = {name: pid for name, pid in results.items() if isinstance(pid, int)}
     for name, pid in started.items():
         console.phase(name, f"started (pid {pid})")
     faults.point(Phase.WORKER_START.value)
@@ -317,7 +332,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
         if checks:
             preflight(session, plan, console, force)
         record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
-        with Guard(session, plan, console) as guard:
+        with Guard(session, plan, console, record.dir) as guard:
             faults.point(Phase.UPLOAD.value)
             upload(session, plan, console)
             pids = start_all(guard)

@@ -108,11 +108,12 @@ def parse_state(out: str) -> NodeState:
         return NodeState(status, code, pid, elapsed)
     if alive:
         return NodeState(NodeStatus.RUNNING, None, pid, elapsed)
+    if stopped:  # stopped before it ran, or its wrapper killed outright by the stop
+        return NodeState(NodeStatus.STOPPED, None, pid, elapsed, by)
     if pid is None:
         return NodeState(NodeStatus.STARTING)
-    # The wrapper died without recording an exit code: killed outright.
-    return NodeState(NodeStatus.STOPPED if stopped else NodeStatus.FAILED, None, pid, elapsed,
-                     by)
+    # The wrapper died without recording an exit code, and nobody stopped it: killed outright.
+    return NodeState(NodeStatus.FAILED, None, pid, elapsed)
 
 
 def state(t: Transport, run_dir: str) -> NodeState:

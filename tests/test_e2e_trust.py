@@ -181,7 +181,7 @@ def test_secret_env_is_never_printed(cli: CLI, tb2: Testbed, tmp_path: Path) -> 
     for out in (plan.stdout, as_json.stdout, up.stdout, up.stderr):
         assert secret not in out and "tok-42" not in out
     assert "WANDB_API_KEY=***" in plan.stdout and "OTHER=shown" in plan.stdout
-    run_dir = tb2.hosts[1].home / "fleet" / "runs" / run_id_of(up.stderr)
+    run_dir = tb2.hosts[1].home / "fleet" / "runs" / run_id_of(up.stderr) / "node2"
     env_file = run_dir / "env.sh"
     assert secret in env_file.read_text() and env_file.stat().st_mode & 0o777 == 0o600
 

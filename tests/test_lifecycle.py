@@ -101,7 +101,8 @@ def guard_for(tmp_path: Path, fail: set[str] | None = None,
     session = lifecycle.Session({h.name: FakeTransport(h.name, fail=h.name in (fail or set()),
                                                        delay=delay)
                                  for h in hosts})  # type: ignore[dict-item]
-    return lifecycle.Guard(session, plan, Console(out=io.StringIO(), err=io.StringIO()))
+    return lifecycle.Guard(session, plan, Console(out=io.StringIO(), err=io.StringIO()),
+                           tmp_path / "record")
 
 
 def stops(g: lifecycle.Guard) -> list[str]:
