@@ -222,7 +222,11 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
         master = inventory.hosts[0]
         if master.name not in session:
             return checks
-        master_ip = master_address(inventory, probe(session[master.name], None))
+        try:
+            master_ip = master_address(inventory, probe(session[master.name], None))
+        except FleetError as e:
+            checks.append(Check(master.name, "probe", FAIL, str(e)))
+            return checks
         found = each(session.items(), lambda t: probe(t, master_ip))
         facts = {n: f for n, f in found.items() if isinstance(f, Facts)}
         for name, fr in found.items():
