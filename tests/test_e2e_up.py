@@ -49,7 +49,7 @@ def test_allreduce_across_two_hosts(cli: CLI, tb2: Testbed, tmp_path: Path) -> N
     # The run is recorded locally and on every node.
     assert (cli.cwd / ".fleet" / "runs" / run_id / "run.json").is_file()
     for h in tb2.hosts:
-        run_dir = h.home / "fleet" / "runs" / run_id
+        run_dir = h.home / "fleet" / "runs" / run_id / h.name
         assert (run_dir / "exit_code").read_text().strip() == "0"
         assert (run_dir / "env.sh").stat().st_mode & 0o777 == 0o600
 
