@@ -7,7 +7,6 @@ import itertools
 import os
 import re
 import secrets
-import shlex
 import shutil
 import signal
 import statistics
@@ -18,8 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from unittest import mock
 
 from tests.testbed import TbHost, Testbed
 
@@ -36,7 +33,6 @@ class Config:
     """How much to measure: --quick uses fewer repeats and host counts."""
 
     quick: bool = False
-    own_pids: bool = False  # hosts in PID namespaces of their own (see OwnPidsTestbed)
 
     def reps(self, full: int, quick: int) -> int:
         return quick if self.quick else full
@@ -299,8 +295,8 @@ def wait_gone(tb: Testbed, run_id: str, timeout: float, hosts: Sequence[TbHost] 
 
 def run_dir(h: TbHost, run_id: str) -> Path:
     """A fleet run's directory on a host (under whichever workdir the launch used)."""
-    found = sorted(h.home.glob(f"*/runs/{run_id}"))
-    return found[0] if found else h.home / "fleet" / "runs" / run_id
+    found = sorted(h.home.glob(f"*/runs/{run_id}/{h.name}"))
+    return found[0] if found else h.home / "fleet" / "runs" / run_id / h.name
 
 
 def kill_run(tb: Testbed, run_id: str) -> dict[str, list[int]]:
@@ -383,38 +379,7 @@ class Table:
                           *([""] + notes if notes else [])])
 
 
-class OwnPidsTestbed(Testbed):
-    """The testbed, but every host also gets a PID namespace of its own (sshd is its init and
-    reaps orphans at once; /proc shows only that host's processes) and a /tmp of its own (PIDs
-    now repeat across hosts), as on separate machines. The testbed's directory stays visible."""
-
-    __test__ = False
-
-    def _make_host(self, *args: Any, **kwargs: Any) -> None:
-        real = subprocess.Popen
-        host = args[0] if args else kwargs["h"]
-
-        def popen(argv: Any, *a: Any, **kw: Any) -> subprocess.Popen[Any]:
-            if isinstance(argv, list) and argv[:3] == ["ip", "netns", "exec"] \
-                    and "unshare" in argv and "-c" in argv:  # the host's sshd
-                i, j = argv.index("unshare") + 1, argv.index("-c") + 1
-                argv = [*argv[:i], "--pid", "--fork", "--mount-proc", *argv[i:j],
-                        self._private_tmp(host.name) + argv[j], *argv[j + 1:]]
-            return real(argv, *a, **kw)
-
-        with mock.patch.object(subprocess, "Popen", popen):
-            super()._make_host(*args, **kwargs)
-
-    def _private_tmp(self, name: str) -> str:
-        """Shell that puts a private /tmp in place, with the testbed's directory inside it."""
-        private = self.dir / f"tmp-{name}"
-        inner = private / self.dir.name
-        inner.mkdir(parents=True)
-        return (f"mount --bind {shlex.quote(str(self.dir))} {shlex.quote(str(inner))} && "
-                f"mount --rbind {shlex.quote(str(private))} /tmp && ")
-
-
 def testbed(n: int, cfg: Config) -> Testbed:
-    """The testbed for a benchmark: tests/testbed.py's, or with --own-pids hosts whose
-    processes live in PID namespaces of their own."""
-    return OwnPidsTestbed(n) if cfg.own_pids else Testbed(n)
+    """The testbed for a benchmark: tests/testbed.py's, whose hosts are separate machines
+    (own PID namespace, /proc and /tmp)."""
+    return Testbed(n)

@@ -45,9 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats and host counts")
     ap.add_argument("--only", choices=BENCHMARKS, action="append",
                     help="run only this benchmark (repeatable)")
-    ap.add_argument("--own-pids", action="store_true",
-                    help="give every testbed host its own PID namespace, as separate machines "
-                         "have (default: tests/testbed.py as it is, one PID space for all)")
     ap.add_argument("--out", type=Path, help="also write the tables (markdown) to this file")
     args = ap.parse_args(argv)
     why = available()
@@ -60,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)
     snap = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     try:
-        cfg = Config(quick=args.quick, own_pids=args.own_pids)
+        cfg = Config(quick=args.quick)
         return run_all(cfg, args.only or list(BENCHMARKS), args.out, snapshot(snap))
     finally:
         shutil.rmtree(snap, ignore_errors=True)
@@ -69,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(cfg: Config, names: list[str], out: Path | None, source: str) -> int:
     header = (f"fleet benchmarks ({'quick' if cfg.quick else 'full'}), "
               f"{time.strftime('%Y-%m-%d %H:%M')}\n\nmachine: {machine()}"
-              + ("; hosts with PID namespaces of their own (--own-pids)" if cfg.own_pids else "")
-              + "\n\n"
+              + "; every host has PID, mount and UTS namespaces of its own\n\n"
               f"fleet: {source} (a copy taken at the start is what runs)\n")
     print(header, flush=True)
     parts, failed = [header], []

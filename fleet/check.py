@@ -155,10 +155,14 @@ def stop_listener(t: Transport, pid: str) -> None:
 
 
 def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
+    """Whether a TCP connection opens from the node; raises if the node's python cannot even
+    try (a broken interpreter is not a firewall)."""
     r = t.run(connect_script(t.host.python, addr, port), timeout=20, what="connect test")
     if r.ok:
         return True, ""
     why = r.out.strip().splitlines()[-1] if r.out.strip() else "timed out"
+    if r.code != 1:
+        raise RuntimeError(f"cannot test the connection with {t.host.python}: {why}")
     return False, why
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,10 +74,10 @@ def test_check_collective_prints_bandwidth(cli: CLI, tricky: Testbed, tmp_path: 
 
 
 def test_check_names_a_host_with_another_torch(cli: CLI, tricky: Testbed, tmp_path: Path) -> None:
-    fake = tmp_path / "fake"
-    (fake / "torch").mkdir(parents=True)
+    fake = tricky.hosts[1].home / "fake"  # where node2 sees it: hosts have /tmp of their own
+    (fake / "torch").mkdir(parents=True, exist_ok=True)
     (fake / "torch" / "__init__.py").write_text('__version__ = "1.0.0+fake"\n')
-    py = tmp_path / "fakepython"
+    py = tricky.hosts[1].home / "fakepython"
     py.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
     py.chmod(0o755)
     inv = tricky.inventory(tmp_path / "inv.toml")
@@ -114,11 +113,7 @@ def test_check_names_a_host_whose_sshd_is_down(cli: CLI, tmp_path: Path) -> None
     _need_testbed()
     with Testbed(2) as tb:
         inv = tb.inventory(tmp_path / "inv.toml")
-        sshd = tb.hosts[1].sshd
-        assert sshd is not None
-        sshd.kill()
-        sshd.wait()
-        subprocess.run(["true"])
+        tb.kill_sshd("node2")
         r = cli("check", str(JOBS / "allreduce.toml"), "-i", str(inv))
         assert r.returncode == 1, r.stdout + r.stderr
         assert row(r.stdout, "node2", "ssh").startswith("FAIL cannot connect to")

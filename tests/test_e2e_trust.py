@@ -239,15 +239,8 @@ def test_auth_refused_and_python_missing_fail_before_anything_starts(cli: CLI, t
 
 def test_full_disk_in_the_run_directory(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
     node2 = tb2.hosts[1]
-    small = node2.home / "tiny"
-    small.mkdir()
-    assert node2.sshd is not None
-    # `ip netns exec` gave node2's sshd a mount namespace of its own (same pid through the
-    # execs): a 64 KiB filesystem mounted there is what fleet's commands on node2 see.
-    sshd_pid = str(node2.sshd.pid)
-    mount = subprocess.run(["nsenter", "-t", sshd_pid, "-m", "mount", "-t", "tmpfs",
-                            "-o", "size=64k", "tmpfs", str(small)], capture_output=True, text=True)
-    assert mount.returncode == 0, mount.stderr
+    small = str(node2.home / "tiny")
+    tb2.mount_tmpfs("node2", small, "64k")  # a 64 KiB filesystem, seen by node2 only
     try:
         inv = tb2.inventory(tmp_path / "inv.toml")
         inv.write_text(inv.read_text() + f'workdir = "{small}"\n')
@@ -258,7 +251,7 @@ def test_full_disk_in_the_run_directory(cli: CLI, tb2: Testbed, tmp_path: Path) 
         runs = tb2.hosts[0].home / "fleet" / "runs" / run_id_of(r.stderr)
         assert not runs.exists(), "node1 kept a half-prepared run"
     finally:
-        subprocess.run(["nsenter", "-t", sshd_pid, "-m", "umount", str(small)])
+        tb2.umount("node2", small)
 
 
 def test_node_whose_sshd_and_processes_die_mid_run(cli: CLI, tmp_path: Path) -> None:

@@ -1,16 +1,33 @@
 """A real multi-host testbed on one machine: each host is a Linux network namespace with its own
-IPv4 address, hostname, home directory and OpenSSH sshd (see shared/TESTBED.md).
+address, hostname, PID space, mounts, /tmp, home directory and OpenSSH sshd (see
+shared/TESTBED.md), so that it behaves like a separate lab machine.
+
+Every host runs under a small init (PID 1 of its PID namespace, which reaps orphans) whose child
+is `sshd -D`: killing sshd alone (`kill_sshd`) leaves the host's other processes running, killing
+PID 1 (`kill_host`) kills everything on the host.
+
+Host profiles, combinable (per host: one value for all, or a list with one entry per host):
+  shell   login shell: bash (default), zsh, dash, fish or tcsh (sshd runs every command in it)
+  noisy   the shell's rc file prints NOISE_STDOUT on stdout and NOISE_STDERR on stderr for every
+          ssh command (~/.bashrc, ~/.zshenv, ~/.config/fish/config.fish, ~/.tcshrc; dash reads no
+          rc file for a non-interactive command, so a noisy dash host is quiet)
+  sftp    False: no sftp subsystem in sshd (paramiko's open_sftp() fails: "Channel closed.")
+and testbed-wide: shared_home (one home directory for every host, like an NFS home), ipv6
+(IPv6-only hosts, TbHost.addr is then a v6 literal) and user (log in as a non-root user).
 
 Everything it creates carries a random tag (namespaces, bridge, veths, subnet, /etc/netns
 entries, a temp dir) and is removed on exit, even after a failure: processes by PID first.
-Only the addresses of the namespaces it made are ever used.
+If the test process is killed before that, its hosts die with it (their namespaces, links and
+files stay). Only the addresses of the namespaces it made are ever used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -20,15 +37,38 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 SSHD = "/usr/sbin/sshd"
+SHELLS = {"bash": "/bin/bash", "zsh": "/usr/bin/zsh", "dash": "/bin/dash",
+          "fish": "/usr/bin/fish", "tcsh": "/usr/bin/tcsh"}
+NOISE_STDOUT = "Welcome to the lab cluster; module load cuda/12"
+NOISE_STDERR = "quota: 81% of /home used"
+USER_ID = 4242  # uid and gid of the non-root login user (Testbed(user=...))
+
+# PID 1 of every host: starts its command (sshd -D) and reaps every child, orphans included,
+# until it is killed. Signals from inside the host are ignored, as by a real init.
+_INIT = """\
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+if os.fork() == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+while True:
+    try:
+        os.waitpid(-1, 0)
+    except ChildProcessError:
+        time.sleep(1)
+    except InterruptedError:
+        pass
+"""
 
 
 def available() -> str | None:
     """Why the testbed cannot run here, or None if it can."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in (SSHD, shutil.which("ip"), shutil.which("ssh-keygen"), shutil.which("unshare")):
+    for tool in (SSHD, shutil.which("ip"), shutil.which("ssh-keygen"), shutil.which("unshare"),
+                 shutil.which("nsenter")):
         if not tool or not os.path.exists(tool):
             return f"missing {tool or 'a tool'}: run .ci/setup"
     return None
@@ -50,7 +90,29 @@ class TbHost:
     veth: str
     home: Path
     host_key_pub: str = ""
-    sshd: subprocess.Popen[bytes] | None = None
+    shell: str = "bash"
+    noisy: bool = False
+    sftp: bool = True
+    user: str = "root"
+    proc: subprocess.Popen[bytes] | None = None  # the host's launcher: its death kills the host
+    init_pid: int = 0  # global PID (root PID namespace) of the host's PID 1
+    sshd_pid: int = 0  # global PID of its sshd listener; 0 once killed
+    sshd_config: Path | None = None
+    log: Path | None = None  # init's and sshd's stderr
+
+    @property
+    def sshd(self) -> subprocess.Popen[bytes] | None:
+        """Deprecated alias of `proc`, the launcher (still in the host's mount namespace):
+        kill() on it takes the whole host down. Use Testbed.kill_sshd / kill_host."""
+        return self.proc
+
+
+def _per_host(value: Any, i: int, n: int, what: str) -> Any:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{what}: {len(value)} values for {n} hosts")
+        return value[i]
+    return value
 
 
 @dataclass
@@ -63,14 +125,29 @@ class Testbed:
     ifaces: list[str] | None = None  # interface name inside each host (default eth0)
     decoy: bool = False  # add a docker0-like veth, created before the real one, on each host
     bastion: bool = False  # hosts on an inner network that only a bastion host reaches
+    shell: str | list[str] = "bash"  # login shell per host (see SHELLS)
+    noisy: bool | list[bool] = False  # rc files that print on stdout and stderr
+    sftp: bool | list[bool] = True  # sshd offers the sftp subsystem
+    shared_home: bool = False  # one home directory for every host
+    ipv6: bool = False  # IPv6-only hosts
+    user: str = "root"  # the login user (another name: a non-root user, uid USER_ID)
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     hosts: list[TbHost] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for i in range(self.n):
+            shell = _per_host(self.shell, i, self.n, "shell")
+            _per_host(self.noisy, i, self.n, "noisy")
+            _per_host(self.sftp, i, self.n, "sftp")
+            if shell not in SHELLS:
+                raise ValueError(f"unknown shell {shell!r}: one of {sorted(SHELLS)}")
+            if not os.access(SHELLS[shell], os.X_OK):
+                raise RuntimeError(f"login shell {SHELLS[shell]} is not installed: run .ci/setup")
         self.dir = Path(tempfile.mkdtemp(prefix=f"fleet-tb-{self.tag}-"))
+        self.dir.chmod(0o755)  # a non-root user's home lies in it
         self.bridge = f"fl{self.tag}br"
         self.subnet = self._free_subnet()
-        self.gateway = f"{self.subnet}.1"
+        self.gateway = self._addr(self.subnet, 1)
         # With a bastion, the hosts live on an inner bridge with no address on this machine, so
         # that the bastion (on both bridges, not forwarding) is the only way in.
         self.inner_bridge = f"fl{self.tag}bi" if self.bastion else self.bridge
@@ -81,6 +158,38 @@ class Testbed:
         self._links: list[str] = []
         self._netns: list[str] = []
         self._routes: list[str] = []
+        self._logs: list[IO[bytes]] = []
+        self._made_dirs: list[str] = []  # by mount_tmpfs, deepest first
+
+    # ---- addressing --------------------------------------------------------------------------
+    @property
+    def prefixlen(self) -> int:
+        return 64 if self.ipv6 else 24
+
+    def _addr(self, subnet: str, k: int) -> str:
+        return f"{subnet}::{k}" if self.ipv6 else f"{subnet}.{k}"  # ::11 for node1
+
+    def _net(self, subnet: str) -> str:
+        return f"{subnet}::/64" if self.ipv6 else f"{subnet}.0/24"
+
+    def _addr_add(self, addr: str, dev: str, ns: str | None = None) -> None:
+        where = ["-n", ns] if ns else []
+        extra = ["nodad"] if ":" in addr else []  # no duplicate detection: usable at once
+        _run("ip", *where, "addr", "add", f"{addr}/{self.prefixlen}", "dev", dev, *extra)
+
+    def _free_subnet(self, avoid: str = "") -> str:
+        fam = "-6" if self.ipv6 else "-4"
+        used = _run("ip", "-o", fam, "addr", "show").stdout + _run("ip", fam, "route").stdout
+        for _ in range(200):
+            if self.ipv6:
+                candidate = f"fd00:{secrets.randbelow(0xfff0) + 0x10:x}"
+                taken = f"{candidate}:" in used
+            else:
+                candidate = f"10.213.{secrets.randbelow(250) + 2}"
+                taken = f"{candidate}." in used
+            if not taken and candidate != avoid:
+                return candidate
+        raise RuntimeError("no free subnet for the testbed")
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Testbed:
@@ -94,13 +203,8 @@ class Testbed:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _free_subnet(self, avoid: str = "") -> str:
-        used = _run("ip", "-o", "-4", "addr", "show").stdout + _run("ip", "-4", "route").stdout
-        for _ in range(200):
-            candidate = f"10.213.{secrets.randbelow(250) + 2}"
-            if f"{candidate}." not in used and candidate != avoid:
-                return candidate
-        raise RuntimeError("no free 10.213.x.0/24 subnet for the testbed")
+    def _every(self) -> list[TbHost]:
+        return self.hosts + ([self.bastion_host] if self.bastion_host else [])
 
     def _setup(self) -> None:
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
@@ -108,39 +212,109 @@ class Testbed:
              "-f", str(self.key))
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         self._links.append(self.bridge)
-        _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        self._addr_add(self.gateway, self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         if self.bastion:
             # Without this the inner subnet would follow this machine's default route out of
             # it: a test must never send a packet anywhere but to its own namespaces.
-            _run("ip", "route", "add", "unreachable", f"{self.inner_subnet}.0/24")
-            self._routes.append(f"{self.inner_subnet}.0/24")
+            _run("ip", "-6" if self.ipv6 else "-4", "route", "add", "unreachable",
+                 self._net(self.inner_subnet))
+            self._routes.append(self._net(self.inner_subnet))
             _run("ip", "link", "add", self.inner_bridge, "type", "bridge")
             self._links.append(self.inner_bridge)
             _run("ip", "link", "set", self.inner_bridge, "up")
         for i in range(1, self.n + 1):
             iface = self.ifaces[i - 1] if self.ifaces else "eth0"
+            home = self.dir / ("home" if self.shared_home else f"home{i}")
             h = TbHost(name=f"node{i}", ns=f"fl{self.tag}h{i}",
-                       addr=f"{self.inner_subnet}.{10 + i}", iface=iface,
-                       veth=f"fl{self.tag}v{i}", home=self.dir / f"home{i}")
+                       addr=self._addr(self.inner_subnet, 10 + i), iface=iface,
+                       veth=f"fl{self.tag}v{i}", home=home, user=self.user,
+                       shell=_per_host(self.shell, i - 1, self.n, "shell"),
+                       noisy=bool(_per_host(self.noisy, i - 1, self.n, "noisy")),
+                       sftp=bool(_per_host(self.sftp, i - 1, self.n, "sftp")))
             self.hosts.append(h)
+        if self.bastion:
+            self.bastion_host = TbHost(
+                name="bastion", ns=f"fl{self.tag}bn", addr=self._addr(self.subnet, 5),
+                iface="eth0", veth=f"fl{self.tag}vb", user=self.user,
+                home=self.dir / ("home" if self.shared_home else "home-bastion"))
+        self._write_noise()
         for h in self.hosts:
             self._make_host(h, self.inner_bridge)
-        if self.bastion:
-            b = TbHost(name="bastion", ns=f"fl{self.tag}bn", addr=f"{self.subnet}.5",
-                       iface="eth0", veth=f"fl{self.tag}vb", home=self.dir / "home-bastion")
-            self.bastion_host = b
+        if self.bastion_host:
+            b = self.bastion_host
             self._make_host(b, self.bridge)
             # Its second leg, on the inner network.
             _run("ip", "link", "add", f"fl{self.tag}vc", "type", "veth", "peer", "name", "eth1",
                  "netns", b.ns)
             self._links.append(f"fl{self.tag}vc")
             _run("ip", "link", "set", f"fl{self.tag}vc", "master", self.inner_bridge, "up")
-            _run("ip", "-n", b.ns, "addr", "add", f"{self.inner_subnet}.5/24", "dev", "eth1")
+            self._addr_add(self._addr(self.inner_subnet, 5), "eth1", b.ns)
             _run("ip", "-n", b.ns, "link", "set", "eth1", "up")
         self._write_known_hosts()
-        for h in self.hosts + ([self.bastion_host] if self.bastion_host else []):
+        for h in self._every():
+            self._find_pids(h)
+        for h in self._every():
             self._wait_ssh(h)
+
+    def _write_noise(self) -> None:
+        """The banner script that the noisy hosts' rc files run (it checks the hostname, so
+        that a shared home can hold rc files for noisy and quiet hosts at once)."""
+        names = "|".join(h.name for h in self.hosts if h.noisy)
+        (self.dir / "lab-motd.sh").write_text(
+            f'case "$(cat /proc/sys/kernel/hostname)" in\n  {names or "-"})\n'
+            f"    echo {shlex.quote(NOISE_STDOUT)}\n    echo {shlex.quote(NOISE_STDERR)} >&2\n"
+            "    ;;\nesac\n")
+
+    def _write_home(self, h: TbHost) -> None:
+        ssh = h.home / ".ssh"
+        ssh.mkdir(parents=True, mode=0o700, exist_ok=True)
+        shutil.copy(f"{self.key}.pub", ssh / "authorized_keys")
+        if any(o.noisy for o in self.hosts if o.home == h.home):
+            motd = self.dir / "lab-motd.sh"
+            (h.home / ".bashrc").write_text(f". {motd}\n")
+            (h.home / ".zshenv").write_text(f". {motd}\n")
+            (h.home / ".tcshrc").write_text(f"/bin/sh {motd}\n")
+            (h.home / ".config" / "fish").mkdir(parents=True, exist_ok=True)
+            (h.home / ".config" / "fish" / "config.fish").write_text(f"/bin/sh {motd}\n")
+        if h.user != "root":
+            for path in [h.home, *h.home.rglob("*")]:
+                os.lchown(path, USER_ID, USER_ID)
+
+    def _write_etc(self, h: TbHost) -> None:
+        """/etc/netns/<ns>/* is bind-mounted over /etc/* by `ip netns exec`: hosts, resolver,
+        and passwd (root's home is this host's own directory), group, shadow, shells for the
+        login user and its shell."""
+        etc = Path("/etc/netns") / h.ns
+        etc.mkdir(parents=True, exist_ok=True)
+        others = "".join(f"{o.addr} {o.name}\n" for o in self.hosts if o is not h)
+        v6 = "::1 localhost ip6-localhost ip6-loopback\n" if self.ipv6 else ""
+        # The seeds' pain, for real: the host's own name resolves to loopback.
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{v6}127.0.0.1 {h.name}\n{others}")
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        shell = SHELLS[h.shell]
+        passwd: list[str] = []
+        for line in Path("/etc/passwd").read_text().splitlines():
+            if line.startswith("root:"):
+                line = _with(line, home=h.home, shell=shell if h.user == "root" else None)
+            if not line.startswith(f"{h.user}:") or h.user == "root":
+                passwd.append(line)
+        group = [g for g in Path("/etc/group").read_text().splitlines()
+                 if not g.startswith(f"{h.user}:")]
+        if h.user != "root":
+            passwd.append(f"{h.user}:x:{USER_ID}:{USER_ID}:lab user:{h.home}:{shell}")
+            group.append(f"{h.user}:x:{USER_ID}:")
+            # '*': no password, not locked ('!' would make sshd refuse with UsePAM no)
+            shadow = [s for s in Path("/etc/shadow").read_text().splitlines()
+                      if not s.startswith(f"{h.user}:")]
+            shadow.append(f"{h.user}:*:{int(time.time() // 86400)}:0:99999:7:::")
+            (etc / "shadow").write_text("\n".join(shadow) + "\n")
+            (etc / "shadow").chmod(0o640)
+        (etc / "passwd").write_text("\n".join(passwd) + "\n")
+        (etc / "group").write_text("\n".join(group) + "\n")
+        shells = Path("/etc/shells").read_text().splitlines()
+        (etc / "shells").write_text("\n".join(shells + [s for s in SHELLS.values()
+                                                         if s not in shells]) + "\n")
 
     def _make_host(self, h: TbHost, bridge: str) -> None:
         _run("ip", "netns", "add", h.ns)
@@ -150,56 +324,115 @@ class Testbed:
             _run("ip", "link", "add", f"fl{self.tag}d{h.name[4:]}", "type", "veth", "peer",
                  "name", "docker0", "netns", h.ns)
             self._links.append(f"fl{self.tag}d{h.name[4:]}")
-            _run("ip", "-n", h.ns, "addr", "add", "172.31.250.1/24", "dev", "docker0")
+            _run("ip", "-n", h.ns, "addr", "add",
+                 "fd17:ac1f:fa::1/64" if self.ipv6 else "172.31.250.1/24", "dev", "docker0",
+                 *(["nodad"] if self.ipv6 else []))
             _run("ip", "-n", h.ns, "link", "set", "docker0", "up")
         _run("ip", "link", "add", h.veth, "type", "veth", "peer", "name", h.iface, "netns", h.ns)
         self._links.append(h.veth)
         _run("ip", "link", "set", h.veth, "master", bridge, "up")
-        _run("ip", "-n", h.ns, "addr", "add", f"{h.addr}/24", "dev", h.iface)
+        self._addr_add(h.addr, h.iface, h.ns)
         _run("ip", "-n", h.ns, "link", "set", h.iface, "up")
         _run("ip", "-n", h.ns, "link", "set", "lo", "up")
-        # /etc/netns/<ns>/* is bind-mounted over /etc/* by `ip netns exec`: hosts, resolver and a
-        # passwd whose root home is this host's own directory.
-        etc = Path("/etc/netns") / h.ns
-        etc.mkdir(parents=True, exist_ok=True)
-        others = "".join(f"{o.addr} {o.name}\n" for o in self.hosts if o is not h)
-        # The seeds' pain, for real: the host's own name resolves to loopback.
-        (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.0.1 {h.name}\n{others}")
-        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-        passwd = Path("/etc/passwd").read_text().splitlines()
-        (etc / "passwd").write_text("".join(
-            (_with_home(line, h.home) if line.startswith("root:") else line) + "\n"
-            for line in passwd))
-        ssh = h.home / ".ssh"
-        ssh.mkdir(parents=True, mode=0o700)
-        shutil.copy(f"{self.key}.pub", ssh / "authorized_keys")
+        self._write_etc(h)
+        self._write_home(h)
         hostkey = self.dir / f"hostkey_{h.name}"
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(hostkey))
         h.host_key_pub = Path(f"{hostkey}.pub").read_text().split()[1]
-        cfg = self.dir / f"sshd_{h.name}.conf"
-        cfg.write_text(
+        h.sshd_config = self.dir / f"sshd_{h.name}.conf"
+        h.sshd_config.write_text(
             f"Port 22\nListenAddress {h.addr}\nHostKey {hostkey}\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-            "StrictModes no\nUsePAM no\nPidFile none\nSubsystem sftp internal-sftp\n"
-            "MaxStartups 100:30:200\nMaxSessions 100\n")
-        log = open(self.dir / f"sshd_{h.name}.log", "wb")  # noqa: SIM115 - kept for the process
-        h.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", h.ns, "unshare", "--uts", "sh", "-c",
-             f'hostname "$0" && exec {SSHD} -D -e -f "$1"', h.name, str(cfg)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            "StrictModes no\nUsePAM no\nPidFile none\n"
+            + ("Subsystem sftp internal-sftp\n" if h.sftp else "")
+            + "MaxStartups 100:30:200\nMaxSessions 100\n")
+        h.log = self.dir / f"sshd_{h.name}.log"
+        log = open(h.log, "wb")  # noqa: SIM115 - kept for the process, closed by close()
+        self._logs.append(log)
+        h.proc = subprocess.Popen(
+            ["ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount", "--pid", "--fork",
+             "--kill-child", "--mount-proc", "--propagation", "private",
+             "sh", "-c", self._boot_script(h)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent)
+
+    def _boot_script(self, h: TbHost) -> str:
+        """What PID 1 of the host runs, in its new namespaces, before it becomes the init:
+        hostname, a private /tmp (with the testbed's directory still at its path) and
+        /dev/shm, for a non-root user a traversable /root; then init with `sshd -D`."""
+        q = shlex.quote
+        private = self.dir / f"tmp-{h.name}"
+        private.mkdir(mode=0o1777)
+        private.chmod(0o1777)
+        lines = ["set -e", f"hostname {q(h.name)}"]
+        with contextlib.suppress(ValueError):
+            inner = private / self.dir.relative_to("/tmp")
+            inner.mkdir(parents=True)
+            lines.append(f"mount --bind {q(str(self.dir))} {q(str(inner))}")
+        lines += [f"mount --rbind {q(str(private))} /tmp",
+                  "mount -t tmpfs -o mode=1777,size=25% tmpfs /dev/shm"]
+        if h.user != "root":
+            # /root is 0700; the venv's python is a link into /root/.pyenv: a 0755 /root that
+            # holds only what the interpreter and the repository need.
+            for top in _under_root():
+                stash = self.dir / f"stash-{h.name}-{top}"
+                stash.mkdir()
+                lines.append(f"mount --rbind {q('/root/' + top)} {q(str(stash))}")
+            lines.append("mount -t tmpfs -o mode=0755,size=1m tmpfs /root")
+            for top in _under_root():
+                stash = self.dir / f"stash-{h.name}-{top}"
+                lines += [f"mkdir /root/{q(top)}",
+                          f"mount --move {q(str(stash))} /root/{q(top)}"]
+        init = self.dir / "init.py"
+        if not init.exists():
+            init.write_text(_INIT)
+        lines.append(f"exec {q(sys.executable)} -I -S {q(str(init))} {SSHD} -D -e "
+                     f"-f {q(str(h.sshd_config))}")
+        return "\n".join(lines)
+
+    def _find_pids(self, h: TbHost, timeout: float = 15) -> None:
+        """The global PIDs of the host's init (the launcher's child) and of its sshd."""
+        assert h.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if h.proc.poll() is not None:
+                raise RuntimeError(f"host {h.name} exited: {self._log_text(h)}")
+            if not h.init_pid:
+                kids = _children(h.proc.pid)
+                h.init_pid = kids[0] if kids else 0
+            if h.init_pid:
+                h.sshd_pid = self._sshd_of(h)
+                if h.sshd_pid:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError(f"host {h.name} did not start sshd in {timeout}s: "
+                           f"{self._log_text(h)}")
+
+    def _sshd_of(self, h: TbHost) -> int:
+        for pid in _children(h.init_pid):
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if exe == os.path.realpath(SSHD) and str(h.sshd_config).encode() in cmdline:
+                return pid
+        return 0
+
+    def _log_text(self, h: TbHost) -> str:
+        return h.log.read_text(errors="replace") if h.log and h.log.exists() else ""
 
     def _write_known_hosts(self) -> None:
-        every = self.hosts + ([self.bastion_host] if self.bastion_host else [])
         self.known_hosts.write_text("".join(f"{h.addr} ssh-ed25519 {h.host_key_pub}\n"
-                                            for h in every))
+                                            for h in self._every()))
 
     def _wait_ssh(self, h: TbHost, timeout: float = 15) -> None:
         deadline = time.monotonic() + timeout
+        outer = h is self.bastion_host or not self.bastion
         while time.monotonic() < deadline:
-            if h.sshd is not None and h.sshd.poll() is not None:
-                raise RuntimeError(f"sshd on {h.name} exited: "
-                                   f"{(self.dir / f'sshd_{h.name}.log').read_text()}")
-            if h.addr.startswith(self.subnet + "."):
+            if h.proc is not None and h.proc.poll() is not None:
+                raise RuntimeError(f"host {h.name} exited: {self._log_text(h)}")
+            if outer:
                 try:
                     with socket.create_connection((h.addr, 22), timeout=1) as s:
                         if s.recv(4).startswith(b"SSH"):
@@ -214,12 +447,24 @@ class Testbed:
         raise RuntimeError(f"sshd on {h.name} ({h.addr}) did not come up in {timeout}s")
 
     def close(self) -> None:
+        every = self._every()
+        for h in every:
+            if h.init_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(h.init_pid, signal.SIGKILL)  # the whole host
         for ns in self._netns:
             self.kill_all(ns)
-        for h in self.hosts + ([self.bastion_host] if self.bastion_host else []):
-            if h.sshd is not None and h.sshd.poll() is None:
-                h.sshd.kill()
-                h.sshd.wait(timeout=10)
+        for h in every:
+            if h.proc is not None:
+                if h.proc.poll() is None:
+                    h.proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    h.proc.wait(timeout=10)
+        for log in self._logs:
+            log.close()
+        for made in sorted(set(self._made_dirs), key=len, reverse=True):  # empty by now
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
         for ns in self._netns:
             _run("ip", "netns", "del", ns, check=False)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
@@ -227,27 +472,91 @@ class Testbed:
             if _run("ip", "link", "show", link, check=False).returncode == 0:
                 _run("ip", "link", "del", link, check=False)
         for route in self._routes:
-            _run("ip", "route", "del", "unreachable", route, check=False)
+            _run("ip", "-6" if self.ipv6 else "-4", "route", "del", "unreachable", route,
+                 check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---- faults --------------------------------------------------------------------------------
+    def kill_sshd(self, name: str, timeout: float = 10) -> None:
+        """SIGKILL the host's sshd listener only: open sessions and every other process on
+        the host go on (they are re-parented to the host's init); new logins are refused."""
+        h = self.host(name)
+        pid, h.sshd_pid = h.sshd_pid, 0
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, timeout)
+
+    def start_sshd(self, name: str, timeout: float = 15) -> None:
+        """Start the host's sshd again (after kill_sshd), as a child of the host's init."""
+        h = self.host(name)
+        if h.sshd_pid:
+            return
+        r = self.exec(name, SSHD, "-f", str(h.sshd_config), "-E", str(h.log), timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"sshd on {name} did not start: {r.stderr.strip()}")
+        deadline = time.monotonic() + timeout
+        while not h.sshd_pid and time.monotonic() < deadline:
+            h.sshd_pid = self._sshd_of(h)
+            time.sleep(0.02)
+        self._wait_ssh(h, max(1.0, deadline - time.monotonic()))
+
+    def kill_host(self, name: str, timeout: float = 10) -> None:
+        """SIGKILL the host's PID 1: every process of the host dies with it, as in a power
+        cut (the network namespace, its links and files stay)."""
+        h = self.host(name)
+        if h.init_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(h.init_pid, signal.SIGKILL)
+            _wait_gone(h.init_pid, timeout)
+        if h.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                h.proc.wait(timeout=timeout)
+        h.sshd_pid = 0
+
+    def mount_tmpfs(self, name: str, path: str | Path, size: str = "64k") -> None:
+        """Mount a tmpfs of `size` at `path` (created if missing) inside the host only: what
+        every process of the host sees there from now on (a small, full disk). Owned by the
+        login user. Gone with the host; `umount(name, path)` removes it earlier."""
+        owner = f",uid={USER_ID},gid={USER_ID}" if self.user != "root" else ""
+        path = Path(path)
+        missing = [str(p) for p in (path, *path.parents)
+                   if self.exec(name, "test", "-e", str(p)).returncode != 0]
+        r = self.exec(name, "sh", "-c", 'mkdir -p "$1" && mount -t tmpfs -o "$2" tmpfs "$1"',
+                      "sh", str(path), f"size={size},mode=0755{owner}")
+        # Directories made outside /tmp and /root (the hosts' own) are this machine's: removed
+        # again by close().
+        self._made_dirs += [p for p in missing if not p.startswith(("/tmp/", "/root/"))]
+        if r.returncode != 0:
+            raise RuntimeError(f"mount tmpfs at {path} on {name}: {r.stderr.strip()}")
+
+    def umount(self, name: str, path: str | Path) -> None:
+        r = self.exec(name, "umount", str(path))
+        if r.returncode != 0:
+            raise RuntimeError(f"umount {path} on {name}: {r.stderr.strip()}")
 
     # ---- looking at a host from the inside ---------------------------------------------------
     def host(self, name: str) -> TbHost:
-        every = self.hosts + ([self.bastion_host] if self.bastion_host else [])
-        return next(h for h in every if h.name == name)
+        return next(h for h in self._every() if h.name == name)
 
     def ssh_config(self, path: Path) -> Path:
         """An OpenSSH client config: every host (through the bastion, if any) with the test key
         and known_hosts."""
         lines = []
         if self.bastion_host:
-            lines += [f"Host {self.inner_subnet}.*", f"  ProxyJump root@{self.bastion_host.addr}"]
+            jump = self.bastion_host.addr
+            jump = f"[{jump}]" if ":" in jump else jump
+            pattern = f"{self.inner_subnet}::*" if self.ipv6 else f"{self.inner_subnet}.*"
+            lines += [f"Host {pattern}", f"  ProxyJump {self.user}@{jump}"]
         lines += ["Host *", f"  IdentityFile {self.key}",
-                  f"  UserKnownHostsFile {self.known_hosts}", "  User root"]
+                  f"  UserKnownHostsFile {self.known_hosts}", f"  User {self.user}"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
         return path
 
     def pids(self, ns: str) -> list[int]:
+        """Global PIDs of every process in network namespace `ns` (the host's processes, and
+        any launcher or nsenter of this machine's that lives there)."""
         out = _run("ip", "netns", "pids", ns, check=False).stdout
         return [int(p) for p in out.split()]
 
@@ -275,14 +584,17 @@ class Testbed:
         return found
 
     def exec(self, name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", self.host(name).ns, *argv],
-                              capture_output=True, text=True, timeout=timeout)
+        """Run argv as root inside the host: its network, UTS, mount and PID namespaces (its
+        own /proc, /tmp and mounts), with this process's environment."""
+        h = self.host(name)
+        return subprocess.run(["nsenter", "-t", str(h.init_pid), "-m", "-u", "-n", "-p",
+                               "--", *argv], capture_output=True, text=True, timeout=timeout)
 
     def inventory(self, path: Path, hosts: list[str] | None = None, **defaults: object) -> Path:
         """Write an inventory of these hosts (all, or the named ones, in that order)."""
-        values = {"user": "root", "identity": str(self.key), "known_hosts": str(self.known_hosts),
-                  "python": sys.executable, "workdir": "~/fleet", "connect_timeout": 5.0,
-                  **defaults}
+        values = {"user": self.user, "identity": str(self.key),
+                  "known_hosts": str(self.known_hosts), "python": sys.executable,
+                  "workdir": "~/fleet", "connect_timeout": 5.0, **defaults}
         lines = ["[defaults]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
         for name in hosts or [h.name for h in self.hosts]:
             h = self.host(name)
@@ -291,10 +603,51 @@ class Testbed:
         return path
 
 
-def _with_home(passwd_line: str, home: Path) -> str:
+def _with(passwd_line: str, home: Path, shell: str | None) -> str:
     fields = passwd_line.split(":")
     fields[5] = str(home)
+    if shell:
+        fields[6] = shell
     return ":".join(fields)
+
+
+def _under_root() -> list[str]:
+    """The entries of /root that the interpreter, the venv and the repository live in."""
+    repo = Path(__file__).resolve().parent.parent
+    tops = []
+    for p in (os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, str(repo)):
+        parts = Path(os.path.realpath(p)).parts
+        if len(parts) > 2 and parts[:2] == ("/", "root") and parts[2] not in tops:
+            tops.append(parts[2])
+    return tops
+
+
+def _die_with_parent() -> None:
+    """In the launcher, before exec: SIGKILL when the thread that made the testbed dies, so
+    that a test run killed before close() leaves no host running (--kill-child passes it on
+    to the host's init, and the host's PID namespace dies with its init)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            kids.append(int(entry.name))
+    return sorted(kids)
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Until /proc/pid is gone: dead and reaped (bounded)."""
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _toml(value: object) -> str:
@@ -306,8 +659,23 @@ def _toml(value: object) -> str:
 
 
 if __name__ == "__main__":
-    # A manual session: `python tests/testbed.py 2` keeps a testbed up until Enter.
-    with Testbed(int(sys.argv[1]) if len(sys.argv) > 1 else 2) as tb:
+    # A manual session: `python tests/testbed.py 2 [--shell zsh] [--noisy] [--no-sftp]
+    # [--shared-home] [--ipv6] [--user lab]` keeps a testbed up until Enter.
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("n", type=int, nargs="?", default=2)
+    ap.add_argument("--shell", default="bash", choices=sorted(SHELLS))
+    ap.add_argument("--noisy", action="store_true")
+    ap.add_argument("--no-sftp", action="store_true")
+    ap.add_argument("--shared-home", action="store_true")
+    ap.add_argument("--ipv6", action="store_true")
+    ap.add_argument("--user", default="root")
+    a = ap.parse_args()
+    with Testbed(a.n, shell=a.shell, noisy=a.noisy, sftp=not a.no_sftp,  # noqa: S604
+                 shared_home=a.shared_home, ipv6=a.ipv6, user=a.user) as tb:
         inv = tb.inventory(tb.dir / "inventory.toml")
-        print(f"inventory: {inv}\nhosts: {[(h.name, h.addr) for h in tb.hosts]}")
+        cfg = tb.ssh_config(tb.dir / "ssh_config")
+        print(f"inventory: {inv}\nssh -F {cfg} <addr>\n"
+              f"hosts: {[(h.name, h.addr) for h in tb.hosts]}")
         input("Enter to tear down> ")
