@@ -109,10 +109,12 @@ class Guard:
                 if isinstance(exc, Interrupted):
                     raise Interrupted(exc.signame, "the run had already ended") from None
                 return
-            problems = self.stop(self._why(exc)) if self.may_run else {}
-            self._forget_unstarted()
-            if not self.may_run:
-                shutil.rmtree(self.record_dir, ignore_errors=True)  # no run ever existed
+            if self.may_run:
+                problems = self.stop(self._why(exc))
+            else:  # no run ever existed: its directories and record go
+                problems = {}
+                self._forget()
+                shutil.rmtree(self.record_dir, ignore_errors=True)
             if isinstance(exc, Interrupted):
                 raise Interrupted(exc.signame, self._summary(problems)) from None
             self.console.info(self._summary(problems))
@@ -128,19 +130,20 @@ class Guard:
         return f"fleet up, after an error: {reason(exc) if isinstance(exc, Exception) else exc}"
 
     def stop(self, by: str, skip: set[str] | None = None) -> dict[str, str]:
-        """Stop the run on every node that may hold a process (but `skip`); per node a problem,
-        if any."""
+        """Stop the run on every node (but `skip`), saying who stops it; a node not started
+        yet is marked stopped, so that it never starts and says why. Per node a problem, if
+        any, where the node may hold a process."""
         faults.point(Phase.STOP.value)
-        nodes = [n for n in self.plan.nodes if n.host.name in self.may_run - (skip or set())]
-        if nodes and not skip:
+        nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
+        if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
-        return stop_nodes(self.session, nodes, self.console, by)
+        problems = stop_nodes(self.session, nodes, self.console, by)
+        return {n: why for n, why in problems.items() if n in self.may_run}
 
-    def _forget_unstarted(self) -> None:
-        """Run directories of nodes where nothing was ever started go (best effort)."""
-        never = [n for n in self.plan.nodes if n.host.name not in self.may_run]
-        each(((n.host.name, n) for n in never), lambda n: self.session.t[n.host.name].run(
-            remote.remove_script(n.run_dir), what="clean up"))
+    def _forget(self) -> None:
+        """Before any start, the run directories go again (best effort)."""
+        each(((n.host.name, n) for n in self.plan.nodes), lambda n: self.session.t[
+            n.host.name].run(remote.remove_script(n.run_dir), what="clean up"))
 
     def _summary(self, problems: dict[str, str]) -> str:
         if not self.may_run:
@@ -322,16 +325,22 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
     run_id = new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
     console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
-    faults.point(Phase.CONNECT.value)
-    session = connect(inventory, console)
     try:
-        faults.point(Phase.PROBE.value)
-        plan = prepare_plan(session, inventory, job, run_id, console,
-                            allow_mismatch=allow_mismatch)
-        faults.point(Phase.PREFLIGHT.value)
-        if checks:
-            preflight(session, plan, console, force)
-        record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
+        faults.point(Phase.CONNECT.value)
+        session = connect(inventory, console)
+    except Interrupted as e:
+        raise Interrupted(e.signame, "nothing had been started on any node") from None
+    try:
+        try:
+            faults.point(Phase.PROBE.value)
+            plan = prepare_plan(session, inventory, job, run_id, console,
+                                allow_mismatch=allow_mismatch)
+            faults.point(Phase.PREFLIGHT.value)
+            if checks:
+                preflight(session, plan, console, force)
+            record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
+        except Interrupted as e:
+            raise Interrupted(e.signame, "nothing had been started on any node") from None
         with Guard(session, plan, console, record.dir) as guard:
             faults.point(Phase.UPLOAD.value)
             upload(session, plan, console)

@@ -110,14 +110,13 @@ def stops(g: lifecycle.Guard) -> list[str]:
             if any("stop.sh" in s for s in t.scripts)]  # type: ignore[attr-defined]
 
 
-def test_an_exception_stops_every_node_that_may_run(tmp_path: Path) -> None:
+def test_an_exception_stops_every_node_once_any_may_run(tmp_path: Path) -> None:
+    """n3 was never started: it is marked stopped too, so that it says why it never ran."""
     g = guard_for(tmp_path)
     with pytest.raises(ValueError), g:
         g.may_run.update({"n1", "n2"})
         raise ValueError("bug")
-    assert stops(g) == ["n1", "n2"]
-    removed = [n for n, t in g.session.t.items() if any("rm -rf" in s for s in t.scripts)]
-    assert removed == ["n3"]  # never started: its directory goes
+    assert stops(g) == ["n1", "n2", "n3"]
     assert any("fleet up, after an error: ValueError: bug" in s
                for s in g.session.t["n1"].scripts)  # type: ignore[attr-defined]
 
@@ -156,13 +155,25 @@ def test_an_interrupt_never_claims_a_stop_that_failed(tmp_path: Path) -> None:
     assert "`fleet stop j-1`" in str(e.value)
 
 
-def test_nothing_started_nothing_stopped(tmp_path: Path) -> None:
+def test_nothing_started_nothing_stopped_nothing_kept(tmp_path: Path) -> None:
     g = guard_for(tmp_path)
+    g.record_dir.mkdir()
     with pytest.raises(Interrupted) as e, g:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
     assert stops(g) == []
     assert "nothing had been started on any node" in str(e.value)
+    removed = [n for n, t in g.session.t.items() if any("rm -rf" in s for s in t.scripts)]
+    assert removed == ["n1", "n2", "n3"] and not g.record_dir.exists()
+
+
+def test_a_node_that_cannot_be_stopped_is_named_only_if_it_may_run(tmp_path: Path) -> None:
+    g = guard_for(tmp_path, fail={"n2", "n3"})
+    with pytest.raises(Interrupted) as e, g:
+        g.may_run.update({"n1", "n2"})
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert "could not be stopped on n2 (it may still run there)" in str(e.value)
 
 
 def test_an_ended_or_detached_run_is_left_alone(tmp_path: Path) -> None:
