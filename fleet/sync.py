@@ -49,17 +49,29 @@ def local_manifest(root: Path, exclude: tuple[str, ...]) -> Manifest:
     return out
 
 
+def manifest_script(dest: str) -> str:
+    return sh("mkdir", "-p", dest) + f" {AND} " + sh("cd", dest) + f" {AND} " + \
+        sh("find", ".", "-type", "f", "-printf", r"%P\t%s\t%T@\n")
+
+
+def parse_manifest(out: str) -> Manifest:
+    """`path<TAB>size<TAB>mtime` lines; anything else (there should be nothing) is skipped."""
+    found: Manifest = {}
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[1].isdigit():
+            try:
+                found[parts[0]] = (int(parts[1]), int(float(parts[2])))
+            except ValueError:
+                continue
+    return found
+
+
 def remote_manifest(t: Transport, dest: str) -> Manifest:
-    r = t.run(sh("mkdir", "-p", dest) + f" {AND} " + sh("cd", dest) + f" {AND} " +
-              sh("find", ".", "-type", "f", "-printf", r"%P\t%s\t%T@\n"))
+    r = t.run(manifest_script(dest), what=f"list {dest}")
     if not r.ok:
         raise RemoteCommandError(t.host.name, f"list {dest}", r.code, r.err)
-    out: Manifest = {}
-    for line in r.out.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3:
-            out[parts[0]] = (int(parts[1]), int(float(parts[2])))
-    return out
+    return parse_manifest(r.out)
 
 
 def sync_dir(t: Transport, root: Path, dest: str, exclude: tuple[str, ...],

@@ -47,7 +47,10 @@ def up(cli: CLI, tmp_path: Path, fault: str, **env: object) -> subprocess.Comple
 
 
 def recorded(cli: CLI) -> str | None:
-    runs = cli.cwd / ".fleet" / "runs"
+    if "FLEET_STATE_DIR" in cli.env:
+        runs = Path(cli.env["FLEET_STATE_DIR"]) / "runs"
+    else:
+        runs = Path(cli.env["XDG_STATE_HOME"]) / "fleet" / "runs"
     found = sorted(p.name for p in runs.iterdir()) if runs.exists() else []
     return found[-1] if found else None
 
@@ -129,7 +132,9 @@ def test_controller_killed_then_stop_from_elsewhere(cli: CLI, tb: Testbed, tmp_p
                                                     phase: str) -> None:
     """SIGKILL leaves fleet no chance to clean up: the run goes on (a detached run survives its
     laptop by design), is listed on the hosts by `ps --hosts`, and `fleet stop RUN` from any
-    directory ends it everywhere."""
+    directory ends it everywhere. The record is where XDG says, whatever the directory."""
+    del cli.env["FLEET_STATE_DIR"]
+    cli.env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
     inv = tb.inventory(tmp_path / "inv.toml")
     r = up(cli, tmp_path, f"{phase}:kill")
     assert r.returncode == -signal.SIGKILL

@@ -61,6 +61,23 @@ def test_trust_shows_fingerprints_and_records_accepted_keys(cli: CLI, tb2: Testb
     assert cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv)).returncode == 0
 
 
+def test_trust_records_where_ssh_config_says_fleet_reads(cli: CLI, tb2: Testbed,
+                                                          tmp_path: Path) -> None:
+    """ssh_config's UserKnownHostsFile replaces ~/.ssh/known_hosts: an accepted key goes there,
+    where fleet (and ssh) will look for it, not to a file nobody reads."""
+    home = home_with_ssh_config(cli, tb2, tmp_path)
+    lab_known = tmp_path / "lab_known_hosts"
+    lab_known.write_text("")
+    cfg = home / ".ssh" / "config"
+    cfg.write_text(cfg.read_text().replace(str(tb2.known_hosts), str(lab_known)))
+    inv = plain_inventory(tb2, tmp_path / "inv.toml")
+    accepted = cli("trust", str(inv), "--accept")
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert f"recorded 2 key(s) in {lab_known}" in accepted.stdout, accepted.stdout
+    assert not (home / ".ssh" / "known_hosts").exists()
+    assert cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv)).returncode == 0
+
+
 def test_keys_pinned_in_the_inventory(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
     cli.env["HOME"] = str(tmp_path)  # no ~/.ssh/known_hosts at all
     inv = tb2.inventory(tmp_path / "inv.toml", known_hosts=str(tmp_path / "none"))

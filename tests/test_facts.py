@@ -16,6 +16,7 @@ from fleet.inventory import Host
 from fleet.launch import version_problems
 from fleet.probe import Facts, net_for, parse_probe, storage_groups
 from fleet.states import NodeStatus
+from fleet.sync import parse_manifest
 from fleet.transport import (
     BOOT,
     Written,
@@ -250,3 +251,9 @@ def test_parse_listener() -> None:
     assert parse_listener("listening 29500 812\n") == (True, "29500", "812")
     assert parse_listener("busy [Errno 98] Address already in use\n") == \
         (False, "[Errno 98] Address already in use", "")
+
+
+def test_parse_manifest() -> None:
+    out = "train.py\t812\t1700000000.1234567890\nsub/dir/a b.txt\t0\t1700000001.5\nbad line\n"
+    assert parse_manifest(out) == {"train.py": (812, 1700000000),
+                                   "sub/dir/a b.txt": (0, 1700000001)}

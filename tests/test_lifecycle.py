@@ -213,3 +213,48 @@ def test_stop_reason_reaches_stop_sh() -> None:
     t = FakeTransport("n1")
     assert remote.stop(t, "/w/runs/r/n1", "fail-fast: n2 failed") == []  # type: ignore[arg-type]
     assert "'fail-fast: n2 failed'" in t.scripts[0]
+
+
+# ---- run.sh under stop.sh's signals ----------------------------------------------------------
+CHILD = """
+import os, signal, time
+signal.signal(signal.SIGTERM, lambda *a: os._exit(7))
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_run_sh_records_the_childs_own_exit_code_under_signals(tmp_path: Path,
+                                                               shell: str) -> None:
+    """stop.sh signals run.sh and torchrun together. run.sh must record torchrun's own exit code
+    (7 here, after its own shutdown), never the 143 of its interrupted `wait`: 20 tries."""
+    import subprocess
+    import sys
+
+    from fleet.render import render_node
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path))
+    inv = Inventory(tmp_path / "inv.toml", (host,))
+    job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
+              script=None, launcher="command", command=(sys.executable, "-c", CHILD))
+    for attempt in range(20):
+        plan = make_plan(inv, job, f"j-{shell}-{attempt}")
+        node = plan.nodes[0]
+        Path(node.run_dir).mkdir(parents=True)
+        Path(node.code_dir).mkdir(parents=True, exist_ok=True)
+        for name, (text, _mode) in render_node(plan, node).files.items():
+            (Path(node.run_dir) / name).write_text(text)
+        log = open(Path(node.run_dir) / "node.log", "w")  # noqa: SIM115
+        wrapper = subprocess.Popen([shell, "run.sh"], cwd=node.run_dir, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while "ready" not in (Path(node.run_dir) / "node.log").read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.01)
+        child = int(subprocess.run(["pgrep", "-P", str(wrapper.pid)], capture_output=True,
+                                   text=True).stdout.split()[0])
+        os.kill(wrapper.pid, signal.SIGTERM)
+        os.kill(child, signal.SIGTERM)
+        assert wrapper.wait(timeout=20) == 7
+        log.close()
+        assert (Path(node.run_dir) / "exit_code").read_text().strip() == "7", attempt
