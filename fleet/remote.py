@@ -232,10 +232,22 @@ def parse_stop(out: str) -> list[int] | None:
     return [int(p) for p in out.rsplit("left=", 1)[-1].split() if p.isdigit()]
 
 
+def stop_script(run_dir: str, by: str) -> str:
+    """The node's stop.sh, saying who stops it. Without one (fleet died while it uploaded the
+    scripts, before anything started there) nothing of the run can be running: the directory
+    is only marked stopped."""
+    d = quote(run_dir)
+    return "\n".join([
+        f"if [ -f {d}/stop.sh ]; then exec {sh('sh', f'{run_dir}/stop.sh', by)}; fi",
+        f"[ ! -d {d} ] || [ -e {d}/stopped ] || printf '%s\\n' {quote(by)} > {d}/stopped",
+        "echo left=",
+    ])
+
+
 def stop(t: Transport, run_dir: str, by: str = "fleet stop") -> list[int]:
-    """Run the node's stop.sh, saying who stops it; returns the pids of the run still alive
-    after it (none, normally)."""
-    r = t.run(sh("sh", f"{run_dir}/stop.sh", by), timeout=60, what="stop.sh")
+    """Stop the run on the node; returns the pids of the run still alive after it (none,
+    normally)."""
+    r = t.run(stop_script(run_dir, by), timeout=60, what="stop.sh")
     left = parse_stop(r.out)
     if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)

@@ -68,7 +68,8 @@ def no_traceback(r: subprocess.CompletedProcess[str]) -> None:
 
 
 CASES = [
-    ("probe", "raise"), ("preflight", "int2"), ("upload", "int"), ("upload", "raise"),
+    ("connect", "int"), ("probe", "raise"), ("preflight", "int2"), ("upload", "int"),
+    ("upload", "raise"),
     ("master-start", "int2"), ("master-start", "raise"), ("worker-start", "int"),
     ("worker-start", "term"), ("stream", "int2"), ("stream", "raise"),
 ]
@@ -125,6 +126,20 @@ def test_signal_during_the_fail_fast_stop(cli: CLI, tb: Testbed, tmp_path: Path)
     st = from_elsewhere(cli, tmp_path, "status", run_id)
     assert st.returncode == 1, st.stdout  # rank 1 failed by itself: the run failed
     assert re.search(r"node2 .*failed \(exit 1\)", st.stdout), st.stdout
+
+
+def test_controller_killed_while_uploading(cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+    """Nothing runs anywhere; `fleet stop RUN` still ends the run's record truthfully."""
+    tb.inventory(tmp_path / "inv.toml")
+    r = up(cli, tmp_path, "upload:kill")
+    assert r.returncode == -signal.SIGKILL
+    run_id = recorded(cli)
+    assert run_id is not None
+    assert_nothing_left(tb, run_id, timeout=1)
+    stop = from_elsewhere(cli, tmp_path, "stop", run_id)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    st = from_elsewhere(cli, tmp_path, "status", run_id)
+    assert st.returncode == 4 and st.stdout.count("by fleet stop") == 2, st.stdout
 
 
 @pytest.mark.parametrize("phase", ["master-start", "worker-start", "stream"])

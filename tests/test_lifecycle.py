@@ -215,6 +215,16 @@ def test_stop_reason_reaches_stop_sh() -> None:
     assert "'fail-fast: n2 failed'" in t.scripts[0]
 
 
+def test_stop_where_the_scripts_never_arrived(tmp_path: Path) -> None:
+    import subprocess
+    run_dir = tmp_path / "runs" / "r" / "n1"
+    run_dir.mkdir(parents=True)
+    out = subprocess.run(["sh", "-c", remote.stop_script(str(run_dir), "fleet stop")],
+                         capture_output=True, text=True, timeout=30).stdout
+    assert remote.parse_stop(out) == []
+    assert (run_dir / "stopped").read_text() == "fleet stop\n"
+
+
 # ---- run.sh under stop.sh's signals ----------------------------------------------------------
 CHILD = """
 import os, signal, time
