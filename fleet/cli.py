@@ -244,6 +244,9 @@ def status(run_id: RunArg = None) -> None:
             print(f"  {n.host.name:<16} rank {n.node_rank}  unreachable (may still be running): "
                   f"{reason(r)}")
             continue
+        if r.status is NodeStatus.MISSING:
+            print(f"  {n.host.name:<16} rank {n.node_rank}  missing (no run directory there)")
+            continue
         code = f" (exit {r.code})" if r.code is not None else ""
         by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else ""
         took = f"  {r.elapsed}s" if r.elapsed is not None else ""
