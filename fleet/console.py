@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -32,12 +33,19 @@ class Console:
 
     def phase(self, host: str, message: str) -> None:
         with self._lock:
-            print(f"fleet: {host:<{self._width}}  {message}", file=self.err, flush=True)
+            self._print(f"fleet: {host:<{self._width}}  {message}", self.err)
 
     def info(self, message: str) -> None:
         with self._lock:
-            print(f"fleet: {message}", file=self.err, flush=True)
+            self._print(f"fleet: {message}", self.err)
 
     def line(self, tag: str, index: int, text: str) -> None:
         with self._lock:
-            print(f"{self._paint(tag, index)} | {text}", file=self.out, flush=True)
+            self._print(f"{self._paint(tag, index)} | {text}", self.out)
+
+    @staticmethod
+    def _print(text: str, stream: TextIO) -> None:
+        """Best effort: a reader gone (`fleet up | head`) or a full disk must not stop fleet
+        from following and tearing down the run; the job's log stays on the nodes."""
+        with contextlib.suppress(OSError, ValueError):
+            print(text, file=stream, flush=True)

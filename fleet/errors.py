@@ -112,8 +112,10 @@ class RunStopped(FleetError):
     exit_code = 4
 
 
-class Interrupted(FleetError):
-    """fleet itself got a signal (Ctrl-C, SIGTERM, SIGHUP) and stopped what it had started."""
+class Interrupted(BaseException):
+    """fleet itself got a signal (Ctrl-C, SIGTERM, SIGHUP) and stopped what it had started.
+    Like KeyboardInterrupt, not an Exception: no `except FleetError` may take it for a node's
+    failure and carry on."""
 
     exit_code = 130
 

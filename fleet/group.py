@@ -19,8 +19,15 @@ def each(items: Iterable[tuple[str, T]], fn: Callable[[T], R],
     pairs = list(items)
     if not pairs:
         return {}
-    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(pairs)))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(limit, len(pairs))))
+    try:
         futures = {name: pool.submit(fn, item) for name, item in pairs}
+        pool.shutdown(wait=True)
+    except BaseException:
+        # Interrupted (a signal in the main thread): what runs finishes, so that a teardown
+        # that follows knows everything that may have started; what waits is dropped.
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
     out: dict[str, R | Exception] = {}
     for name, fut in futures.items():
         try:

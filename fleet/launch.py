@@ -136,8 +136,7 @@ SYNCED = ".fleet-synced"  # in a node's code directory: the run whose sync it ho
 
 def upload(session: Session, plan: Plan, console: Console) -> None:
     """Sync the code and data (once per shared filesystem) and write the rendered scripts on
-    every node; on any failure remove what was written everywhere and raise (nothing has
-    started yet)."""
+    every node; raises HostError naming each node that failed (nothing has started yet)."""
     manifest = local_manifest(plan.job.workdir, plan.job.exclude)
     data_manifest = local_manifest(plan.job.data, ()) if plan.job.data else None
     leader = {name: group[0] for group in plan.storage for name in group}
@@ -180,7 +179,4 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
     results = each(nodes.items(), prepare)
     if not failures(results):
         results = each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm)
-    if failures(results):
-        each(nodes.items(), lambda n: session.t[n.host.name].run(
-            remote.remove_script(n.run_dir), what="clean up"))
-        all_ok("prepare", results)
+    all_ok("prepare", results)  # the caller's guard removes what was written

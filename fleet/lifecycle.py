@@ -60,7 +60,7 @@ class NodeOutcome:
 
     def describe(self) -> str:
         if self.status is NodeStatus.UNREACHABLE:
-            return f"is unreachable ({self.detail}); its part of the run may still be running"
+            return f"is unreachable ({self.detail})"
         words: str = self.status.value
         if self.code is not None:
             signal_part = f", signal {self.code - 128}" if self.code > 128 else ""
@@ -262,7 +262,8 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
                     by = f"fail-fast: {name} {outcome.status.value}"
                     console.info(f"{name} (node rank {node.node_rank}) {outcome.describe()}; "
                                  "stopping the job on every other node")
-                guard.stop(by, skip=set(outcomes))
+                # Every node not known to have ended, the unreachable ones too (best effort).
+                guard.stop(by, skip={n for n, o in outcomes.items() if o.status.is_terminal})
     finally:
         finished.set()
     return [outcomes[n.host.name] for n in plan.nodes]
@@ -273,9 +274,14 @@ def _outcome(session: Session, node: NodePlan, result: int | Exception) -> NodeO
     if not isinstance(result, Exception):
         try:
             st = remote.state(session.t[name], node.run_dir)
-            return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by)
         except FleetError as e:
             result = e
+        else:
+            if st.done:
+                return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by)
+            # Its log stream ended while it still ran: fleet lost sight of it, and says so.
+            return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
+                               f"its log stream ended while it was still {st.status.value}")
     session.t[name].close()
     return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None, reason(result))
 
@@ -304,7 +310,12 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
             console.info(line)
     elif lost:
         console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
-    first_name = root.node if root else (lost[0].name if lost else None)
+    elif failed:
+        console.info(f"first failure: {failed[0].name} (node rank {failed[0].node_rank}), no "
+                     f"error report found there: see `fleet logs {plan.run_id} --node "
+                     f"{failed[0].name}`")
+    first_name = root.node if root else (lost[0].name if lost else
+                                         failed[0].name if failed else None)
     others = [o for o in failed if o.name != first_name]
     if others:
         console.info("also failed: " + ", ".join(o.name for o in others))
@@ -360,7 +371,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
     if final is RunStatus.STOPPED:
         by = next((o.detail for o in outcomes if o.status is NodeStatus.STOPPED), "")
         raise RunStopped(f"run {run_id} was stopped{' by ' + by if by else ''}")
-    if final is RunStatus.UNKNOWN:
-        raise JobFailed(f"run {run_id} ended in an unknown state: a node could not be reached "
-                        f"(logs: `fleet logs {run_id}`)", exit_code=3)
-    raise JobFailed(f"run {run_id} failed (logs: `fleet logs {run_id}`)")
+    if final is RunStatus.FAILED:
+        raise JobFailed(f"run {run_id} failed (logs: `fleet logs {run_id}`)")
+    raise JobFailed(f"run {run_id} ended in an unknown state: fleet lost sight of a node "
+                    f"(logs: `fleet logs {run_id}`)", exit_code=final.exit_code)

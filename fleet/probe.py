@@ -86,7 +86,6 @@ def probe_script(python: str, workdir: str, master: str | None = None,
         'printf "hostname=%s\\n" "$(cat /proc/sys/kernel/hostname 2>/dev/null || hostname)"',
         'printf "ssh=%s\\n" "${SSH_CONNECTION:-}"',
         f"{quote(python)} -c {quote(_PY)} {quote(master or '')} 2>&1",
-        'printf "python_exit=%s\\n" "$?"',
     ]
     f = f"{wd}/.fleet-storage"
     if create:
@@ -103,7 +102,7 @@ def parse_probe(out: str) -> Facts:
     other: list[str] = []
     for line in out.splitlines():
         key, sep, value = line.partition("=")
-        if sep and key in ("hostname", "ssh", "py", "python_exit", "storage"):
+        if sep and key in ("hostname", "ssh", "py", "storage"):
             fields[key] = value
         elif line.strip():
             other.append(line)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from fleet.diagnose import diagnose, format_diagnoses
-from fleet.errors import RemoteCommandError
+from fleet.errors import JobFailed, RemoteCommandError, UsageError
 from fleet.group import each
 from fleet.shell import MACHINE_ID, quote, sh
 from fleet.state import NodeRecord, RunRecord
@@ -44,6 +44,7 @@ def start_script(run_dir: str, run_id: str) -> str:
     """run.sh detached from this connection (own session, no tty); prints its pid."""
     return "\n".join([
         f"cd {quote(run_dir)} || exit 1",
+        "[ -e stopped ] && { echo 'stopped before it started' >&2; exit 3; }",
         sh("env", f"FLEET_RUN_ID={run_id}", "setsid", "sh", "./run.sh") +
         " > node.log 2>&1 < /dev/null &",
         f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.05; "
@@ -76,6 +77,8 @@ def state_script(run_dir: str) -> str:
         'echo "last=$(stat -c %Y node.log stopped 2>/dev/null | sort -n | tail -n 1)"',
         'echo "now=$(date +%s)"',
         '[ -e stopped ] && echo "stopped=$(head -n 1 stopped)"',
+        f'echo "me={MACHINE_ID}"',
+        'echo "machine=$(cat machine 2>/dev/null)"',
         'p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo alive',
         "true",
     ])
@@ -95,7 +98,10 @@ def parse_state(out: str) -> NodeState:
     started, now = _int(fields.get("started")), _int(fields.get("now"))
     stopped = "stopped" in fields
     by = fields.get("stopped", "").strip() or ("stopped" if stopped else "")
-    alive = "alive" in lines
+    # A pid means something only on the machine (and boot) that recorded it: after a reboot or
+    # from another machine sharing the directory, it may be anyone's.
+    machine = fields.get("machine", "").strip()
+    alive = "alive" in lines and machine in ("", fields.get("me", "").strip())
     # Durations by the node's clock alone: its start, and its end, its last sign of life (a
     # wrapper killed outright records no end) or its present time.
     end = _int(fields.get("ended")) if code is not None else now if alive else \
@@ -181,9 +187,9 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) 
         if st.done:
             log = t.run(sh("tail", "-n", "30", f"{run_dir}/node.log"), timeout=15).out
             hints = "\n".join(format_diagnoses(diagnose(log)))
-            raise RemoteCommandError(t.host.name, "the master's launcher", st.code or 1,
-                                     f"it ended ({st.status.value}) before its rendezvous port "
-                                     f"{addr}:{port} opened; its log ends:\n{log}{hints}")
+            raise JobFailed(f"{t.host.name}: the master's launcher ended ({st.status.value}, "
+                            f"exit {st.code}) before its rendezvous port {addr}:{port} opened; "
+                            f"its log ends:\n{log}{hints}")
         if time.monotonic() > deadline:
             raise RemoteCommandError(t.host.name, f"wait for {addr}:{port}", 1,
                                      f"rendezvous port {addr}:{port} not open after {timeout:.0f}s")
@@ -219,7 +225,7 @@ def remove(t: Transport, run_dir: str) -> str:
     """Delete a finished run's directory on the node."""
     st = state(t, run_dir)
     if not st.done:
-        raise RuntimeError(f"the run is still {st.status.value} here: stop it first")
+        raise UsageError(f"the run is still {st.status.value} here: stop it first")
     t.run(remove_script(run_dir), timeout=60, what=f"remove {run_dir}").check(t.host.name)
     return run_dir
 

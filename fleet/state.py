@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.errors import DamagedRecord, RunNotFound
+from fleet.errors import DamagedRecord, RunNotFound, UsageError
 from fleet.inventory import Host
 from fleet.plan import Plan
 
@@ -49,8 +49,12 @@ def save(plan: Plan) -> RunRecord:
                     nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base)
                                 for n in plan.nodes))
     d = state_dir() / plan.run_id
-    d.mkdir(parents=True, exist_ok=True)
-    write_atomic(d / "run.json", json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        write_atomic(d / "run.json", json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot record the run in {d}: {e}; set FLEET_STATE_DIR (or "
+                         "XDG_STATE_HOME) to a writable directory") from e
     return rec
 
 

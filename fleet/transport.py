@@ -62,7 +62,7 @@ def frame(script: str, token: str, merge_stderr: bool = False) -> str:
     subshell (parsed whole before it starts) with stdin from /dev/null."""
     begin, end = f"FLEET-{token}-BEGIN", f"FLEET-{token}-END"
     merge = "exec 2>&1\n" if merge_stderr else ""
-    return (f"printf '%s\\n' {begin}; printf '%s\\n' {begin} >&2\n"
+    return (f"printf '\\n%s\\n' {begin}; printf '\\n%s\\n' {begin} >&2\n"
             f"(\n{merge}{script}\n) </dev/null\n"
             "fleet_status=$?\n"
             f"printf '\\n%s\\n' {end}; printf '\\n%s\\n' {end} >&2\n"
@@ -71,7 +71,7 @@ def frame(script: str, token: str, merge_stderr: bool = False) -> str:
 
 def unframe(raw: str, token: str) -> tuple[str, str, bool]:
     """(what the script printed, what came before it, whether the script started at all)."""
-    begin, end = f"FLEET-{token}-BEGIN\n", f"\nFLEET-{token}-END\n"
+    begin, end = f"\nFLEET-{token}-BEGIN\n", f"\nFLEET-{token}-END\n"
     at = raw.find(begin)
     if at < 0:
         return "", raw, False
@@ -221,8 +221,11 @@ class LocalTransport(Transport):
 
     def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
         try:
+            # Its own session: a Ctrl-C at the terminal reaches fleet, which decides; it must
+            # not also kill a stop.sh half-way through its grace period.
             p = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
-                               timeout=timeout, stdin=subprocess.DEVNULL, errors="replace")
+                               timeout=timeout, stdin=subprocess.DEVNULL, errors="replace",
+                               start_new_session=True)
         except subprocess.TimeoutExpired as e:
             raise CommandTimedOut(self.host.name, _what(script, what), timeout) from e
         return Result(_what(script, what), p.returncode, p.stdout, p.stderr)
@@ -242,7 +245,8 @@ class LocalTransport(Transport):
     def stream(self, script: str, on_line: Callable[[str], None],
                stop: threading.Event | None = None) -> int:
         p = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
         assert p.stdout is not None
         watcher = _kill_on(stop, p.kill)
         for raw in p.stdout:
@@ -361,27 +365,38 @@ class SSHTransport(Transport):
         token = secrets.token_hex(8)
         out: list[bytes] = []
         err: list[bytes] = []
+        # One deadline for the whole command: sending, both streams to their end, the status.
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        chan = None
         try:
             chan = self._session()
-            chan.settimeout(timeout)
+            chan.settimeout(timeout)  # for sending; the readers block until the stream ends
             # Both streams drain while the script is still being sent: a node that prints much
             # before it reads its input would otherwise stall both sides.
-            readers = [threading.Thread(target=_drain, args=(chan.recv_stderr, err), daemon=True),
-                       threading.Thread(target=_drain, args=(chan.recv, out), daemon=True)]
+            readers = [threading.Thread(target=_drain, args=(_blocking(chan.recv_stderr), err),
+                                        daemon=True),
+                       threading.Thread(target=_drain, args=(_blocking(chan.recv), out),
+                                        daemon=True)]
             for th in readers:
                 th.start()
             chan.sendall(frame(script, token).encode())
             chan.shutdown_write()
             for th in readers:
-                th.join(timeout)
-            if any(th.is_alive() for th in readers) or not chan.status_event.wait(timeout):
-                chan.close()
+                th.join(left())
+            if any(th.is_alive() for th in readers) or not chan.status_event.wait(left()):
                 raise CommandTimedOut(self.host.name, what, timeout)
             code = chan.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as e:
             if isinstance(e, TimeoutError | socket.timeout):
                 raise CommandTimedOut(self.host.name, what, timeout) from e
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        finally:
+            if chan is not None:
+                chan.close()
         if code == -1:
             raise TransportError(f"lost connection to {self.host.address} during {what}")
         o, noise, started = unframe(b"".join(out).decode("utf-8", "replace"), token)
@@ -469,6 +484,18 @@ class SSHTransport(Transport):
             except Exception:  # noqa: S110 - closing a dead connection may fail; nothing to do
                 pass
         self._sftp = self._client = None
+
+
+def _blocking(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """recv that waits through the channel's send timeout: a quiet command is not an ended one
+    (the caller's deadline decides when to give up)."""
+    def read(n: int) -> bytes:
+        while True:
+            try:
+                return recv(n)
+            except TimeoutError:
+                continue
+    return read
 
 
 def _drain(recv: Callable[[int], bytes], into: list[bytes]) -> None:

@@ -34,15 +34,26 @@ TOKEN = "0123456789abcdef"
 
 # ---- framing --------------------------------------------------------------------------------
 def test_unframe_drops_what_rc_files_printed() -> None:
-    raw = (BANNER + f"FLEET-{TOKEN}-BEGIN\n" + "pid=12\ncode=\n" +
+    raw = (BANNER + f"\nFLEET-{TOKEN}-BEGIN\n" + "pid=12\ncode=\n" +
            f"\nFLEET-{TOKEN}-END\n" + "bye from .logout\n")
     out, noise, started = unframe(raw, TOKEN)
     assert (out, noise, started) == ("pid=12\ncode=\n", BANNER, True)
 
 
 def test_unframe_keeps_output_without_a_final_newline_exactly() -> None:
-    out, _, _ = unframe(f"FLEET-{TOKEN}-BEGIN\n/root\nFLEET-{TOKEN}-END\n", TOKEN)
+    out, _, _ = unframe(f"\nFLEET-{TOKEN}-BEGIN\n/root\nFLEET-{TOKEN}-END\n", TOKEN)
     assert out == "/root"
+
+
+def test_noise_without_a_final_newline_keeps_the_output() -> None:
+    """`printf 'Loading modules...'` in an rc file: the marker still starts a line of its own."""
+    raw = f"Loading modules...\nFLEET-{TOKEN}-BEGIN\nx=1\n\nFLEET-{TOKEN}-END\n"
+    assert unframe(raw, TOKEN)[:2] == ("x=1\n", "Loading modules...")
+    got: list[str] = []
+    lines = _Lines(TOKEN, got.append)
+    lines.feed(raw.encode())
+    lines.close()
+    assert got == ["x=1"]
 
 
 def test_unframe_of_a_script_that_never_started() -> None:
@@ -51,7 +62,7 @@ def test_unframe_of_a_script_that_never_started() -> None:
 
 
 def test_a_banner_cannot_forge_the_marker() -> None:
-    raw = "FLEET-aaaa-BEGIN\nfake\n" + f"FLEET-{TOKEN}-BEGIN\nreal\n\nFLEET-{TOKEN}-END\n"
+    raw = "\nFLEET-aaaa-BEGIN\nfake\n" + f"\nFLEET-{TOKEN}-BEGIN\nreal\n\nFLEET-{TOKEN}-END\n"
     assert unframe(raw, TOKEN)[0] == "real\n"
 
 
@@ -115,7 +126,7 @@ def probe_output(**py: object) -> str:
                                          ["eth0", "fe80::1%eth0"], ["eth0", "fd00::12"]]}
     base.update(py)
     return ("hostname=node2\nssh=10.1.0.1 52000 10.1.0.12 22\n"
-            f"py={json.dumps(base)}\npython_exit=0\nstorage=5e1f00aa\n")
+            f"py={json.dumps(base)}\nstorage=5e1f00aa\n")
 
 
 def test_parse_probe() -> None:
@@ -127,7 +138,7 @@ def test_parse_probe() -> None:
 
 
 def test_parse_probe_python_missing_or_without_torch() -> None:
-    missing = parse_probe("hostname=n\nssh=\nsh: 1: /opt/py: not found\npython_exit=127\n"
+    missing = parse_probe("hostname=n\nssh=\nsh: 1: /opt/py: not found\n"
                           "storage=\n")
     assert missing.python == "missing" and "not found" in missing.detail
     assert parse_probe(probe_output(has_torch=False)).python == "no torch"
