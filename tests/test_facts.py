@@ -268,3 +268,11 @@ def test_parse_manifest() -> None:
     out = "train.py\t812\t1700000000.1234567890\nsub/dir/a b.txt\t0\t1700000001.5\nbad line\n"
     assert parse_manifest(out) == {"train.py": (812, 1700000000),
                                    "sub/dir/a b.txt": (0, 1700000001)}
+
+
+def test_a_pid_counts_only_on_the_machine_that_recorded_it() -> None:
+    """After a reboot (another boot id) the recorded pid may be anyone's: not alive."""
+    base = "pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\nalive\nme=node2 boot-B\n"
+    assert remote.parse_state(base + "machine=node2 boot-B\n").status is NodeStatus.RUNNING
+    rebooted = remote.parse_state(base + "machine=node2 boot-A\n")
+    assert (rebooted.status, rebooted.elapsed) == (NodeStatus.FAILED, 30)
