@@ -133,9 +133,11 @@ def write_problem(host: str, target: str, size: int, w: Written, cause: str = ""
 
 def clock_offset(node_time: str, sent: float, received: float) -> float:
     """The node's clock minus this machine's, from the node's time stamp taken between `sent`
-    and `received` (taken at the midpoint: the error is at most half the round trip)."""
+    and `received`. The stamp is the script's last act, after the login shell's rc files (which
+    may take seconds): it is compared with `received`, off by the way back alone, not with the
+    midpoint of a round trip that rc files may have made lopsided."""
     try:
-        return float(node_time) - (sent + received) / 2
+        return float(node_time) - received if sent <= received else 0.0
     except ValueError:
         return 0.0
 

@@ -49,8 +49,10 @@ def test_exit_codes_and_terminal_states() -> None:
     assert not S.UNREACHABLE.is_terminal and S.MISSING.is_terminal
 
 
-def test_clock_offset_is_taken_at_the_midpoint() -> None:
-    assert clock_offset("1000.5", 990.0, 991.0) == pytest.approx(10.0)
+def test_clock_offset_is_taken_against_the_answers_arrival() -> None:
+    """Slow rc files (4 s) before the stamp do not make the node look 2 s behind."""
+    assert clock_offset("1004.0", 1000.0, 1004.01) == pytest.approx(-0.01)
+    assert clock_offset("1010.0", 1000.0, 1000.5) == pytest.approx(9.5)
     assert clock_offset("garbage", 1.0, 2.0) == 0.0
 
 
