@@ -53,23 +53,20 @@ class HostError(FleetError):
     """One or more hosts could not be reached, authenticated or prepared; nothing was started."""
 
     exit_code = 3
+    consequence = "; nothing was started"
 
     def __init__(self, action: str, failures: dict[str, str]) -> None:
         self.failures = failures
-        lines = [f"{action} failed on {len(failures)} host(s); nothing was started:"]
+        lines = [f"{action} failed on {len(failures)} host(s){self.consequence}:"]
         lines += [f"  {host}: {reason}" for host, reason in failures.items()]
         super().__init__("\n".join(lines))
 
 
-class StartError(FleetError):
-    """The job could not be started on some node, after it was started on others."""
+class StartError(HostError):
+    """The job could not be started on some node, after it was started on others (what was
+    started is stopped by the run's guard, which says so)."""
 
-    exit_code = 3
-
-    def __init__(self, failures: dict[str, str]) -> None:
-        lines = [f"could not start the job on {len(failures)} host(s):"]
-        lines += [f"  {host}: {reason}" for host, reason in failures.items()]
-        super().__init__("\n".join(lines))
+    consequence = ""
 
 
 class RemoteCommandError(FleetError):

@@ -186,7 +186,7 @@ def start_all(guard: Guard) -> dict[str, int]:
         session.t[n.host.name], n.run_dir, plan.run_id))
     bad = failures(results)
     if bad:
-        raise StartError(bad)
+        raise StartError("starting the job", bad)
     started = {name: pid for name, pid in results.items() if isinstance(pid, int)}
     for name, pid in started.items():
         console.phase(name, f"started (pid {pid})")

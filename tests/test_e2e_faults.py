@@ -215,7 +215,7 @@ def test_node_lost_while_starting(cli: CLI, tmp_path: Path, fault: str) -> None:
         assert run_id is not None
         assert "Traceback (most recent call last)" not in err, err
         assert proc.returncode == 3, err
-        assert "could not start the job on 1 host(s)" in err and "node2" in err, err
+        assert "starting the job failed on 1 host(s):" in err and "node2" in err, err
         assert f"could not be stopped on node2 (it may still run there); finish the stop with " \
                f"`fleet stop {run_id}`" in err, err
         assert not tb.run_processes("node1", run_id), "the master was left running"
