@@ -365,10 +365,10 @@ class Testbed:
         private.mkdir(mode=0o1777)
         private.chmod(0o1777)
         lines = ["set -e", f"hostname {q(h.name)}"]
-        with contextlib.suppress(ValueError):
-            inner = private / self.dir.relative_to("/tmp")
+        for keep in _kept_in_tmp(self.dir):
+            inner = private / keep.relative_to("/tmp")
             inner.mkdir(parents=True)
-            lines.append(f"mount --bind {q(str(self.dir))} {q(str(inner))}")
+            lines.append(f"mount --bind {q(str(keep))} {q(str(inner))}")
         lines += [f"mount --rbind {q(str(private))} /tmp",
                   "mount -t tmpfs -o mode=1777,size=25% tmpfs /dev/shm"]
         if h.user != "root":
@@ -609,6 +609,20 @@ def _with(passwd_line: str, home: Path, shell: str | None) -> str:
     if shell:
         fields[6] = shell
     return ":".join(fields)
+
+
+def _kept_in_tmp(testbed_dir: Path) -> list[Path]:
+    """What stays visible in a host's private /tmp: the testbed's own directory, and the
+    software every host runs (this repository and its venv, as installed on every machine of a
+    lab), where those live under /tmp (a fresh clone there, as CI may make)."""
+    wanted = [testbed_dir, Path(__file__).resolve().parent.parent, Path(sys.prefix).absolute()]
+    under = sorted({p for p in wanted if p.is_relative_to("/tmp") and p != Path("/tmp")},
+                   key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in under:
+        if not any(p.is_relative_to(k) for k in kept):
+            kept.append(p)
+    return kept
 
 
 def _under_root() -> list[str]:
