@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from fleet.errors import FleetError
+from fleet.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.group import each, reason
 from fleet.inventory import Host, Inventory
 from fleet.job import DEFAULT_EXCLUDE, Job
-from fleet.plan import NodeNet
+from fleet.plan import NodeNet, node_nproc
 from fleet.probe import Facts, master_address, net_for, probe, storage_groups
 from fleet.remote import connect_script
 from fleet.shell import sh
@@ -256,8 +257,12 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
                                     "with torch (the venv's full path)"))
         good = {n: f for n, f in details.items() if isinstance(f, dict)}
         checks += _version_checks(good, master.name)
+        chosen = {n: t for n, t in session.items() if hosts[n].gpus}
+        for name, g in each(chosen.items(), gpu_facts).items():
+            checks.append(_chosen_gpu_check(hosts[name], g))
         for name, d in good.items():
-            checks += _node_checks(name, d, job, alone=len(hosts) == 1)
+            checks += _node_checks(name, d, node_nproc(job, hosts[name]),
+                                   alone=len(hosts) == 1, chosen=name in chosen)
             checks.append(_write_check(session[name]))
             net = nets.get(name)
             if isinstance(net, NodeNet):
@@ -353,9 +358,28 @@ def _version_checks(facts: dict[str, dict[str, Any]], master: str) -> list[Check
     return out
 
 
-def _node_checks(name: str, f: dict[str, Any], job: Job, alone: bool) -> list[Check]:
+def _chosen_gpu_check(host: Host, g: GpuFacts | Exception) -> Check:
+    """The GPUs the inventory chose for this node: there, and not busy with another user's
+    work (a warning: sharing may be agreed; torch would fail or crawl otherwise)."""
+    chosen = ",".join(map(str, host.gpus or ()))
+    if isinstance(g, Exception):
+        return Check(host.name, "chosen gpus", WARN, f"could not list GPUs: {reason(g)}")
+    why = absent(host.gpus or (), g)
+    if why:
+        return Check(host.name, "chosen gpus", WARN, f"gpus = {chosen}: {why}",
+                     f"fix `gpus` for {host.name} in the inventory (nvidia-smi -L lists them)")
+    taken = busy(host.gpus or (), g)
+    if taken:
+        return Check(host.name, "chosen gpus", WARN, f"gpus = {chosen}: " + "; ".join(taken),
+                     "agree with that user, or choose free GPUs (nvidia-smi shows which)")
+    return Check(host.name, "chosen gpus", PASS, f"gpus = {chosen}: present, no other user's "
+                                                  "process on them")
+
+
+def _node_checks(name: str, f: dict[str, Any], nproc: int | str, alone: bool,
+                 chosen: bool = False) -> list[Check]:
     out = []
-    gpus, nproc = int(f.get("gpus", 0)), job.nproc_per_node
+    gpus = int(f.get("gpus", 0))
     if nproc == "gpu" and gpus == 0:
         out.append(Check(name, "gpus", FAIL, "nproc_per_node = \"gpu\" but no GPU is visible",
                          "use a number (CPU processes) or check the driver (nvidia-smi)"))
@@ -364,10 +388,11 @@ def _node_checks(name: str, f: dict[str, Any], job: Job, alone: bool) -> list[Ch
                          "set nproc_per_node to the GPU count (or \"gpu\")"))
     else:
         out.append(Check(name, "gpus", PASS, f"{gpus} GPU(s)" if gpus else "none (Gloo on CPU)"))
-    busy = f.get("gpu_processes") or []
-    if busy:
-        out.append(Check(name, "gpu processes", WARN, f"{len(busy)} running: {busy[0]}",
-                         "another job is using the GPUs; `nvidia-smi` shows which"))
+    running = f.get("gpu_processes") or []
+    if running and not chosen:  # with chosen GPUs, "chosen gpus" says whose are on them
+        out.append(Check(name, "gpu processes", WARN, f"{len(running)} running: {running[0]}",
+                         "another job is using the GPUs; `nvidia-smi` shows which (or choose "
+                         "free ones with `gpus` in the inventory)"))
     resolved = f.get("hostname_resolves", [])
     if not resolved:
         out.append(Check(name, "hostname", WARN, f"{f.get('hostname')} does not resolve: "

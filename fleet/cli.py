@@ -109,6 +109,12 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
               f"{(h.user + '@') if h.user else ''}{h.address}"
               f"{':' + str(h.port) if h.port else ''}")
         print(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
+        ranks = (f", ranks {n.rank_base}-{n.rank_base + n.nproc - 1}"
+                 if n.rank_base is not None and isinstance(n.nproc, int) else "")
+        gpus = f" on GPU(s) {','.join(map(str, h.gpus))}" if h.gpus else ""
+        print(f"  processes: {n.nproc}{gpus}{ranks}"
+              + (f" of {n.world_size}" if n.world_size else ""))
+        print(f"  code dir:  {n.code_dir}")
         print(f"  run dir:   {n.run_dir}")
         for k, v in masked(n.env, job.secret_env).items():
             print(f"  env {k}={v}")
@@ -120,6 +126,8 @@ def _plan_json(p: Plan) -> dict[str, object]:
             "storage": [list(g) for g in p.storage], "nodes": [
         {"host": n.host.name, "address": n.host.address, "transport": n.host.transport,
          "node_rank": n.node_rank, "nnodes": n.nnodes, "nproc_per_node": n.nproc,
+         "rank_base": n.rank_base, "world_size": n.world_size,
+         "gpus": list(n.host.gpus) if n.host.gpus else None,
          "master_addr": n.master_addr, "master_port": n.master_port,
          "interface": n.net.interface, "interface_reason": n.net.reason,
          "run_dir": n.run_dir, "code_dir": n.code_dir,
@@ -313,11 +321,15 @@ def logs(run_id: RunArg = None,
     if node is not None and node not in {n.host.name for n in rec.nodes}:
         raise UsageError(f"run {rec.run_id} has no node {node!r}")
     keep = rec.dir if node is None and rank is None else None
-    problems = fleet_logs.attach(rec, console, follow, node, rank, keep)
+    problems, shown = fleet_logs.attach(rec, console, follow, node, rank, keep)
     for name, why in problems.items():
         console.phase(name, f"unreachable: {why}")
     if problems:
         raise typer.Exit(3)
+    if rank is not None and not shown:
+        raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}"
+                         + (f" on {node}" if node else "") + " (lines that workers did not "
+                         "print through the launcher carry no rank)")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -6,10 +6,12 @@ import json
 import re
 from dataclasses import dataclass
 
+from fleet.logs import RANK_PREFIX
 from fleet.shell import Raw, sh
 from fleet.transport import Transport
 
 TRACE_LINES = 15
+LOG_LINES = 200  # of node.log's end, to find a traceback in
 _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?time\s*:\s*(\S+).*?rank\s*:\s*(\d+) "
     r"\(local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)", re.S)
@@ -35,7 +37,7 @@ def _report_script(run_dir: str) -> str:
     """One command printing the node's log tail, error files and the ranks' stderr tails."""
     return " ".join([
         sh("cd", run_dir), Raw("2>/dev/null || exit 0;"),
-        Raw("echo '=== log'; tail -n 80 node.log 2>/dev/null;"),
+        Raw(f"echo '=== log'; tail -n {LOG_LINES} node.log 2>/dev/null;"),
         Raw("for f in torchrun/*/attempt_*/*/error.json; do [ -f \"$f\" ] && "
             "{ echo \"=== $f $(stat -c %.9Y \"$f\")\"; cat \"$f\"; echo; }; done;"),
         Raw(f"for f in torchrun/*/attempt_*/*/stderr.log; do [ -f \"$f\" ] && "
@@ -90,14 +92,46 @@ def parse_report(out: str, node: str, node_rank: int,
     if cause:
         local = int(cause.group(3))
         when, trace = errors.get(local) or stderr.get(local) or (None, "")
+        # A launcher fleet did not start keeps its error files elsewhere: the log has it all.
         return RankFailure(node, node_rank, int(cause.group(2)), local, int(cause.group(4)),
-                           when, _tail(trace), log)
+                           when, _tail(trace) if trace.strip() else log_traceback(log, local),
+                           log)
     if errors:
         local, (when, trace) = min(errors.items(), key=lambda kv: kv[1][0])
         return RankFailure(node, node_rank, None, local, None, when, _tail(trace), log)
     if log.strip():
-        return RankFailure(node, node_rank, None, None, None, None, _tail(log), log)
+        return RankFailure(node, node_rank, None, None, None, None, log_traceback(log, None),
+                           log)
     return None
+
+
+_HEADERS = ("Traceback (most recent call last):",)
+
+
+def log_traceback(log: str, local: int | None) -> str:
+    """The last Python traceback in a log, through its exception line: the lines of one local
+    rank where they carry torchrun's `[defaultN]:` prefix, else all of them. Without one, the
+    log's last lines."""
+    lines = log.splitlines()
+    if local is None:  # the rank of the last traceback, if a rank printed it
+        last = next((m for line in reversed(lines) if _HEADERS[0] in line
+                     and (m := RANK_PREFIX.match(line))), None)
+        local = int(last.group(1)) if last else None
+    if local is not None:
+        mine = [m.group(2) for line in lines
+                if (m := RANK_PREFIX.match(line)) and int(m.group(1)) == local]
+        lines = mine or lines
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith(_HEADERS[0])]
+    if not starts:
+        return _tail("\n".join(lines))
+    start = starts[-1]  # of chained exceptions, the last says what failed
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t"):
+        end += 1  # the frames, indented; the exception's own line is the first one that is not
+    block = lines[start:end + 1]
+    if len(block) > TRACE_LINES:
+        block = [block[0], "  ..."] + block[-(TRACE_LINES - 2):]
+    return "\n".join(block)
 
 
 def _tail(text: str) -> str:

@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.job import nproc_value
 from fleet.schema import Table, load_toml
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
@@ -34,6 +35,8 @@ class Host:
     connect_timeout: float = 10.0
     host_key: str | None = None  # pinned: "ssh-ed25519 AAAA...", as in known_hosts
     env: dict[str, str] = field(default_factory=dict)
+    nproc_per_node: int | str | None = None  # overrides the job's on this node
+    gpus: tuple[int, ...] | None = None  # GPU indices (nvidia-smi's) the job may use here
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,44 @@ def _settings(t: Table, base: dict[str, object]) -> dict[str, object]:
     for key in ("python", "workdir"):
         if key in out and not str(out[key]).strip():
             raise t.error(key, "must not be empty")
+    if t.has("nproc_per_node"):
+        out["nproc_per_node"] = nproc_value(t, "nproc_per_node")
+    if t.has("gpus"):
+        out["gpus"] = _gpus(t)
     out["env"] = {**base.get("env", {}), **t.take_env("env")}  # type: ignore[dict-item]
     return out
+
+
+_GPU_RANGE = re.compile(r"(\d{1,3})(?:-(\d{1,3}))?\Z")
+
+
+def _gpus(t: Table) -> tuple[int, ...]:
+    """GPU indices: a list of integers ([0, 1]) or a string of indices and ranges ("4-7",
+    "0,2,5-7"). Indices are nvidia-smi's (fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match)."""
+    how = 'a list of GPU indices ([0, 1]) or a string of ranges ("4-7", "0,2,5-7")'
+    value = t.data["gpus"]
+    t.take("gpus", type(value))
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        out = list(value)
+    elif isinstance(value, str):
+        out = []
+        for part in value.replace(" ", "").split(","):
+            m = _GPU_RANGE.match(part)
+            if not m:
+                raise t.error("gpus", f"{value!r} is not {how}")
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            if hi < lo:
+                raise t.error("gpus", f"range {part!r} runs backwards")
+            out += range(lo, hi + 1)
+    else:
+        raise t.error("gpus", f"must be {how}")
+    if not out:
+        raise t.error("gpus", "must name at least one GPU")
+    if any(g < 0 for g in out):
+        raise t.error("gpus", "GPU indices are 0 or more")
+    if len(set(out)) != len(out):
+        raise t.error("gpus", f"names a GPU twice: {value!r}")
+    return tuple(out)
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import string
 from dataclasses import dataclass, field
@@ -16,9 +17,13 @@ BACKENDS = ("static", "c10d")
 # --local-rank to the script); accelerate: `accelerate launch`; command: the job's own command
 # line with placeholders, for scripts that spawn their own workers.
 LAUNCHERS = ("torchrun", "legacy", "accelerate", "command")
-PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "master_addr",
-                "master_port", "run_id", "code_dir", "data_dir", "host", "python")
+PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "first_rank",
+                "master_addr", "master_port", "run_id", "code_dir", "data_dir", "host", "python")
 NPROC_WORDS = ("gpu", "cpu", "auto")
+MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+# How the legacy launcher passes the local rank: torch >= 2.0 says --local-rank; scripts written
+# for older torch parse --local_rank only.
+LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
 
 
 @dataclass(frozen=True)
@@ -34,8 +39,9 @@ class Job:
     name: str
     inventory: Path
     workdir: Path
-    script: str | None
+    script: str | None  # a file in the workdir, or None with `module` or launcher = "command"
     args: tuple[str, ...] = ()
+    module: str | None = None  # run as `python -m module` (installed, or in the workdir)
     launcher: str = "torchrun"
     command: tuple[str, ...] = ()  # launcher = "command": the argv, with {placeholders}
     nproc_per_node: int | str = 1
@@ -46,6 +52,24 @@ class Job:
     start_timeout: float = 120.0  # seconds to wait for the master's rendezvous port
     data: Path | None = None  # a local data directory synced to every node ($FLEET_DATA_DIR)
     secret_env: tuple[str, ...] = ()  # env names never printed (beside those that look secret)
+    local_rank_flag: str = "--local-rank"  # launcher = "legacy": the flag the script parses
+    launcher_args: tuple[str, ...] = ()  # options for the launcher itself, after fleet's own
+
+    @property
+    def slot(self) -> str:
+        """The job's directory name on the nodes (code/<slot>): its name plus a digest of the
+        job file's path, so that two job files never share one by accident (both `job.toml`,
+        or the same `name`), while each run of one job file finds what the last one left."""
+        return f"{self.name}-{_digest(self.path)}"
+
+    @property
+    def data_slot(self) -> str | None:
+        """The data's directory name on the nodes: jobs that name one data directory share it."""
+        return f"{self.data.name}-{_digest(self.data)}" if self.data else None
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
 
 
 DEFAULT_EXCLUDE = (".git", "__pycache__", ".fleet", ".venv", "*.pyc", ".mypy_cache",
@@ -80,8 +104,16 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         for i, word in enumerate(command):
             _check_placeholders(root, f"command[{i}]", word)
     script = root.take("script", str, None)
-    if script is None and launcher != "command":
-        raise root.error("script", "required key is missing")
+    module = root.take("module", str, None)
+    if module is not None:
+        if launcher == "command":
+            raise root.error("module", 'not used with launcher = "command" (name it in command)')
+        if script is not None:
+            raise root.error("module", "give either script or module, not both")
+        if not MODULE.match(module):
+            raise root.error("module", f"{module!r} is not a python module name (pkg.mod)")
+    elif script is None and launcher != "command":
+        raise root.error("script", "required key is missing (or give module)")
     if script is not None:
         script_path = (workdir / script).resolve()
         if not script_path.is_file():
@@ -90,6 +122,17 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
             raise root.error("script", f"{script!r} must lie inside the workdir {workdir}")
         script = script_path.relative_to(workdir.resolve()).as_posix()
     args = tuple(root.take_str_list("args", []))
+    launcher_args = tuple(root.take_str_list("launcher_args", []))
+    if launcher_args and launcher == "command":
+        raise root.error("launcher_args", 'not used with launcher = "command" (it has no '
+                                          "launcher: put them in command)")
+    local_rank_flag = root.take("local_rank_flag", str, "--local-rank")
+    if local_rank_flag not in LOCAL_RANK_FLAGS:
+        raise root.error("local_rank_flag", f"must be one of {', '.join(LOCAL_RANK_FLAGS)}, "
+                                            f"not {local_rank_flag!r}")
+    if root.has("local_rank_flag") and launcher != "legacy":
+        raise root.error("local_rank_flag", 'only used with launcher = "legacy" (torchrun '
+                                            "passes LOCAL_RANK in the environment)")
     for i, word in enumerate(args):
         _check_placeholders(root, f"args[{i}]", word)
     nproc = _nproc(root)
@@ -119,7 +162,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, launcher=launcher, command=command,
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
-               exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env)
+               exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
+               module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
@@ -144,16 +188,21 @@ def _nproc(root: Table) -> int | str:
     if not root.has("nproc_per_node"):
         root.take("nproc_per_node", int, 1)
         return 1
-    value = root.data["nproc_per_node"]
+    return nproc_value(root, "nproc_per_node")
+
+
+def nproc_value(t: Table, key: str) -> int | str:
+    """A process count: a positive integer, or one of torchrun's words (gpu, cpu, auto)."""
+    value = t.data[key]
     if isinstance(value, str):
-        value = root.take("nproc_per_node", str)
+        value = t.take(key, str)
         if value not in NPROC_WORDS:
-            raise root.error("nproc_per_node", f'must be a positive integer or one of '
-                                               f'{", ".join(NPROC_WORDS)}, not {value!r}')
+            raise t.error(key, f'must be a positive integer or one of '
+                               f'{", ".join(NPROC_WORDS)}, not {value!r}')
         return value
-    n = root.take("nproc_per_node", int)
+    n = t.take(key, int)
     if n < 1:
-        raise root.error("nproc_per_node", f"must be at least 1, not {n}")
+        raise t.error(key, f"must be at least 1, not {n}")
     return n
 
 

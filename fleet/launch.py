@@ -9,10 +9,11 @@ from fleet import remote
 from fleet.check import FAIL, port_checks
 from fleet.console import Console
 from fleet.errors import HostError
+from fleet.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.group import all_ok, each, failures
 from fleet.inventory import Host, Inventory
 from fleet.job import Job
-from fleet.plan import NodePlan, Plan, make_plan
+from fleet.plan import SITE, NodePlan, Plan, make_plan
 from fleet.probe import (
     Facts,
     literal_address,
@@ -83,8 +84,9 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     nets = all_ok("finding the route to the master", each(
         ((n, n) for n in session.t), lambda n: net_for(hosts[n], facts[n], master_ip)))
     homes = {n: t.home for n, t in session.t.items()}
+    has_gpus = gpu_plan(session, inventory, job, console)
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
-                     storage=storage_groups(facts))
+                     storage=storage_groups(facts), has_gpus=has_gpus)
     for node in plan.nodes:
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
@@ -93,6 +95,34 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
             console.info(f"{', '.join(group)} share one filesystem under their workdir: code "
                          "and data are synced once, through " + group[0])
     return plan
+
+
+def gpu_plan(session: Session, inventory: Inventory, job: Job,
+               console: Console) -> dict[str, bool] | None:
+    """Where GPUs matter (GPUs chosen per host, or accelerate, whose mode follows them), ask
+    nvidia-smi on every node: chosen GPUs that do not exist stop the launch, busy ones and a
+    node without nvidia-smi are warned about. Per node whether it has GPUs, or None when not
+    asked."""
+    if job.launcher != "accelerate" and not any(h.gpus for h in inventory.hosts):
+        return None
+    facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.t.items(), gpu_facts))
+    problems = {}
+    for h in inventory.hosts:
+        f = facts[h.name]
+        if not h.gpus:
+            continue
+        chosen = ",".join(map(str, h.gpus))
+        why = absent(h.gpus, f)
+        if why and f.gpus:
+            problems[h.name] = f"gpus = {chosen} in the inventory, but {why}"
+        elif why:
+            console.phase(h.name, f"warning: gpus = {chosen}, but {why}: its processes run "
+                                  "without GPUs")
+        for taken in busy(h.gpus, f):
+            console.phase(h.name, f"warning: {taken}")
+    if problems:
+        raise HostError("choosing GPUs", problems)
+    return {name: bool(f.gpus) for name, f in facts.items()}
 
 
 def version_problems(facts: dict[str, Facts], master: str) -> dict[str, str]:
@@ -157,8 +187,8 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
 
     def prepare(node: NodePlan) -> None:
         t = session.t[node.host.name]
-        t.run(sh("mkdir", "-p", "-m", "700", node.run_dir) + " && " + sh("mkdir", "-p",
-              node.code_dir), what=f"create {node.run_dir}").check(node.host.name)
+        t.run(sh("mkdir", "-p", "-m", "700", node.run_dir, f"{node.run_dir}/{SITE}") + " && " +
+              sh("mkdir", "-p", node.code_dir), what=f"create {node.run_dir}").check(node.host.name)
         if leader[node.host.name] == node.host.name:
             sync(node)
         for name, (text, mode) in render_node(plan, node).files.items():

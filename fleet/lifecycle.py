@@ -32,7 +32,7 @@ from fleet.group import each, failures, reason
 from fleet.inventory import Inventory
 from fleet.job import Job
 from fleet.launch import Session, connect, preflight, prepare_plan, upload
-from fleet.logs import tag_line
+from fleet.logs import Tagger
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.states import NodeStatus, RunStatus, overall
 
@@ -213,11 +213,12 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
         t = session.t[node.host.name]
         local_log = (open(logdir / f"{node.host.name}.log", "w", buffering=1)  # noqa: SIM115
                      if logdir else None)
+        tag = Tagger(node.host.name, node.rank_base, lambda: remote.ranks(t, node.run_dir))
         try:
             def on_line(line: str) -> None:
                 if local_log:
                     local_log.write(line + "\n")
-                tagged = tag_line(node.host.name, node.rank_base, line)
+                tagged = tag(line)
                 console.line(tagged.tag, index[node.host.name], tagged.text)
             code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, finished)
             events.put((node.host.name, code))

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleet import remote
 from fleet.console import Console
+from fleet.errors import FleetError
 from fleet.group import each, reason
 from fleet.state import NodeRecord, RunRecord
 from fleet.states import NodeStatus
 from fleet.transport import open_transport
 
-_RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
+RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
 
 
 @dataclass(frozen=True)
@@ -23,24 +26,53 @@ class Tagged:
     text: str
 
 
-def tag_line(host: str, rank_base: int | None, line: str) -> Tagged:
-    m = _RANK_PREFIX.match(line)
+def tag_line(host: str, rank_base: int | None, line: str,
+             known: dict[int, int] | None = None) -> Tagged:
+    """A line of a node's log, tagged with its global rank: from the plan's base where it knew
+    one, else from what the node's workers recorded (`known`); failing both, the local rank."""
+    m = RANK_PREFIX.match(line)
     if not m:
         return Tagged(host, None, line)
     local = int(m.group(1))
-    if rank_base is not None:
-        rank = rank_base + local
+    rank = rank_base + local if rank_base is not None else (known or {}).get(local)
+    if rank is not None:
         return Tagged(f"{host} r{rank}", rank, m.group(2))
     return Tagged(f"{host} l{local}", None, m.group(2))
 
 
+class Tagger:
+    """Tags one node's lines. Where the plan could not know the node's ranks (c10d numbers nodes
+    as they join), it asks the node when a local rank first prints: each worker's sitecustomize
+    recorded its global rank before the worker could print anything. One question per local
+    rank at most."""
+
+    def __init__(self, host: str, rank_base: int | None,
+                 ask: Callable[[], dict[int, int]] | None = None) -> None:
+        self.host, self.rank_base, self.ask = host, rank_base, ask
+        self.known: dict[int, int] = {}
+        self.asked: set[int] = set()
+
+    def __call__(self, line: str) -> Tagged:
+        m = RANK_PREFIX.match(line)
+        if m and self.rank_base is None and self.ask is not None:
+            local = int(m.group(1))
+            if local not in self.known and local not in self.asked:
+                self.asked.add(local)
+                # On failure: tagged by local rank, as without fleet's sitecustomize.
+                with contextlib.suppress(FleetError):
+                    self.known.update(self.ask())
+        return tag_line(self.host, self.rank_base, line, self.known)
+
+
 def attach(record: RunRecord, console: Console, follow: bool, node: str | None = None,
-           rank: int | None = None, keep: Path | None = None) -> dict[str, str]:
+           rank: int | None = None, keep: Path | None = None) -> tuple[dict[str, str], int]:
     """Print a run's logs from every node (from the first line: nothing lost or repeated), and
-    with `follow` until each node's run ends. Returns per host a problem, if any."""
+    with `follow` until each node's run ends. Returns per host a problem, if any, and how many
+    lines were printed."""
     nodes = [n for n in record.nodes if node is None or n.host.name == node]
     console.hosts([n.host.name for n in nodes])
     index = {n.host.name: i for i, n in enumerate(record.nodes)}
+    shown = [0]
 
     def one(n: NodeRecord) -> int:
         copy = open(keep / f"{n.host.name}.log", "w") if keep else None  # noqa: SIM115
@@ -50,12 +82,14 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
                 st = remote.state(t, run_dir)
                 if st.status is NodeStatus.MISSING:
                     raise FileNotFoundError(f"no run directory {run_dir}")
+                tag = Tagger(n.host.name, n.rank_base, lambda: remote.ranks(t, run_dir))
 
                 def on_line(line: str) -> None:
                     if copy:
                         copy.write(line + "\n")
-                    tagged = tag_line(n.host.name, n.rank_base, line)
+                    tagged = tag(line)
                     if rank is None or tagged.rank == rank:
+                        shown[0] += 1
                         console.line(tagged.tag, index[n.host.name], tagged.text)
 
                 pid = st.pid if follow and not st.done else None
@@ -65,4 +99,4 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
                 copy.close()
 
     results = each(((n.host.name, n) for n in nodes), one)
-    return {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
+    return {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}, shown[0]

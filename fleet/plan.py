@@ -7,11 +7,11 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from fleet.errors import ConfigError
 from fleet.inventory import Host, Inventory
 from fleet.job import Job
 
 TORCHRUN = ("-m", "torch.distributed.run")
-LEGACY_LAUNCH = ("-m", "torch.distributed.launch")
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class NodePlan:
     data_dir: str | None = None
 
     rank_base: int | None = None  # global rank of local rank 0, where fleet can know it
+    world_size: int | None = None  # every node's processes, where fleet can know it
 
     def global_rank(self, local_rank: int) -> int | None:
         return None if self.rank_base is None else self.rank_base + local_rank
@@ -72,12 +73,24 @@ def new_run_id(job_name: str, now: float | None = None) -> str:
     return f"{job_name}-{stamp}-{secrets.token_hex(2)}"
 
 
+def node_nproc(job: Job, host: Host) -> int | str:
+    """How many processes a node runs: the host's own count, else one per GPU chosen for it,
+    else the job's."""
+    if host.nproc_per_node is not None:
+        return host.nproc_per_node
+    if host.gpus:
+        return len(host.gpus)
+    return job.nproc_per_node
+
+
 def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str | None = None,
               nets: dict[str, NodeNet] | None = None,
               homes: dict[str, str] | None = None,
-              storage: list[list[str]] | None = None) -> Plan:
+              storage: list[list[str]] | None = None,
+              has_gpus: dict[str, bool] | None = None) -> Plan:
     """The plan for every node. Without probe facts (a dry run) addresses and interfaces are the
-    inventory's own and paths keep their ~."""
+    inventory's own and paths keep their ~. `has_gpus` (from nvidia-smi) decides accelerate's
+    mode per node."""
     hosts = inventory.hosts
     nets = nets or {}
     homes = homes or {}
@@ -85,9 +98,22 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     addr = master_addr or master.address
     if master.transport == "local" and len(hosts) == 1:
         addr = "127.0.0.1"
+    counts = [node_nproc(job, h) for h in hosts]
+    _check_launcher(inventory, job, counts, has_gpus)
+    sizes = [c for c in counts if isinstance(c, int)]
+    world = sum(sizes) if len(sizes) == len(counts) else None
+    firsts = _first_ranks(counts)
+    static = job.launcher != "command" and job.rendezvous.backend == "static"
+    # The ranks a launcher gives: a static rendezvous numbers nodes in inventory order (c10d in
+    # the order they join); a command's script numbers them itself.
+    bases = firsts if static else [None] * len(hosts)
     notes = []
-    if job.rendezvous.backend == "c10d":
-        notes.append("c10d rendezvous assigns global ranks itself: logs are tagged by local rank")
+    if any(b is None for b in bases):
+        notes.append("global ranks are assigned at launch (c10d rendezvous, or a process count "
+                     "torchrun decides): fleet reads each worker's RANK to tag its lines")
+    if job.launcher == "accelerate" and has_gpus is None:
+        notes.append("accelerate runs in GPU mode on nodes with GPUs, CPU mode elsewhere "
+                     "(decided at launch from nvidia-smi)")
     nodes = []
     for rank, host in enumerate(hosts):
         net = nets.get(host.name) or NodeNet(host.interface, None,
@@ -96,27 +122,68 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         workdir = _expand(host.workdir, homes.get(host.name))
         # One directory per node, even in one run: nodes may share the workdir (an NFS home).
         run_dir = f"{workdir}/runs/{run_id}/{host.name}"
-        code_dir = f"{workdir}/code/{job.name}"
-        data_dir = f"{workdir}/data/{job.name}" if job.data else None
-        env = _env(job, host, run_id, rank, net, data_dir)
-        argv = _argv(job, host, rank, len(hosts), addr, net, run_id, run_dir, code_dir,
-                     data_dir)
-        nodes.append(NodePlan(host=host, node_rank=rank, nnodes=len(hosts),
-                              nproc=job.nproc_per_node, master_addr=addr,
-                              master_port=job.rendezvous.port, net=net, env=env, argv=argv,
-                              run_dir=run_dir, code_dir=code_dir, data_dir=data_dir,
-                              rank_base=_rank_base(job, rank)))
+        code_dir = f"{workdir}/code/{job.slot}"
+        data_dir = f"{workdir}/data/{job.data_slot}" if job.data_slot else None
+        cpu_only = has_gpus is not None and not has_gpus.get(host.name, False)
+        env = _env(job, host, run_id, rank, net, run_dir, data_dir, cpu_only)
+        values: dict[str, object] = {
+            "node_rank": rank, "nnodes": len(hosts), "nproc_per_node": counts[rank],
+            "world_size": "" if world is None else world,
+            "first_rank": "" if firsts[rank] is None else firsts[rank],
+            "master_addr": addr, "master_port": job.rendezvous.port, "run_id": run_id,
+            "code_dir": code_dir, "data_dir": data_dir or "", "host": host.name,
+            "python": host.python}
+        argv = _argv(job, host, values, net, run_dir, code_dir)
+        nodes.append(NodePlan(host=host, node_rank=rank, nnodes=len(hosts), nproc=counts[rank],
+                              master_addr=addr, master_port=job.rendezvous.port, net=net,
+                              env=env, argv=argv, run_dir=run_dir, code_dir=code_dir,
+                              data_dir=data_dir, rank_base=bases[rank], world_size=world))
     groups = storage or [[h.name] for h in hosts]
     return Plan(run_id=run_id, job=job, inventory=inventory, nodes=tuple(nodes),
                 notes=tuple(notes), storage=tuple(tuple(g) for g in groups))
 
 
-def _rank_base(job: Job, node_rank: int) -> int | None:
-    """Static rendezvous numbers ranks node by node; c10d numbers nodes in the order they join."""
-    nproc = job.nproc_per_node
-    if job.rendezvous.backend != "static" or not isinstance(nproc, int):
-        return None
-    return node_rank * nproc
+def _check_launcher(inventory: Inventory, job: Job, counts: list[int | str],
+                    has_gpus: dict[str, bool] | None) -> None:
+    """What accelerate cannot do, said before anything starts: `accelerate launch` divides
+    --num_processes evenly among machines and runs one mode (GPU or CPU) everywhere."""
+    if job.launcher != "accelerate":
+        return
+    if job.rendezvous.backend != "static":
+        raise ConfigError(job.path, "rendezvous.backend", 'launcher = "accelerate" starts '
+                          "with a static rendezvous (machine ranks in inventory order); remove "
+                          "the c10d backend")
+    words = [f"{h.name} {c!r}" for h, c in zip(inventory.hosts, counts, strict=True)
+             if not isinstance(c, int)]
+    if words:
+        raise ConfigError(inventory.path, "nproc_per_node", 'launcher = "accelerate" needs a '
+                          f"number of processes, not a word: {', '.join(words)}")
+    if len(set(counts)) > 1:
+        runs = ", ".join(f"{h.name} {c}" for h, c in zip(inventory.hosts, counts, strict=True))
+        raise ConfigError(inventory.path, "nproc_per_node", 'launcher = "accelerate" needs '
+                          "the same number of processes on every node (accelerate launch "
+                          f"divides --num_processes evenly); here: {runs}. Use launcher = "
+                          '"torchrun", whose nodes may differ')
+    if has_gpus and len(set(has_gpus.values())) > 1:
+        gpu = sorted(n for n, g in has_gpus.items() if g)
+        cpu = sorted(n for n, g in has_gpus.items() if not g)
+        raise ConfigError(inventory.path, None, 'launcher = "accelerate" runs one mode '
+                          f"everywhere, but {', '.join(gpu)} have GPUs and {', '.join(cpu)} "
+                          "have none; run on nodes of one kind")
+
+
+def _first_ranks(counts: list[int | str]) -> list[int | None]:
+    """The global rank of each node's local rank 0 where the nodes are numbered in inventory
+    order: the processes of the nodes before it (torchrun's cumulative sum, so node sizes may
+    differ). Unknown where a node's count is a word (gpu, auto) torchrun resolves there."""
+    if not all(isinstance(c, int) for c in counts):
+        return [None] * len(counts)
+    out: list[int | None] = []
+    total = 0
+    for c in counts:
+        out.append(total)
+        total += int(c)
+    return out
 
 
 def _expand(path: str, home: str | None) -> str:
@@ -126,8 +193,11 @@ def _expand(path: str, home: str | None) -> str:
     return path
 
 
-def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet,
-         data_dir: str | None) -> dict[str, str]:
+SITE = "site"  # in the run directory: fleet's sitecustomize (and the legacy shim)
+
+
+def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: str,
+         data_dir: str | None, cpu_only: bool) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
         env["FLEET_DATA_DIR"] = data_dir
@@ -135,45 +205,59 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet,
         # '=' asks NCCL for this exact interface, not every name starting with it.
         env["NCCL_SOCKET_IFNAME"] = f"={net.interface}"
         env["GLOO_SOCKET_IFNAME"] = net.interface
+    if host.gpus:
+        # nvidia-smi's numbering, which is the one users see; CUDA's default order differs.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
+    if job.launcher == "accelerate" and cpu_only:
+        env["ACCELERATE_USE_CPU"] = "true"  # --multi_gpu's workers, as MULTI_CPU over Gloo
     env.update(job.env)
     env.update(host.env)
     # fleet finds and stops a run's processes by these; a job cannot override them.
-    env.update(FLEET_RUN_ID=run_id, FLEET_NODE=host.name, FLEET_NODE_RANK=str(rank))
+    env.update(FLEET_RUN_ID=run_id, FLEET_NODE=host.name, FLEET_NODE_RANK=str(rank),
+               FLEET_RUN_DIR=run_dir)
     return env
 
 
-def _argv(job: Job, host: Host, rank: int, nnodes: int, master_addr: str, net: NodeNet,
-          run_id: str, run_dir: str, code_dir: str, data_dir: str | None) -> tuple[str, ...]:
+def _argv(job: Job, host: Host, values: dict[str, object], net: NodeNet, run_dir: str,
+          code_dir: str) -> tuple[str, ...]:
     rdzv = job.rendezvous
-    nproc = job.nproc_per_node
-    values = {"node_rank": rank, "nnodes": nnodes, "nproc_per_node": nproc,
-              "world_size": nnodes * nproc if isinstance(nproc, int) else "",
-              "master_addr": master_addr, "master_port": rdzv.port, "run_id": run_id,
-              "code_dir": code_dir, "data_dir": data_dir or "", "host": host.name,
-              "python": host.python}
     args = [a.format_map(values) for a in job.args]
     if job.launcher == "command":
         return tuple(a.format_map(values) for a in job.command) + tuple(args)
-    script = f"{code_dir}/{job.script}"
+    target = ["-m", job.module] if job.module else [f"{code_dir}/{job.script}"]
+    logs = [f"{run_dir}/torchrun", "3"]
     if job.launcher == "accelerate":
-        return (host.python, "-m", "accelerate.commands.launch", "--num_machines", str(nnodes),
-                "--machine_rank", str(rank), "--main_process_ip", master_addr,
-                "--main_process_port", str(rdzv.port),
-                "--num_processes", str(values["world_size"]), script, *args)
-    module = TORCHRUN if job.launcher == "torchrun" else LEGACY_LAUNCH
-    argv = [host.python, *module, "--nnodes", str(nnodes),
-            "--nproc-per-node", str(nproc), "--node-rank", str(rank)]
+        # --multi_gpu is accelerate's torchrun launcher; on a CPU node ACCELERATE_USE_CPU turns
+        # its workers into MULTI_CPU ones (without either, each node runs one lone process).
+        return (host.python, "-m", "accelerate.commands.launch", "--multi_gpu",
+                "--num_machines", str(values["nnodes"]), "--machine_rank", str(values["node_rank"]),
+                "--num_processes", str(values["world_size"]), "--same_network",
+                "--main_process_ip", str(values["master_addr"]),
+                "--main_process_port", str(rdzv.port), "--rdzv_conf", f"timeout={rdzv.timeout}",
+                "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--log_dir", logs[0], "--tee", logs[1], *job.launcher_args,
+                *(["--module", job.module] if job.module else target), *args)
+    argv = [host.python, *TORCHRUN, "--nnodes", str(values["nnodes"]),
+            "--nproc-per-node", str(values["nproc_per_node"])]
     if rdzv.backend == "static":
-        argv += ["--master-addr", master_addr, "--master-port", str(rdzv.port),
+        argv += ["--node-rank", str(values["node_rank"]),
+                 "--master-addr", str(values["master_addr"]), "--master-port", str(rdzv.port),
                  "--rdzv-conf", f"timeout={rdzv.timeout}"]
-    else:
-        host_part = f"[{master_addr}]" if ":" in master_addr else master_addr
+    else:  # c10d numbers nodes as they join: torchrun ignores --node-rank (and says so)
+        addr, master = str(values["master_addr"]), int(values["node_rank"] == 0)
+        host_part = f"[{addr}]" if ":" in addr else addr
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host_part}:{rdzv.port}",
-                 "--rdzv-id", run_id,
+                 "--rdzv-id", str(values["run_id"]),
                  # Say which node hosts the store: torchrun's own guess compares the endpoint
                  # with what the hostname resolves to, which is wrong where it maps to 127.0.x.x.
-                 "--rdzv-conf", f"join_timeout={rdzv.timeout},is_host={int(rank == 0)}"]
+                 "--rdzv-conf", f"join_timeout={rdzv.timeout},is_host={master}"]
     if net.address:
         argv += ["--local-addr", net.address]
-    argv += ["--log-dir", f"{run_dir}/torchrun", "--tee", "3", script, *args]
-    return tuple(argv)
+    argv += ["--log-dir", logs[0], "--tee", logs[1], *job.launcher_args]
+    if job.launcher == "legacy":
+        # torch.distributed.launch (deprecated) is torchrun plus the local rank as an argument;
+        # fleet's shim adds that argument from LOCAL_RANK, spelt as the script wants it.
+        return (*argv, f"{run_dir}/{SITE}/fleet_local_rank.py", job.local_rank_flag, *target,
+                *args)
+    return (*argv, *(["--module", job.module] if job.module else target), *args)

@@ -126,6 +126,26 @@ def state(t: Transport, run_dir: str) -> NodeState:
     return parse_state(t.run(state_script(run_dir), timeout=30, what="read the run's state").out)
 
 
+# ---- global ranks, where the rendezvous assigned them at launch ---------------------------
+def ranks_script(run_dir: str) -> str:
+    """What each worker's sitecustomize recorded: "<local rank> <global rank>" lines."""
+    return (f"cd {quote(run_dir + '/ranks')} 2>/dev/null || exit 0\n"
+            'for f in [0-9]*; do [ -f "$f" ] && echo "$f $(cat "$f")"; done; true')
+
+
+def parse_ranks(out: str) -> dict[int, int]:
+    ranks = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+            ranks[int(words[0])] = int(words[1])
+    return ranks
+
+
+def ranks(t: Transport, run_dir: str) -> dict[int, int]:
+    return parse_ranks(t.run(ranks_script(run_dir), timeout=30, what="read the ranks").out)
+
+
 # ---- runs that still hold a node ----------------------------------------------------------
 def held_script(runs_dir: str) -> str:
     """Every run directory under runs_dir without an exit code: its machine and whether its pid

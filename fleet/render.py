@@ -7,11 +7,14 @@ from pathlib import Path
 
 import jinja2
 
+import fleet.nodeside
 import fleet.templates
-from fleet.plan import NodePlan, Plan
+from fleet.plan import SITE, NodePlan, Plan
 from fleet.shell import MACHINE_ID, join, quote
 
 SHIPPED = Path(fleet.templates.__file__).parent
+NODESIDE = Path(fleet.nodeside.__file__).parent
+SITE_FILES = ("sitecustomize.py", "fleet_local_rank.py")
 STOP_GRACE_S = 10
 
 
@@ -42,4 +45,5 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
         "env.sh": (env.get_template("env.sh.j2").render(ctx), 0o600),
         "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),
         "stop.sh": (env.get_template("stop.sh.j2").render(ctx), 0o700),
+        **{f"{SITE}/{name}": ((NODESIDE / name).read_text(), 0o644) for name in SITE_FILES},
     })

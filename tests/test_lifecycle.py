@@ -255,6 +255,7 @@ def test_run_sh_records_the_childs_own_exit_code_under_signals(tmp_path: Path,
         Path(node.run_dir).mkdir(parents=True)
         Path(node.code_dir).mkdir(parents=True, exist_ok=True)
         for name, (text, _mode) in render_node(plan, node).files.items():
+            (Path(node.run_dir) / name).parent.mkdir(exist_ok=True)
             (Path(node.run_dir) / name).write_text(text)
         log = open(Path(node.run_dir) / "node.log", "w")  # noqa: SIM115
         wrapper = subprocess.Popen([shell, "run.sh"], cwd=node.run_dir, stdout=log,

@@ -110,11 +110,21 @@ def test_job_templates_override_by_file_name(tmp_path: Path) -> None:
 
 def test_accelerate_command_per_node() -> None:
     p = make_plan(inventory(), job(launcher="accelerate"), "j-1", master_addr="10.0.0.11",
-                  nets=NETS, homes={"n1": "/root", "n2": "/home/x"})
-    assert p.nodes[1].argv == (
-        "/opt/venv/bin/python", "-m", "accelerate.commands.launch", "--num_machines", "2",
-        "--machine_rank", "1", "--main_process_ip", "10.0.0.11", "--main_process_port", "29500",
-        "--num_processes", "4", "/scratch/fleet/code/j/train.py", "--msg", "it's $(rm -rf /)")
+                  nets=NETS, homes={"n1": "/root", "n2": "/home/x"},
+                  has_gpus={"n1": False, "n2": False})
+    argv = p.nodes[1].argv
+    assert argv[:4] == ("/opt/venv/bin/python", "-m", "accelerate.commands.launch",
+                        "--multi_gpu")
+    for flag, value in (("--num_machines", "2"), ("--machine_rank", "1"),
+                        ("--num_processes", "4"), ("--main_process_ip", "10.0.0.11"),
+                        ("--main_process_port", "29500")):
+        assert argv[argv.index(flag) + 1] == value
+    assert argv[-3:] == ("/scratch/fleet/code/j-e64649bc/train.py", "--msg", "it's $(rm -rf /)")
+    assert p.nodes[1].env["ACCELERATE_USE_CPU"] == "true"  # CPU nodes: MULTI_CPU workers
+    assert p.nodes[1].rank_base == 2
+    gpu = make_plan(inventory(), job(launcher="accelerate"), "j-1", master_addr="10.0.0.11",
+                    has_gpus={"n1": True, "n2": True})
+    assert "ACCELERATE_USE_CPU" not in gpu.nodes[1].env
 
 
 def test_command_launcher_fills_placeholders_per_node() -> None:
@@ -127,7 +137,13 @@ def test_command_launcher_fills_placeholders_per_node() -> None:
                                "--literal", "{x}")
 
 
-def test_legacy_launcher_uses_torch_distributed_launch() -> None:
+def test_legacy_launcher_is_torchrun_with_the_local_rank_as_an_argument() -> None:
     p = make_plan(inventory(), job(launcher="legacy"), "j-1", master_addr="10.0.0.11")
-    assert p.nodes[0].argv[1:3] == ("-m", "torch.distributed.launch")
-    assert "--tee" in p.nodes[0].argv
+    argv = p.nodes[0].argv
+    assert argv[1:3] == ("-m", "torch.distributed.run")
+    shim = argv.index("~/fleet/runs/j-1/n1/site/fleet_local_rank.py")
+    assert argv[shim + 1:shim + 3] == ("--local-rank", "~/fleet/code/j-e64649bc/train.py")
+    old = make_plan(inventory(), job(launcher="legacy", local_rank_flag="--local_rank"), "j-1",
+                    master_addr="10.0.0.11").nodes[0].argv
+    assert old[shim + 1] == "--local_rank"
+    assert "--tee" in argv

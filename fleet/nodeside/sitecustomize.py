@@ -1,0 +1,48 @@
+"""fleet's sitecustomize, on the PYTHONPATH of a fleet run's processes (<run dir>/site).
+
+In a worker a launcher started (RANK and LOCAL_RANK in its environment), it records which global
+rank this local rank is, in <run dir>/ranks/<local rank>, before the script prints anything:
+that is how fleet tags log lines with global ranks where the rendezvous assigns them at launch
+(c10d, or a process count torchrun decides). Nothing else changes, and the sitecustomize that
+this one shadows (a distribution's, a virtualenv's) still runs after it."""
+
+import os
+import sys
+
+
+def _record_rank() -> None:
+    run_dir, rank, local = (os.environ.get(k) for k in ("FLEET_RUN_DIR", "RANK", "LOCAL_RANK"))
+    if not (run_dir and rank and local and rank.isdigit() and local.isdigit()):
+        return
+    ranks = os.path.join(run_dir, "ranks")
+    try:
+        os.makedirs(ranks, exist_ok=True)
+        tmp = os.path.join(ranks, f".{local}.{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(rank + "\n")
+        os.replace(tmp, os.path.join(ranks, local))
+    except OSError:
+        pass  # never the reason a job fails
+
+
+def _chain() -> None:
+    """Run the next sitecustomize on sys.path, the one this file shadows."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+_record_rank()
+try:
+    _chain()
+except Exception as e:  # as python does for a failing sitecustomize: say so, go on
+    print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}",
+          file=sys.stderr)
