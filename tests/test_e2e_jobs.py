@@ -64,47 +64,6 @@ def copy_job(tmp_path: Path, script: str, toml: str) -> Path:
     return job
 
 
-def test_c10d_rendezvous(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
-    tb2.inventory(tmp_path / "inv.toml")
-    job = copy_job(tmp_path, "allreduce.py", 'script = "allreduce.py"\nnproc_per_node = 2\n'
-                   '[rendezvous]\nbackend = "c10d"\nport = 29531\n')
-    r = cli("up", str(job))
-    assert r.returncode == 0, r.stdout + r.stderr
-    # c10d assigns global ranks itself: lines are tagged by local rank.
-    results = re.findall(r"^(node\d) l\d \| rank (\d)/4 on (node\d): all_reduce = 10 ok$",
-                         r.stdout, re.M)
-    assert sorted(int(rank) for _, rank, _ in results) == [0, 1, 2, 3], r.stdout
-    assert all(tag == host for tag, _, host in results)
-
-
-LEGACY = '''
-import argparse, os, socket
-import torch, torch.distributed as dist
-p = argparse.ArgumentParser()
-p.add_argument("--local_rank", "--local-rank", type=int, required=True)
-a = p.parse_args()
-dist.init_process_group("gloo")  # env:// from the launcher
-t = torch.ones(1)
-dist.all_reduce(t)
-print(f"legacy local_rank {a.local_rank} rank {dist.get_rank()} on {socket.gethostname()}: "
-      f"{t.item():g}", flush=True)
-dist.destroy_process_group()
-'''
-
-
-def test_legacy_torch_distributed_launch_script(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
-    tb2.inventory(tmp_path / "inv.toml")
-    (tmp_path / "legacy.py").write_text(LEGACY)
-    job = copy_job(tmp_path, "legacy.py", 'script = "legacy.py"\nlauncher = "legacy"\n'
-                   'nproc_per_node = 2\n[rendezvous]\nport = 29532\n')
-    r = cli("up", str(job))
-    assert r.returncode == 0, r.stdout + r.stderr
-    for rank in range(4):
-        host = "node1" if rank < 2 else "node2"
-        assert f"{host} r{rank} | legacy local_rank {rank % 2} rank {rank} on {host}: 4" \
-            in r.stdout, r.stdout
-
-
 def test_command_launcher_for_scripts_that_spawn_their_own_workers(cli: CLI, tb2: Testbed,
                                                                    tmp_path: Path) -> None:
     inv = tb2.inventory(tmp_path / "inv.toml")

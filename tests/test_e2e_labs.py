@@ -54,13 +54,6 @@ def allreduce_job(tmp_path: Path, port: int) -> Path:
     return job
 
 
-def for_node3(inv: Path, setting: str) -> None:
-    """A `key = value` line for node3 alone, in its [[hosts]] table of the inventory."""
-    text = inv.read_text()
-    at = text.index('name = "node3"')
-    inv.write_text(text[:at] + setting + "\n" + text[at:])
-
-
 def no_banner(*texts: str) -> None:
     for text in texts:
         for word in BANNER_WORDS:
@@ -163,7 +156,7 @@ def test_full_filesystem_names_host_cause_and_fix(cli: CLI, v6lab: Testbed,
     v6lab.mount_tmpfs("node3", small, "256k")
     # Filled to the last block by something else, as a full scratch disk is.
     v6lab.exec("node3", "sh", "-c", f"cat /dev/zero > {small}/filler 2>/dev/null; true")
-    for_node3(v6lab.inventory(tmp_path / "inv.toml"), f'workdir = "{small}"')
+    v6lab.inventory(tmp_path / "inv.toml", per_host={"node3": {"workdir": str(small)}})
     job = allreduce_job(tmp_path, 29579)
     r = cli("up", str(job))
     out = r.stdout + r.stderr
@@ -193,7 +186,7 @@ def test_different_torch_is_refused_unless_allowed(cli: CLI, mixed: Testbed,
     wrapper = fake / "python"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
-    for_node3(mixed.inventory(tmp_path / "inv.toml"), f'python = "{wrapper}"')
+    mixed.inventory(tmp_path / "inv.toml", per_host={"node3": {"python": str(wrapper)}})
     job = allreduce_job(tmp_path, 29583)
     r = cli("up", str(job))
     assert r.returncode == 3, r.stdout + r.stderr

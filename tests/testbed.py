@@ -590,8 +590,11 @@ class Testbed:
         return subprocess.run(["nsenter", "-t", str(h.init_pid), "-m", "-u", "-n", "-p",
                                "--", *argv], capture_output=True, text=True, timeout=timeout)
 
-    def inventory(self, path: Path, hosts: list[str] | None = None, **defaults: object) -> Path:
-        """Write an inventory of these hosts (all, or the named ones, in that order)."""
+    def inventory(self, path: Path, hosts: list[str] | None = None,
+                  per_host: dict[str, dict[str, object]] | None = None,
+                  **defaults: object) -> Path:
+        """Write an inventory of these hosts (all, or the named ones, in that order), with
+        `per_host` settings in a host's own table."""
         values = {"user": self.user, "identity": str(self.key),
                   "known_hosts": str(self.known_hosts), "python": sys.executable,
                   "workdir": "~/fleet", "connect_timeout": 5.0, **defaults}
@@ -599,6 +602,7 @@ class Testbed:
         for name in hosts or [h.name for h in self.hosts]:
             h = self.host(name)
             lines += ["", "[[hosts]]", f"name = {_toml(h.name)}", f"address = {_toml(h.addr)}"]
+            lines += [f"{k} = {_toml(v)}" for k, v in (per_host or {}).get(name, {}).items()]
         path.write_text("\n".join(lines) + "\n")
         return path
 
