@@ -7,6 +7,8 @@ and an exit code (0 ok, 1 failed, 2 bad input, 3 hosts unreachable or state unkn
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -21,7 +23,7 @@ from typing import Annotated
 import typer
 
 from fleet import check as fleet_check
-from fleet import hostkeys, launch, lifecycle, remote, state
+from fleet import hang, hostkeys, launch, lifecycle, remote, state
 from fleet import logs as fleet_logs
 from fleet import trust as fleet_trust
 from fleet.console import Console
@@ -31,8 +33,9 @@ from fleet.inventory import Host, load_inventory
 from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id
 from fleet.shell import join
+from fleet.state import NodeRecord
 from fleet.states import NodeStatus, overall
-from fleet.transport import open_transport
+from fleet.transport import Transport, open_transport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a PyTorch distributed job across the hosts of an inventory.")
@@ -64,9 +67,15 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
            "--allow-version-mismatch",
            help="Start (with a warning) although nodes have different python/torch versions.")
        ] = False,
+       debug_env: Annotated[bool, typer.Option(
+           "--debug", help="Render the distributed debugging env on every node (NCCL_DEBUG=INFO, "
+                           "TORCH_DISTRIBUTED_DEBUG=DETAIL, ...); `fleet --debug up` is fleet's "
+                           "own traceback.")] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
     job = with_extra_args(load_job(job_path, inventory), extra or [])
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
     inv = load_inventory(job.inventory)
     lifecycle.up(inv, job, Console(), detach=detach, checks=not skip_checks, force=force,
                  allow_mismatch=allow_mismatch)
@@ -332,6 +341,34 @@ def logs(run_id: RunArg = None,
                          "print through the launcher carry no rank)")
 
 
+@app.command()
+def dump(run_id: RunArg = None) -> None:
+    """Every rank's Python stack on every node of a running run, grouped (the rank that is
+    different named first); the run goes on. Kept in the run's record too."""
+    rec = state.load(run_id)
+
+    def connect(n: NodeRecord) -> Transport:
+        return open_transport(n.host)
+
+    opened = each(((n.host.name, n) for n in rec.nodes), connect)
+    try:
+        nodes = {n.host.name: (t, t.path(n.run_dir)) for n in rec.nodes
+                 if isinstance(t := opened[n.host.name], Transport)}
+        lines, problems = hang.take(nodes, rec.run_id, rec.dir)
+    finally:
+        for t in opened.values():
+            if isinstance(t, Transport):
+                t.close()
+    problems = [f"{name}: unreachable: {reason(r)}" for name, r in opened.items()
+                if isinstance(r, Exception)] + problems
+    for line in lines + problems:
+        print(line)
+    saved = hang.save(rec.dir, f"fleet dump of run {rec.run_id}", lines + problems)
+    print(f"(kept in {saved})", file=sys.stderr)
+    if problems:
+        raise typer.Exit(3)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
@@ -340,7 +377,9 @@ def main() -> None:
     """The one handler: every FleetError becomes its message and exit code; anything else is a
     bug in fleet, said in one line (with the traceback under --debug)."""
     args = sys.argv[1:]
-    debug = "--debug" in args[:args.index("--")] if "--" in args else "--debug" in args
+    # fleet's own --debug comes before the command (`fleet up --debug` is the job's debug env)
+    lead = list(itertools.takewhile(lambda a: a.startswith("-") and a != "--", args))
+    debug = "--debug" in lead
     debug = debug or bool(os.environ.get("FLEET_DEBUG"))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)

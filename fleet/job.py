@@ -34,6 +34,12 @@ class Rendezvous:
 
 
 @dataclass(frozen=True)
+class Watchdog:
+    hang_timeout: float | None = None  # seconds without a log line from any node: a hang
+    nccl_flight_recorder: bool = False  # PyTorch's NCCL flight recorder, dumped with the stacks
+
+
+@dataclass(frozen=True)
 class Job:
     path: Path
     name: str
@@ -54,6 +60,8 @@ class Job:
     secret_env: tuple[str, ...] = ()  # env names never printed (beside those that look secret)
     local_rank_flag: str = "--local-rank"  # launcher = "legacy": the flag the script parses
     launcher_args: tuple[str, ...] = ()  # options for the launcher itself, after fleet's own
+    watchdog: Watchdog = Watchdog()
+    debug: bool = False  # the usual distributed debugging env on every node (fleet up --debug)
 
     @property
     def slot(self) -> str:
@@ -140,6 +148,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         raise root.error("nproc_per_node", f"must be a number with launcher = {launcher!r}")
     env = root.take_env("env")
     rdzv = _rendezvous(root.table("rendezvous"))
+    watchdog = _watchdog(root.table("watchdog"))
+    debug = root.take("debug", bool, False)
     templates_text = root.take("templates", str, None)
     templates = here / templates_text if templates_text is not None else None
     if templates is not None and not templates.is_dir():
@@ -163,7 +173,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                script=script, args=args, launcher=launcher, command=command,
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
-               module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args)
+               module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
+               watchdog=watchdog, debug=debug)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
@@ -204,6 +215,16 @@ def nproc_value(t: Table, key: str) -> int | str:
     if n < 1:
         raise t.error(key, f"must be at least 1, not {n}")
     return n
+
+
+def _watchdog(t: Table) -> Watchdog:
+    hang = t.take("hang_timeout", float, None)
+    if hang is not None and hang <= 0:
+        raise t.error("hang_timeout", "must be a positive number of seconds (leave it out to "
+                                      "never stop a run for silence)")
+    recorder = t.take("nccl_flight_recorder", bool, False)
+    t.done()
+    return Watchdog(float(hang) if hang is not None else None, recorder)
 
 
 def _rendezvous(t: Table) -> Rendezvous:

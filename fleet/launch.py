@@ -69,7 +69,7 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     facts: dict[str, Facts] = all_ok("probe", each(
         session.t.items(), lambda t: probe(t, hint, create=create)))
     problems = {name: p for name in facts
-                if (p := python_problem(hosts[name], facts[name])) is not None}
+                if (p := python_problem(hosts[name], facts[name], job.launcher)) is not None}
     if problems:
         raise HostError("checking python", problems)
     master_ip = master_address(inventory, facts[inventory.hosts[0].name])

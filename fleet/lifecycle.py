@@ -12,12 +12,13 @@ import queue
 import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from fleet import failure, faults, remote, state
+from fleet import failure, faults, hang, remote, state
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import (
@@ -87,6 +88,7 @@ class Guard:
         self.released = False  # detached on purpose: the run goes on without fleet
         self.signals: list[int] = []
         self._saved: dict[int, object] = {}
+        self.hang: str | None = None  # the watchdog's verdict, where it stopped the run
 
     def __enter__(self) -> Guard:
         if threading.current_thread() is threading.main_thread():
@@ -201,8 +203,11 @@ HEARTBEAT_TIMEOUT_S = 10.0  # a node silent this long is declared lost
 
 def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> list[NodeOutcome]:
     """Follow every node's log until all have ended. The first node to fail or stop answering
-    stops the run on every other node."""
+    stops the run on every other node; so does silence from every node for the job's
+    hang_timeout, after every rank's stack was taken."""
     plan, session, console = guard.plan, guard.session, guard.console
+    hang_timeout = plan.job.watchdog.hang_timeout
+    last_line = [time.monotonic()]
     events: queue.Queue[tuple[str, int | Exception]] = queue.Queue()
     finished = threading.Event()
     index = {n.host.name: i for i, n in enumerate(plan.nodes)}
@@ -216,6 +221,7 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
         tag = Tagger(node.host.name, node.rank_base, lambda: remote.ranks(t, node.run_dir))
         try:
             def on_line(line: str) -> None:
+                last_line[0] = time.monotonic()
                 if local_log:
                     local_log.write(line + "\n")
                 tagged = tag(line)
@@ -247,7 +253,15 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
     stopping = False
     try:
         while len(outcomes) < len(plan.nodes):
-            name, result = events.get()
+            try:
+                name, result = events.get(timeout=1.0 if hang_timeout else None)
+            except queue.Empty:
+                silent = time.monotonic() - last_line[0]
+                if hang_timeout and not stopping and silent > hang_timeout:
+                    stopping = True
+                    on_hang(guard, silent, skip={n for n, o in outcomes.items()
+                                                 if o.status.is_terminal})
+                continue
             if name in outcomes:
                 continue
             outcome = _outcome(session, nodes[name], result)
@@ -268,6 +282,24 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
     finally:
         finished.set()
     return [outcomes[n.host.name] for n in plan.nodes]
+
+
+def on_hang(guard: Guard, silent: float, skip: set[str]) -> None:
+    """No node printed for hang_timeout: take every rank's stack, say which rank is different
+    (or, before any rank started, which node has not joined), keep it, stop the run."""
+    plan, session, console = guard.plan, guard.session, guard.console
+    limit = plan.job.watchdog.hang_timeout
+    console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
+                 f"{limit:g}s); taking every rank's stack")
+    live = {n.host.name: (session.t[n.host.name], n.run_dir) for n in plan.nodes
+            if n.host.name not in skip}
+    lines, problems = hang.take(live, plan.run_id, guard.record_dir)
+    for line in lines + problems:
+        console.info(f"  {line}")
+    saved = hang.save(guard.record_dir, f"hang of run {plan.run_id}: no output for "
+                      f"{silent:.0f}s", lines + problems)
+    guard.hang = f"{lines[0]} (stacks kept in {saved})"
+    guard.stop(f"watchdog: no output for {limit:g}s (a hang)", skip=skip)
 
 
 def _outcome(session: Session, node: NodePlan, result: int | Exception) -> NodeOutcome:
@@ -366,6 +398,9 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
             final = report(session, plan, outcomes, console)
     finally:
         session.close()
+    if guard.hang is not None:
+        raise JobFailed(f"run {run_id} hung: {guard.hang}; it was stopped on every node "
+                        f"(logs: `fleet logs {run_id}`)")
     if final is RunStatus.SUCCEEDED:
         console.info(f"run {run_id} succeeded on all {len(outcomes)} node(s)")
         return run_id

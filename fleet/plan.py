@@ -194,6 +194,25 @@ def _expand(path: str, home: str | None) -> str:
 
 
 SITE = "site"  # in the run directory: fleet's sitecustomize (and the legacy shim)
+# `fleet up --debug`: what the seed guides have users export by hand on every node. INIT,NET
+# is where multi-node NCCL goes wrong (interfaces, transports, connections); LOGLEVEL=INFO
+# makes torchrun print the rendezvous and the ranks it assigned.
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+             "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO",
+             "LOGLEVEL": "INFO"}
+FR_TRACE = "nccl_trace_rank_"  # in the run directory: the NCCL flight recorder's dumps
+FR_PIPE = "nccl_trace_pipe_"  # <prefix><rank>.pipe: writing to it asks that rank for a dump
+
+
+def flight_recorder_env(run_dir: str) -> dict[str, str]:
+    """PyTorch's NCCL flight recorder: a ring of the last collectives per rank, dumped when the
+    NCCL watchdog times out and whenever fleet asks through the rank's pipe. Both the current
+    names (TORCH_FR_*) and the older ones, for nodes with an older torch."""
+    return {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_FR_DUMP_TEMP_FILE": f"{run_dir}/{FR_TRACE}",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/{FR_TRACE}",
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{run_dir}/{FR_PIPE}"}
 
 
 def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: str,
@@ -211,8 +230,12 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
     if job.launcher == "accelerate" and cpu_only:
         env["ACCELERATE_USE_CPU"] = "true"  # --multi_gpu's workers, as MULTI_CPU over Gloo
+    if job.watchdog.nccl_flight_recorder:
+        env.update(flight_recorder_env(run_dir))
     env.update(job.env)
     env.update(host.env)
+    if job.debug:  # asked for on the command line: wins over the files
+        env.update(DEBUG_ENV)
     # fleet finds and stops a run's processes by these; a job cannot override them.
     env.update(FLEET_RUN_ID=run_id, FLEET_NODE=host.name, FLEET_NODE_RANK=str(rank),
                FLEET_RUN_DIR=run_dir)

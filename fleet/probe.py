@@ -27,6 +27,10 @@ try:
     out["torch"] = version("torch")
 except Exception:
     pass
+try:
+    out["accelerate"] = version("accelerate")
+except Exception:
+    pass
 class SA(ctypes.Structure):
     _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
 class IFA(ctypes.Structure):
@@ -71,6 +75,7 @@ class Facts:
     python: str  # "ok", "missing", or "no torch"
     python_version: str = ""
     torch_version: str = ""
+    accelerate_version: str = ""  # "" where it is not installed
     storage: str = ""  # id of the filesystem under the workdir ("" unknown)
     route_src: str | None = None  # source address towards the master, when asked
     route_error: str = ""
@@ -119,6 +124,7 @@ def parse_probe(out: str) -> Facts:
     return Facts(hostname=fields.get("hostname", ""), server_ip=server_ip, addrs=addrs,
                  python=python, python_version=str(py.get("python", "")),
                  torch_version=str(py.get("torch", "")),
+                 accelerate_version=str(py.get("accelerate", "")),
                  storage=fields.get("storage", "").strip(),
                  route_src=str(py["route_src"]) if py.get("route_src") else None,
                  route_error=str(py.get("route_error", "")),
@@ -131,8 +137,11 @@ def probe(t: Transport, master: str | None = None, create: bool = True) -> Facts
     return parse_probe(r.out)
 
 
-def python_problem(host: Host, facts: Facts) -> str | None:
+def python_problem(host: Host, facts: Facts, launcher: str = "torchrun") -> str | None:
     if facts.python == "ok":
+        if launcher == "accelerate" and not facts.accelerate_version:
+            return (f"{host.python} has no accelerate (launcher = \"accelerate\"); install it "
+                    "there (pip install accelerate) or set `python` in the inventory")
         return None
     if facts.python == "no torch":
         return f"{host.python} has no torch; install it there or set `python` in the inventory"

@@ -50,8 +50,9 @@ def states(stdout: str) -> list[tuple[str, int, str, int, int]]:
         by_tag.setdefault((host, int(rank)), []).append(text)
     out = []
     for (host, rank), lines in by_tag.items():
-        m = re.search(r"^Distributed environment: (\S+).*\nNum processes: (\d+)\n"
-                      r"Process index: (\d+)$", "\n".join(lines), re.M)
+        # In order, though a warning on the same process's stderr may come between them.
+        m = re.search(r"^Distributed environment: (\S+).*?^Num processes: (\d+)$.*?"
+                      r"^Process index: (\d+)$", "\n".join(lines), re.M | re.S)
         if m:
             out.append((host, rank, m.group(1), int(m.group(2)), int(m.group(3))))
     return out
@@ -81,7 +82,7 @@ def test_accelerate_runs_its_own_test_scripts_distributed(cli: CLI, shared2: Tes
     r = cli("up", str(accelerate_job(tmp_path, "test_script", 1, 29547)), timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(states(r.stdout)) == [("node1", 0, "DistributedType.MULTI_CPU", 2, 0),
-                                        ("node2", 1, "DistributedType.MULTI_CPU", 2, 1)]
+                                        ("node2", 1, "DistributedType.MULTI_CPU", 2, 1)], r.stdout
     assert "**Test reinstantiated state**" in r.stdout
     # 2 hosts x 2 processes with test_sync, which any size passes: its distributed no_sync
     # tests run (a lone process would run the NOOP ones), from local rank 0 of each node.

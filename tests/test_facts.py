@@ -14,7 +14,7 @@ from fleet import remote
 from fleet.check import parse_listener
 from fleet.inventory import Host
 from fleet.launch import version_problems
-from fleet.probe import Facts, net_for, parse_probe, storage_groups
+from fleet.probe import Facts, net_for, parse_probe, python_problem, storage_groups
 from fleet.states import NodeStatus
 from fleet.sync import parse_manifest
 from fleet.transport import (
@@ -145,6 +145,14 @@ def test_parse_probe_python_missing_or_without_torch() -> None:
 
 
 HOST = Host(name="node2", address="10.1.0.12")
+
+
+def test_an_accelerate_job_needs_accelerate_on_every_node() -> None:
+    without, with_it = parse_probe(probe_output()), parse_probe(probe_output(accelerate="1.15.0"))
+    assert with_it.accelerate_version == "1.15.0" and without.accelerate_version == ""
+    assert python_problem(HOST, without) is None
+    assert "has no accelerate" in (python_problem(HOST, without, "accelerate") or "")
+    assert python_problem(HOST, with_it, "accelerate") is None
 
 
 def test_route_through_the_interface_holding_the_source_address() -> None:

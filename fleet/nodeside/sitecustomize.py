@@ -3,7 +3,8 @@
 In a worker a launcher started (RANK and LOCAL_RANK in its environment), it records which global
 rank this local rank is, in <run dir>/ranks/<local rank>, before the script prints anything:
 that is how fleet tags log lines with global ranks where the rendezvous assigns them at launch
-(c10d, or a process count torchrun decides). Nothing else changes, and the sitecustomize that
+(c10d, or a process count torchrun decides). It also lets `fleet dump` take the worker's stack
+(see _register_stack_dump). Nothing else changes, and the sitecustomize that
 this one shadows (a distribution's, a virtualenv's) still runs after it."""
 
 import os
@@ -25,6 +26,36 @@ def _record_rank() -> None:
         pass  # never the reason a job fails
 
 
+def _register_stack_dump() -> None:
+    """In a worker, Python's faulthandler writes every thread's stack to <run dir>/stacks/<pid>
+    on SIGRTMIN+7, a signal nothing sends but `fleet dump` (and fleet's hang watchdog): the
+    job behaves exactly as before until one is asked for."""
+    run_dir, rank, local = (os.environ.get(k) for k in ("FLEET_RUN_DIR", "RANK", "LOCAL_RANK"))
+    if not (run_dir and rank and rank.isdigit()):
+        return
+    import faulthandler
+    import signal
+
+    global _stack_file
+    sig = int(signal.SIGRTMIN) + 7
+    stacks = os.path.join(run_dir, "stacks")
+    pid = os.getpid()
+    try:
+        os.makedirs(stacks, exist_ok=True)
+        # Appending: fleet empties the file before each dump, and the next one starts at 0.
+        _stack_file = open(os.path.join(stacks, str(pid)), "a")  # noqa: SIM115 (kept open)
+        faulthandler.register(sig, file=_stack_file, all_threads=True, chain=False)
+        tmp = os.path.join(stacks, f".{pid}.who")
+        with open(tmp, "w") as f:
+            f.write(f"rank={rank} local={local or ''}\nsig={sig}\n")
+        os.replace(tmp, os.path.join(stacks, f"{pid}.who"))
+    except (OSError, ValueError, RuntimeError):
+        pass  # never the reason a job fails
+
+
+_stack_file = None
+
+
 def _chain() -> None:
     """Run the next sitecustomize on sys.path, the one this file shadows."""
     import importlib.machinery
@@ -41,6 +72,7 @@ def _chain() -> None:
 
 
 _record_rank()
+_register_stack_dump()
 try:
     _chain()
 except Exception as e:  # as python does for a failing sitecustomize: say so, go on

@@ -1,0 +1,312 @@
+"""Every rank's Python stack, from every node, grouped so that the rank that is different stands
+out: one command per node plus pure parsers, and the grouping.
+
+How stacks are taken: fleet's sitecustomize (on the PYTHONPATH of every process of a run)
+registers Python's own faulthandler for one real-time signal (SIGRTMIN+7, which nothing sends
+unless asked), writing to <run dir>/stacks/<pid>. The dump command sends that signal to each
+live process that registered and reads the files back. This needs no extra package and no
+ptrace rights (so it works for a non-root user whatever kernel.yama.ptrace_scope says), takes
+the stack even from a rank blocked inside a C++ collective, and changes nothing until a dump is
+asked for. A process that did not register (started with `python -I`, or outside fleet's env) is
+still listed, with its command line, and py-spy takes its stack where py-spy is installed on
+the node (`py-spy dump` needs ptrace rights over it)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from fleet.plan import FR_PIPE, FR_TRACE
+from fleet.shell import quote
+from fleet.transport import Transport
+
+WAIT_TICKS = 30  # tenths of a second a dump waits for the processes to write their stacks
+
+
+def dump_script(run_dir: str, run_id: str) -> str:
+    """Signal every registered process of this run on this node, then print per process its
+    identity and stack; then the run's other processes (pid and command line), with py-spy's
+    dump of those that are Python where py-spy exists."""
+    return "\n".join([
+        f"cd {quote(run_dir)} 2>/dev/null || {{ echo missing; exit 0; }}",
+        f"id={quote(run_id)}",
+        "mine=$(grep -lzxF -- \"FLEET_RUN_ID=$id\" /proc/[0-9]*/environ 2>/dev/null "
+        "| cut -d/ -f3 | grep -vx \"$$\")",
+        "sent=''",
+        # NCCL flight recorder (where the job asked for it): each rank dumps when its pipe is
+        # written to. A pipe nobody reads would block the write: it runs aside, briefly.
+        f"for f in {FR_PIPE}*.pipe; do [ -p \"$f\" ] || continue",
+        "  ( echo 1 > \"$f\" ) & w=$!; sleep 0.5; kill \"$w\" 2>/dev/null",
+        "done",
+        "for w in stacks/*.who; do",
+        "  [ -f \"$w\" ] || continue; p=${w#stacks/}; p=${p%.who}",
+        "  kill -0 \"$p\" 2>/dev/null || continue",
+        "  sig=$(sed -n 's/^sig=//p' \"$w\"); : > \"stacks/$p\"",
+        "  kill -\"$sig\" \"$p\" 2>/dev/null && sent=\"$sent $p\"",
+        "done",
+        "i=0; while [ $i -lt " + str(WAIT_TICKS) + " ]; do",
+        "  empty=0; for p in $sent; do [ -s \"stacks/$p\" ] || empty=1; done",
+        "  [ $empty = 0 ] && break; sleep 0.1; i=$((i+1))",
+        "done",
+        "sleep 0.1",  # a dump being written: let it finish
+        "for p in $sent; do echo \"=== stack $p $(grep -v '^sig=' \"stacks/$p.who\" | "
+        "tr '\\n' ' ')\"; cat \"stacks/$p\"; done",
+        f"for f in {FR_TRACE}*; do [ -f \"$f\" ] && echo \"=== fr $f $(wc -c < \"$f\")\"; done",
+        "spy=$(command -v py-spy 2>/dev/null)",
+        "for p in $mine; do",
+        "  case \" $sent \" in *\" $p \"*) continue;; esac",
+        "  cmd=$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null) || continue",
+        "  echo \"=== proc $p $cmd\"",
+        "  case \"$cmd\" in *python*) [ -n \"$spy\" ] && \"$spy\" dump --pid \"$p\" 2>&1 | "
+        "head -n 200;; esac",
+        "done",
+        "true",
+    ])
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    def where(self) -> str:
+        return f"{self.func}() ({self.file.rsplit('/', 1)[-1]}:{self.line})"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """The main thread's stack of one process, innermost frame first."""
+
+    host: str
+    pid: int
+    rank: int | None  # global rank (None: not a launcher's worker)
+    local_rank: int | None
+    frames: tuple[Frame, ...]
+    threads: int = 1  # threads with a Python stack in the process
+
+    @property
+    def who(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+
+@dataclass(frozen=True)
+class NodeDump:
+    host: str
+    stacks: tuple[RankStack, ...] = ()
+    others: tuple[tuple[int, str], ...] = ()  # (pid, command line) of the run's other processes
+    missing: bool = False  # no run directory on this node
+    flight_records: tuple[tuple[str, int], ...] = ()  # (file in the run dir, bytes)
+
+
+_FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
+_FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_SPY_THREAD = re.compile(r'^Thread \d+ \(.*\)')
+_SPY_FRAME = re.compile(r"^\s+(\S.*) \((.*):(\d+)\)$")
+
+
+def parse_threads(text: str) -> list[tuple[Frame, ...]]:
+    """Every thread's frames (innermost first) from faulthandler's or py-spy's dump."""
+    threads: list[list[Frame]] = []
+    for line in text.splitlines():
+        if _FH_THREAD.match(line.strip()) or _SPY_THREAD.match(line.strip()):
+            threads.append([])
+            continue
+        m = _FH_FRAME.match(line)
+        if m and threads:
+            threads[-1].append(Frame(m.group(1), int(m.group(2)), m.group(3)))
+            continue
+        m = _SPY_FRAME.match(line)
+        if m and threads:
+            threads[-1].append(Frame(m.group(2), int(m.group(3)), m.group(1)))
+    return [tuple(t) for t in threads if t]
+
+
+def main_thread(threads: list[tuple[Frame, ...]]) -> tuple[Frame, ...]:
+    """The thread running the script: its outermost frame is a module's body (or runpy's);
+    other threads start in threading's bootstrap."""
+    for t in threads:
+        if t[-1].func == "<module>" or "runpy" in t[-1].file:
+            return t
+    return threads[0] if threads else ()
+
+
+def parse_dump(host: str, out: str) -> NodeDump:
+    if out.strip() == "missing":
+        return NodeDump(host, missing=True)
+    stacks: list[RankStack] = []
+    others: list[tuple[int, str]] = []
+    records: list[tuple[str, int]] = []
+    for head, body in _sections(out):
+        words = head.split()
+        if len(words) == 3 and words[0] == "fr" and words[2].isdigit():
+            records.append((words[1], int(words[2])))
+            continue
+        if len(words) >= 2 and words[0] == "stack" and words[1].isdigit():
+            fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+            threads = parse_threads(body)
+            stacks.append(RankStack(host, int(words[1]), _int(fields.get("rank")),
+                                    _int(fields.get("local")), main_thread(threads),
+                                    len(threads)))
+        elif len(words) >= 2 and words[0] == "proc" and words[1].isdigit():
+            threads = parse_threads(body)
+            cmd = head.split(" ", 2)[2].strip() if len(words) > 2 else ""
+            if threads:
+                stacks.append(RankStack(host, int(words[1]), None, None, main_thread(threads),
+                                        len(threads)))
+            else:
+                others.append((int(words[1]), cmd))
+    return NodeDump(host, tuple(stacks), tuple(others), flight_records=tuple(records))
+
+
+def _sections(out: str) -> list[tuple[str, str]]:
+    sections: list[tuple[str, list[str]]] = []
+    for line in out.splitlines():
+        if line.startswith("=== "):
+            sections.append((line[4:], []))
+        elif sections:
+            sections[-1][1].append(line)
+    return [(h, "\n".join(b)) for h, b in sections]
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def dump(t: Transport, run_dir: str, run_id: str) -> NodeDump:
+    out = t.run(dump_script(run_dir, run_id), timeout=60, what="dump the stacks").out
+    return parse_dump(t.host.name, out)
+
+
+# ---- grouping ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Group:
+    frames: tuple[Frame, ...]
+    members: tuple[RankStack, ...] = field(default=())
+
+    def where(self) -> str:
+        return self.frames[0].where() if self.frames else "no Python frame"
+
+    def who(self) -> str:
+        return _who(list(self.members))
+
+
+# Frames of decorators and wrappers: where a rank "is" is the innermost frame that is not one.
+_WRAPPERS = {"wrapper", "inner", "_fn", "decorate_context", "_wrapped_call_impl", "_call_impl"}
+
+
+def where(frames: tuple[Frame, ...]) -> str:
+    for f in frames:
+        if f.func not in _WRAPPERS:
+            return f.where()
+    return frames[0].where() if frames else "no Python frame"
+
+
+def group(stacks: list[RankStack]) -> list[Group]:
+    """Identical main-thread stacks collapsed, with the ranks that share each; the largest
+    group first (the odd ones out last), ranks in order within a group."""
+    groups: dict[tuple[Frame, ...], list[RankStack]] = {}
+    for s in stacks:
+        groups.setdefault(s.frames, []).append(s)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), _order(kv[1][0])))
+    return [Group(frames, tuple(sorted(members, key=_order))) for frames, members in ordered]
+
+
+def _order(s: RankStack) -> tuple[int, str, int]:
+    return (s.rank if s.rank is not None else 1 << 30, s.host, s.pid)
+
+
+def _who(members: list[RankStack]) -> str:
+    """"rank 3 on node2", "ranks 0-1 on node1, rank 2 on node2"."""
+    by_host: dict[str, list[RankStack]] = {}
+    for m in members:
+        by_host.setdefault(m.host, []).append(m)
+    parts = []
+    for host, ms in by_host.items():
+        ranks = sorted(m.rank for m in ms if m.rank is not None)
+        pids = [m.pid for m in ms if m.rank is None]
+        words = []
+        if ranks:
+            words.append(("rank " if len(ranks) == 1 else "ranks ") + _ranges(ranks))
+        if pids:
+            words.append(("pid " if len(pids) == 1 else "pids ") + ", ".join(map(str, pids)))
+        parts.append(f"{' and '.join(words)} on {host}")
+    return ", ".join(parts)
+
+
+def _ranges(values: list[int]) -> str:
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def verdict(groups: list[Group]) -> str:
+    """One sentence naming the rank that is different, where one is."""
+    if not groups:
+        return "no rank's stack could be taken"
+    if len(groups) == 1:
+        g = groups[0]
+        n = len(g.members)
+        return f"all {n} rank(s) are in {where(g.frames)}" if n > 1 else \
+            f"{g.who()} is in {where(g.frames)}"
+    main, odd = groups[0], groups[1:]
+    if len(main.members) > max(len(g.members) for g in odd):
+        others = "; ".join(f"{g.who()} is in {where(g.frames)}" for g in odd)
+        n = len(main.members)
+        rest = f"the other {n} rank(s)" if n > 1 else f"{main.who()}"
+        verb = "wait" if n > 1 else "waits"
+        return f"{others}; {rest} {verb} in {where(main.frames)}"
+    return "; ".join(f"{g.who()}: {where(g.frames)}" for g in groups)
+
+
+_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+              "/torchrun", "/accelerate")
+
+
+def is_launcher(cmd: str) -> bool:
+    """A launcher's agent: a python running torchrun or accelerate (not a shell script that
+    merely names them in its arguments)."""
+    words = cmd.split()
+    if not words or not words[0].rsplit("/", 1)[-1].startswith("python"):
+        return False
+    return any(w in _LAUNCHERS or w.endswith(("/torchrun", "/accelerate")) for w in words[1:3])
+
+
+def startup(dumps: list[NodeDump]) -> list[str]:
+    """No rank has started anywhere: the rendezvous is incomplete. Which nodes have not joined
+    (no launcher running there), and what every node is running."""
+    lines = ["no rank has started on any node: the rendezvous is incomplete"]
+    for d in dumps:
+        if d.missing:
+            lines.append(f"{d.host}: no run directory (it never started)")
+            continue
+        cmds = [cmd for _, cmd in d.others if not cmd.startswith(("sh ./run.sh", "sh run.sh"))]
+        running = "; ".join(c[:120] for c in cmds) or "nothing but its run.sh"
+        if any(is_launcher(c) for c in cmds):
+            lines.append(f"{d.host} waits at the rendezvous (its launcher runs: {running})")
+        else:
+            lines.append(f"{d.host} has not joined the rendezvous: it is running {running}")
+    return lines
+
+
+def report(dumps: list[NodeDump]) -> list[str]:
+    """The lines fleet prints: the verdict, each group's stack once with its ranks, and each
+    node's processes that gave no stack; where no rank has started, what each node is doing."""
+    stacks = [s for d in dumps for s in d.stacks]
+    if not any(s.rank is not None for s in stacks):
+        return startup(dumps)
+    groups = group(stacks)
+    lines = [verdict(groups)]
+    for g in groups:
+        lines.append(f"{g.who()} ({len(g.members)} process(es)), most recent call first:")
+        lines += [f"    {f.file}:{f.line} in {f.func}" for f in g.frames] or ["    (no frame)"]
+    for d in dumps:
+        if d.missing:
+            lines.append(f"{d.host}: no run directory")
+        for name, size in d.flight_records:
+            lines.append(f"{d.host}: NCCL flight recorder dump {name} ({size} bytes)")
+    return lines
