@@ -202,14 +202,20 @@ def where(frames: tuple[Frame, ...]) -> str:
     return frames[0].where() if frames else "no Python frame"
 
 
+def _same(frames: tuple[Frame, ...]) -> tuple[tuple[str, int, str], ...]:
+    """What makes two stacks identical: file names, lines and functions. Not directories: every
+    node has its own code directory, and venvs may lie elsewhere from node to node."""
+    return tuple((f.file.rsplit("/", 1)[-1], f.line, f.func) for f in frames)
+
+
 def group(stacks: list[RankStack]) -> list[Group]:
     """Identical main-thread stacks collapsed, with the ranks that share each; the largest
     group first (the odd ones out last), ranks in order within a group."""
-    groups: dict[tuple[Frame, ...], list[RankStack]] = {}
+    groups: dict[tuple[tuple[str, int, str], ...], list[RankStack]] = {}
     for s in stacks:
-        groups.setdefault(s.frames, []).append(s)
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), _order(kv[1][0])))
-    return [Group(frames, tuple(sorted(members, key=_order))) for frames, members in ordered]
+        groups.setdefault(_same(s.frames), []).append(s)
+    ordered = sorted(groups.values(), key=lambda ms: (-len(ms), _order(ms[0])))
+    return [Group(ms[0].frames, tuple(sorted(ms, key=_order))) for ms in ordered]
 
 
 def _order(s: RankStack) -> tuple[int, str, int]:
