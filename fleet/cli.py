@@ -84,12 +84,17 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
 @app.command()
 def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+         debug_env: Annotated[bool, typer.Option(
+             "--debug", help="With the distributed debugging env of `fleet up --debug`.")
+         ] = False,
          probe: Annotated[bool, typer.Option(
              "--probe", help="Connect (read-only) to show the detected interfaces, addresses "
                              "and paths.")] = False,
          ) -> None:
     """Dry run: each node's rank, env and command; without --probe nothing is connected to."""
     job = with_extra_args(load_job(job_path, inventory), extra or [])
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
     inv = load_inventory(job.inventory)
     if probe:
         console = Console(out=sys.stderr)

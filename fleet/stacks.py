@@ -30,6 +30,7 @@ def dump_script(run_dir: str, run_id: str) -> str:
     return "\n".join([
         f"cd {quote(run_dir)} 2>/dev/null || {{ echo missing; exit 0; }}",
         f"id={quote(run_id)}",
+        "[ -e exit_code ] && echo \"=== ended $(cat exit_code)\"",
         "mine=$(grep -lzxF -- \"FLEET_RUN_ID=$id\" /proc/[0-9]*/environ 2>/dev/null "
         "| cut -d/ -f3 | grep -vx \"$$\")",
         "sent=''",
@@ -97,6 +98,7 @@ class NodeDump:
     others: tuple[tuple[int, str], ...] = ()  # (pid, command line) of the run's other processes
     missing: bool = False  # no run directory on this node
     flight_records: tuple[tuple[str, int], ...] = ()  # (file in the run dir, bytes)
+    ended: int | None = None  # its part of the run ended, with this exit code
 
 
 _FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
@@ -137,8 +139,12 @@ def parse_dump(host: str, out: str) -> NodeDump:
     stacks: list[RankStack] = []
     others: list[tuple[int, str]] = []
     records: list[tuple[str, int]] = []
+    ended = None
     for head, body in _sections(out):
         words = head.split()
+        if len(words) == 2 and words[0] == "ended":
+            ended = int(words[1]) if words[1].lstrip("-").isdigit() else -1
+            continue
         if len(words) == 3 and words[0] == "fr" and words[2].isdigit():
             records.append((words[1], int(words[2])))
             continue
@@ -156,7 +162,8 @@ def parse_dump(host: str, out: str) -> NodeDump:
                                         len(threads)))
             else:
                 others.append((int(words[1]), cmd))
-    return NodeDump(host, tuple(stacks), tuple(others), flight_records=tuple(records))
+    return NodeDump(host, tuple(stacks), tuple(others), flight_records=tuple(records),
+                    ended=ended)
 
 
 def _sections(out: str) -> list[tuple[str, str]]:
@@ -285,10 +292,15 @@ def is_launcher(cmd: str) -> bool:
 def startup(dumps: list[NodeDump]) -> list[str]:
     """No rank has started anywhere: the rendezvous is incomplete. Which nodes have not joined
     (no launcher running there), and what every node is running."""
+    if all(d.missing or d.ended is not None for d in dumps):
+        return ["the run is not running on any node (it has ended): no stack to take"]
     lines = ["no rank has started on any node: the rendezvous is incomplete"]
     for d in dumps:
         if d.missing:
             lines.append(f"{d.host}: no run directory (it never started)")
+            continue
+        if d.ended is not None:
+            lines.append(f"{d.host}: its part has ended (exit {d.ended})")
             continue
         cmds = [cmd for _, cmd in d.others if not cmd.startswith(("sh ./run.sh", "sh run.sh"))]
         running = "; ".join(c[:120] for c in cmds) or "nothing but its run.sh"

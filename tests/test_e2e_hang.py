@@ -109,3 +109,22 @@ def test_startup_hang_names_the_node_that_never_joined(cli: CLI, tb2: Testbed,
                      rf"{slow} -m torch.distributed.run .*; sleep 600", r.stderr), r.stderr
     assert "fleet:   node1 waits at the rendezvous" in r.stderr
     assert_nothing_left(tb2, run_id_of(r.stderr))
+
+
+def test_up_debug_renders_the_distributed_debugging_env(cli: CLI, tb2: Testbed,
+                                                        tmp_path: Path) -> None:
+    inv = tb2.inventory(tmp_path / "inv.toml")
+    job = tmp_path / "ar.toml"
+    (tmp_path / "hang.py").write_text(HANG.replace("rank() == 3", "rank() == 99"))
+    job.write_text('inventory = "inv.toml"\nscript = "hang.py"\n[rendezvous]\nport = 29554\n')
+    r = cli("up", str(job), "--debug", "-i", str(inv))
+    assert r.returncode == 0, r.stdout + r.stderr
+    # torchrun's INFO log (LOGLEVEL=INFO) on every node: the rendezvous and its ranks.
+    for node in ("node1", "node2"):
+        assert re.search(rf"^{node} \| .*Rendezvous complete for workers", r.stdout, re.M), \
+            r.stdout
+    assert "Traceback" not in r.stderr  # `up --debug` is the job's, not fleet's traceback
+    plan = cli("plan", str(job), "--debug")
+    for line in ("env NCCL_DEBUG=INFO", "env NCCL_DEBUG_SUBSYS=INIT,NET",
+                 "env TORCH_DISTRIBUTED_DEBUG=DETAIL", "env TORCH_CPP_LOG_LEVEL=INFO"):
+        assert line in plan.stdout, plan.stdout

@@ -284,3 +284,38 @@ def test_summary_traceback_of_a_plain_script() -> None:
     r = parse_report("=== log\n" + log, "node2", 1)
     assert r is not None and r.traceback.endswith("KeyError: 'k'")
     assert log_traceback("no traceback\nlast words\n", None) == "no traceback\nlast words"
+
+
+# ---- watchdog and debugging env ------------------------------------------------------------
+def test_debug_env_wins_and_flight_recorder_env_points_into_the_run_dir() -> None:
+    from fleet.job import Watchdog
+    p = plan_of([Host("a", "10.0.0.1", env={"NCCL_DEBUG": "WARN"})], debug=True,
+                watchdog=Watchdog(30.0, nccl_flight_recorder=True))
+    env = p.nodes[0].env
+    assert env["NCCL_DEBUG"] == "INFO" and env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    assert env["TORCH_CPP_LOG_LEVEL"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "~/fleet/runs/j-1/a/nccl_trace_rank_"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "~/fleet/runs/j-1/a/nccl_trace_pipe_"
+    plain = plan_of([Host("a", "10.0.0.1")]).nodes[0].env
+    assert "NCCL_DEBUG" not in plain and "TORCH_FR_BUFFER_SIZE" not in plain
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ("[watchdog]\nhang_timeout = 0\n", "watchdog.hang_timeout", "positive number"),
+    ('[watchdog]\nhang_timeout = "5m"\n', "watchdog.hang_timeout", "must be a number"),
+    ("[watchdog]\nhang = 5\n", "watchdog.hang", "unknown key"),
+    ("[watchdog]\nnccl_flight_recorder = 1\n", "watchdog.nccl_flight_recorder",
+     "true or false"),
+])
+def test_watchdog_errors_name_the_key(tmp_path: Path, body: str, key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_job(job_file(tmp_path, body))
+    assert e.value.key == key and message in str(e.value)
+
+
+def test_watchdog_settings(tmp_path: Path) -> None:
+    job = load_job(job_file(tmp_path, "debug = true\n[watchdog]\nhang_timeout = 300\n"))
+    assert job.watchdog.hang_timeout == 300.0 and not job.watchdog.nccl_flight_recorder
+    assert job.debug
+    assert load_job(job_file(tmp_path)).watchdog.hang_timeout is None  # never, by default

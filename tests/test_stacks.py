@@ -146,6 +146,17 @@ def test_startup_hang_names_the_node_that_has_not_joined() -> None:
     assert not is_launcher("/bin/sh wrapper -m torch.distributed.run")
 
 
+def test_a_run_that_ended_has_no_stack_to_take() -> None:
+    done = [parse_dump("node1", "=== ended 0\n=== proc 5 sleep 1\n"),
+            parse_dump("node2", "missing\n")]
+    assert done[0].ended == 0
+    assert report(done) == ["the run is not running on any node (it has ended): no stack to "
+                            "take"]
+    half = [done[0], parse_dump("node2", "=== proc 6 sleep 600\n")]
+    assert report(half)[1:] == ["node1: its part has ended (exit 0)",
+                                "node2 has not joined the rendezvous: it is running sleep 600"]
+
+
 def test_sitecustomize_dumps_a_workers_stack_on_its_signal_only(tmp_path: Path) -> None:
     site, run = tmp_path / "site", tmp_path / "run"
     site.mkdir()
