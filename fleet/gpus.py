@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleet.console import ranges
 from fleet.transport import Transport
 
 # Indices are nvidia-smi's (PCI bus order; fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match).
@@ -105,7 +106,7 @@ def absent(chosen: tuple[int, ...], facts: GpuFacts) -> str | None:
     missing = [i for i in chosen if i not in have]
     if missing:
         return (f"GPU(s) {', '.join(map(str, missing))} do not exist here (this node has "
-                f"{_ranges(sorted(have))})")
+                f"GPUs {ranges(sorted(have))})")
     return None
 
 
@@ -121,16 +122,3 @@ def busy(chosen: tuple[int, ...], facts: GpuFacts) -> list[str]:
         owner = f"user {a.user}" if a.user else "a process not visible here"
         out.append(f"GPU {g.index} has {a.used_mib} MiB in use by {owner} (pid {a.pid})")
     return out
-
-
-def _ranges(indices: list[int]) -> str:
-    """[0, 1, 2, 5] -> "GPUs 0-2, 5"."""
-    if not indices:
-        return "no GPU"
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return "GPUs " + ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from fleet.console import ranges
 from fleet.plan import FR_PIPE, FR_TRACE
 from fleet.shell import quote
 from fleet.transport import Transport
@@ -240,21 +241,11 @@ def _who(members: list[RankStack]) -> str:
         pids = [m.pid for m in ms if m.rank is None]
         words = []
         if ranks:
-            words.append(("rank " if len(ranks) == 1 else "ranks ") + _ranges(ranks))
+            words.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
         if pids:
             words.append(("pid " if len(pids) == 1 else "pids ") + ", ".join(map(str, pids)))
         parts.append(f"{' and '.join(words)} on {host}")
     return ", ".join(parts)
-
-
-def _ranges(values: list[int]) -> str:
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][-1] + 1:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def verdict(groups: list[Group]) -> str:

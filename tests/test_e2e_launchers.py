@@ -7,6 +7,7 @@ torchrun itself whose failure summary shows the traceback."""
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,14 @@ def job_file(tmp_path: Path, toml: str, script: tuple[str, str] | None = None) -
     job = tmp_path / "job.toml"
     job.write_text('inventory = "inv.toml"\n' + toml)
     return job
+
+
+def failure_summary(r: subprocess.CompletedProcess[str], head: str) -> str:
+    """The summary of a failed run, from its first line, which matches `head`."""
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = r.stderr[r.stderr.index("first failure:"):]
+    assert re.match("first failure: " + head, summary), summary
+    return summary
 
 
 def accelerate_job(tmp_path: Path, script: str, nproc: int, port: int) -> Path:
@@ -71,10 +80,7 @@ def test_accelerate_runs_its_own_test_scripts_distributed(cli: CLI, shared2: Tes
     # ...and test_script, written for 2 processes (its tensor split expects one row each),
     # fails on rank 2 or 3 with an empty share, which only one run of 4 can give; fleet's
     # summary names it with accelerate's traceback.
-    assert r.returncode == 1, r.stdout + r.stderr
-    summary = r.stderr[r.stderr.index("first failure:"):]
-    assert re.match(r"first failure: node2 \(node rank 1\), rank [23] \(local rank [01]\)",
-                    summary), summary
+    summary = failure_summary(r, r"node2 \(node rank 1\), rank [23] \(local rank [01]\)")
     assert "test_split_between_processes_tensor" in summary
     assert "torch.Size([0, 4]) != torch.Size([1, 4])" in summary
     assert_nothing_left(shared2, run_id_of(r.stderr))
@@ -218,10 +224,7 @@ def test_command_job_running_torchrun_itself_fails_with_its_traceback(cli: CLI, 
                    '"--master-port", "{master_port}", "--tee", "3", "crash.py"]\n'
                    "nproc_per_node = 2\n[rendezvous]\nport = 29546\n", ("crash.py", CRASH))
     r = cli("up", str(job))
-    assert r.returncode == 1, r.stdout + r.stderr
-    summary = r.stderr[r.stderr.index("first failure:"):]
-    assert re.match(r"first failure: node2 \(node rank 1\), rank 3 \(local rank 1\), exit code 1:",
-                    summary), summary
+    summary = failure_summary(r, r"node2 \(node rank 1\), rank 3 \(local rank 1\), exit code 1:")
     assert "Traceback (most recent call last):" in summary
     assert "ValueError: batch 17 has no labels" in summary
     # Its workers' lines carry global ranks, though fleet did not start torchrun itself.
