@@ -18,16 +18,18 @@ import time
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from fleet import check as fleet_check
 from fleet import hang, hostkeys, launch, lifecycle, remote, state
 from fleet import logs as fleet_logs
+from fleet import manifest as fleet_manifest
+from fleet import setup as fleet_setup
 from fleet import trust as fleet_trust
 from fleet.console import Console
-from fleet.errors import FleetError, Interrupted, UsageError
+from fleet.errors import DamagedRecord, FleetError, Interrupted, UsageError
 from fleet.group import each, reason
 from fleet.inventory import Host, load_inventory
 from fleet.job import load_job, with_extra_args
@@ -71,6 +73,8 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
            "--debug", help="Render the distributed debugging env on every node (NCCL_DEBUG=INFO, "
                            "TORCH_DISTRIBUTED_DEBUG=DETAIL, ...); `fleet --debug up` is fleet's "
                            "own traceback.")] = False,
+       force_setup: Annotated[bool, typer.Option(
+           "--setup", help="Run the job's setup again on every node, changed or not.")] = False,
        ) -> None:
     """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
     job = with_extra_args(load_job(job_path, inventory), extra or [])
@@ -78,7 +82,7 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         job = dataclasses.replace(job, debug=True)
     inv = load_inventory(job.inventory)
     lifecycle.up(inv, job, Console(), detach=detach, checks=not skip_checks, force=force,
-                 allow_mismatch=allow_mismatch)
+                 allow_mismatch=allow_mismatch, force_setup=force_setup)
 
 
 @app.command()
@@ -103,10 +107,13 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         try:
             p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
                                     create=False, allow_mismatch=True)
+            setups = fleet_setup.decide(p, fleet_setup.recorded(session.t, p)
+                                        if job.setup else {})
         finally:
             session.close()
     else:
         p = make_plan(inv, job, new_run_id(job.name))
+        setups = fleet_setup.decide(p, None)
     if as_json:
         print(json.dumps(_plan_json(p), indent=2))
         return
@@ -129,6 +136,8 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         print(f"  processes: {n.nproc}{gpus}{ranks}"
               + (f" of {n.world_size}" if n.world_size else ""))
         print(f"  code dir:  {n.code_dir}")
+        if job.setup:
+            print(f"  setup:     {setups[h.name]}")
         print(f"  run dir:   {n.run_dir}")
         for k, v in masked(n.env, job.secret_env).items():
             print(f"  env {k}={v}")
@@ -344,6 +353,41 @@ def logs(run_id: RunArg = None,
         raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}"
                          + (f" on {node}" if node else "") + " (lines that workers did not "
                          "print through the launcher carry no rank)")
+
+
+@app.command()
+def show(run_id: RunArg = None,
+         as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
+         ) -> None:
+    """What exactly ran: job and inventory, each node's env, command and versions, the code's
+    commit and diff, the synced files' hashes, setup."""
+    m = _manifest(state.load(run_id))
+    if as_json:
+        print(fleet_manifest.dumps(m), end="")
+        return
+    for line in fleet_manifest.show(m):
+        print(line)
+
+
+@app.command("diff")
+def diff_runs(run_a: Annotated[str, typer.Argument(help="The earlier run.")],
+              run_b: Annotated[str, typer.Argument(help="The later run.")]) -> None:
+    """What changed between two runs: code, files, hosts, env, commands, versions, setup."""
+    a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
+    changes = fleet_manifest.diff(a, b)
+    for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
+        print(line)
+
+
+def _manifest(rec: state.RunRecord) -> dict[str, Any]:
+    path = rec.dir / "manifest.json"
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise UsageError(f"run {rec.run_id} has no manifest ({path}): it never got past its "
+                         "setup, or an older fleet started it") from None
+    except ValueError as e:
+        raise DamagedRecord(f"{path}: cannot be read ({e})") from e
 
 
 @app.command()

@@ -69,6 +69,17 @@ class StartError(HostError):
     consequence = ""
 
 
+class SetupError(HostError):
+    """A job's setup script failed on some node: the job's own failure (exit 1), before
+    anything started anywhere."""
+
+    exit_code = 1
+
+
+class SetupFailed(FleetError):
+    """One node's setup script exited non-zero (its output's tail in the message)."""
+
+
 class RemoteCommandError(FleetError):
     """A command fleet ran on a node exited non-zero."""
 

@@ -62,6 +62,9 @@ class Job:
     launcher_args: tuple[str, ...] = ()  # options for the launcher itself, after fleet's own
     watchdog: Watchdog = Watchdog()
     debug: bool = False  # the usual distributed debugging env on every node (fleet up --debug)
+    setup: str | None = None  # sh script run in the job's directory on each node, before start
+    setup_inputs: tuple[str, ...] = ()  # files (in the workdir) whose content re-runs setup
+    python: str | None = None  # the interpreter to run with, relative to the job's directory
 
     @property
     def slot(self) -> str:
@@ -150,6 +153,23 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     rdzv = _rendezvous(root.table("rendezvous"))
     watchdog = _watchdog(root.table("watchdog"))
     debug = root.take("debug", bool, False)
+    setup = root.take("setup", str, None)
+    if setup is not None and not setup.strip():
+        raise root.error("setup", "must not be empty (leave it out for no setup)")
+    setup_inputs = tuple(root.take_str_list("setup_inputs", []))
+    if setup_inputs and setup is None:
+        raise root.error("setup_inputs", "only used with setup")
+    for i, rel in enumerate(setup_inputs):
+        f = (workdir / rel).resolve()
+        if not f.is_file():
+            raise root.error(f"setup_inputs[{i}]", f"file not found: {f}")
+        if not f.is_relative_to(workdir.resolve()):
+            raise root.error(f"setup_inputs[{i}]", f"{rel!r} must lie inside the workdir "
+                                                   f"{workdir} (it is synced with the code)")
+    python = root.take("python", str, None)
+    if python is not None and (not python.strip() or "\n" in python):
+        raise root.error("python", "must be an interpreter's path (relative to the job's "
+                                   "directory on the node, or absolute)")
     templates_text = root.take("templates", str, None)
     templates = here / templates_text if templates_text is not None else None
     if templates is not None and not templates.is_dir():
@@ -174,7 +194,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
-               watchdog=watchdog, debug=debug)
+               watchdog=watchdog, debug=debug, setup=setup, setup_inputs=setup_inputs,
+               python=python)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

@@ -3,6 +3,7 @@ the job runs anywhere yet (fleet.lifecycle takes it from there)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from fleet import remote
@@ -68,25 +69,24 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
     facts: dict[str, Facts] = all_ok("probe", each(
         session.t.items(), lambda t: probe(t, hint, create=create)))
-    problems = {name: p for name in facts
-                if (p := python_problem(hosts[name], facts[name], job.launcher)) is not None}
+    own = job.python is not None  # the job's interpreter exists after its setup: checked then
+    problems = {name: p for name in facts if (p := python_problem(
+        hosts[name], facts[name], job.launcher, needs_torch=not own)) is not None}
     if problems:
         raise HostError("checking python", problems)
     master_ip = master_address(inventory, facts[inventory.hosts[0].name])
     if master_ip != hint:  # the route could only be asked once the master's IP was known
         facts = all_ok("finding the route to the master", each(
             session.t.items(), lambda t: probe(t, master_ip, create=False)))
-    mismatch = version_problems(facts, inventory.hosts[0].name)
-    if mismatch and not allow_mismatch:
-        raise HostError("version check (--allow-version-mismatch starts anyway)", mismatch)
-    for name, why in mismatch.items():
-        console.phase(name, f"warning: {why}")
+    if not own:
+        _versions_agree(facts, inventory.hosts[0].name, console, allow_mismatch)
     nets = all_ok("finding the route to the master", each(
         ((n, n) for n in session.t), lambda n: net_for(hosts[n], facts[n], master_ip)))
     homes = {n: t.home for n, t in session.t.items()}
     has_gpus = gpu_plan(session, inventory, job, console)
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
                      storage=storage_groups(facts), has_gpus=has_gpus)
+    plan = dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()})
     for node in plan.nodes:
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
@@ -95,6 +95,34 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
             console.info(f"{', '.join(group)} share one filesystem under their workdir: code "
                          "and data are synced once, through " + group[0])
     return plan
+
+
+def _versions_agree(facts: dict[str, Facts], master: str, console: Console,
+                    allow_mismatch: bool) -> None:
+    mismatch = version_problems(facts, master)
+    if mismatch and not allow_mismatch:
+        raise HostError("version check (--allow-version-mismatch starts anyway)", mismatch)
+    for name, why in mismatch.items():
+        console.phase(name, f"warning: {why}")
+
+
+def check_job_python(session: Session, plan: Plan, console: Console,
+                     allow_mismatch: bool = False) -> Plan:
+    """After setup, the job's own interpreter on every node: there, with torch (and accelerate
+    where the launcher needs it), the same versions everywhere. The plan with its versions."""
+    facts: dict[str, Facts] = all_ok("checking the job's python", each(
+        ((n.host.name, n) for n in plan.nodes),
+        lambda n: probe(session.t[n.host.name], None, create=False, python=n.python)))
+    problems = {}
+    for n in plan.nodes:
+        why = python_problem(dataclasses.replace(n.host, python=n.python), facts[n.host.name],
+                             plan.job.launcher)
+        if why is not None:
+            problems[n.host.name] = why + " (the job's `python`, after its setup)"
+    if problems:
+        raise HostError("checking the job's python", problems)
+    _versions_agree(facts, plan.master.host.name, console, allow_mismatch)
+    return dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()})
 
 
 def gpu_plan(session: Session, inventory: Inventory, job: Job,

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from fleet import failure, faults, hang, remote, state
+from fleet import failure, faults, hang, manifest, remote, setup, state
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import (
@@ -32,7 +32,7 @@ from fleet.errors import (
 from fleet.group import each, failures, reason
 from fleet.inventory import Inventory
 from fleet.job import Job
-from fleet.launch import Session, connect, preflight, prepare_plan, upload
+from fleet.launch import Session, check_job_python, connect, preflight, prepare_plan, upload
 from fleet.logs import Tagger
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.states import NodeStatus, RunStatus, overall
@@ -363,7 +363,8 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
 
 
 def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
-       checks: bool = True, force: bool = False, allow_mismatch: bool = False) -> str:
+       checks: bool = True, force: bool = False, allow_mismatch: bool = False,
+       force_setup: bool = False) -> str:
     """Run the job on every host of the inventory; returns the run id. Raises JobFailed,
     RunStopped or Interrupted, each saying what was left where."""
     run_id = new_run_id(job.name)
@@ -388,6 +389,12 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
         with Guard(session, plan, console, record.dir) as guard:
             faults.point(Phase.UPLOAD.value)
             upload(session, plan, console)
+            hashes = setup.run(session.t, plan, console, force_setup)
+            if job.python is not None:
+                plan = guard.plan = check_job_python(session, plan, console, allow_mismatch)
+            m = manifest.record(plan, hashes, record.dir)
+            session.t[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
+                                                    manifest.dumps(m).encode(), 0o600)
             pids = start_all(guard)
             if detach:
                 guard.released = True

@@ -38,6 +38,7 @@ class NodePlan:
     code_dir: str
     data_dir: str | None = None
 
+    python: str = ""  # the interpreter the job runs with here (the job's, else the host's)
     rank_base: int | None = None  # global rank of local rank 0, where fleet can know it
     world_size: int | None = None  # every node's processes, where fleet can know it
 
@@ -62,6 +63,8 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     # Nodes grouped by the filesystem under their workdir (from the probe; unknown: one each).
     storage: tuple[tuple[str, ...], ...] = field(default=())
+    # Per node the software its job's interpreter reported (python, torch, cuda, nccl...).
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def master(self) -> NodePlan:
@@ -125,6 +128,7 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         code_dir = f"{workdir}/code/{job.slot}"
         data_dir = f"{workdir}/data/{job.data_slot}" if job.data_slot else None
         cpu_only = has_gpus is not None and not has_gpus.get(host.name, False)
+        python = node_python(job, host, code_dir)
         env = _env(job, host, run_id, rank, net, run_dir, data_dir, cpu_only)
         values: dict[str, object] = {
             "node_rank": rank, "nnodes": len(hosts), "nproc_per_node": counts[rank],
@@ -132,12 +136,13 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
             "first_rank": "" if firsts[rank] is None else firsts[rank],
             "master_addr": addr, "master_port": job.rendezvous.port, "run_id": run_id,
             "code_dir": code_dir, "data_dir": data_dir or "", "host": host.name,
-            "python": host.python}
-        argv = _argv(job, host, values, net, run_dir, code_dir)
+            "python": python}
+        argv = _argv(job, python, values, net, run_dir, code_dir)
         nodes.append(NodePlan(host=host, node_rank=rank, nnodes=len(hosts), nproc=counts[rank],
                               master_addr=addr, master_port=job.rendezvous.port, net=net,
                               env=env, argv=argv, run_dir=run_dir, code_dir=code_dir,
-                              data_dir=data_dir, rank_base=bases[rank], world_size=world))
+                              data_dir=data_dir, python=python, rank_base=bases[rank],
+                              world_size=world))
     groups = storage or [[h.name] for h in hosts]
     return Plan(run_id=run_id, job=job, inventory=inventory, nodes=tuple(nodes),
                 notes=tuple(notes), storage=tuple(tuple(g) for g in groups))
@@ -242,7 +247,15 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
     return env
 
 
-def _argv(job: Job, host: Host, values: dict[str, object], net: NodeNet, run_dir: str,
+def node_python(job: Job, host: Host, code_dir: str) -> str:
+    """The job's interpreter (one its setup makes, say), relative to its directory on the node;
+    else the inventory's for the host."""
+    if job.python is None:
+        return host.python
+    return job.python if job.python.startswith(("/", "~")) else f"{code_dir}/{job.python}"
+
+
+def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_dir: str,
           code_dir: str) -> tuple[str, ...]:
     rdzv = job.rendezvous
     args = [a.format_map(values) for a in job.args]
@@ -253,7 +266,7 @@ def _argv(job: Job, host: Host, values: dict[str, object], net: NodeNet, run_dir
     if job.launcher == "accelerate":
         # --multi_gpu is accelerate's torchrun launcher; on a CPU node ACCELERATE_USE_CPU turns
         # its workers into MULTI_CPU ones (without either, each node runs one lone process).
-        return (host.python, "-m", "accelerate.commands.launch", "--multi_gpu",
+        return (python, "-m", "accelerate.commands.launch", "--multi_gpu",
                 "--num_machines", str(values["nnodes"]), "--machine_rank", str(values["node_rank"]),
                 "--num_processes", str(values["world_size"]), "--same_network",
                 "--main_process_ip", str(values["master_addr"]),
@@ -261,7 +274,7 @@ def _argv(job: Job, host: Host, values: dict[str, object], net: NodeNet, run_dir
                 "--mixed_precision", "no", "--dynamo_backend", "no",
                 "--log_dir", logs[0], "--tee", logs[1], *job.launcher_args,
                 *(["--module", job.module] if job.module else target), *args)
-    argv = [host.python, *TORCHRUN, "--nnodes", str(values["nnodes"]),
+    argv = [python, *TORCHRUN, "--nnodes", str(values["nnodes"]),
             "--nproc-per-node", str(values["nproc_per_node"])]
     if rdzv.backend == "static":
         argv += ["--node-rank", str(values["node_rank"]),

@@ -31,6 +31,14 @@ try:
     out["accelerate"] = version("accelerate")
 except Exception:
     pass
+import glob, os
+for key, pattern in (("nccl", "nvidia_nccl_cu*-*.dist-info"),
+                     ("cuda", "nvidia_cuda_runtime*-*.dist-info")):
+    for d in sys.path:
+        found = glob.glob(os.path.join(d or ".", pattern))
+        if found:
+            out[key] = os.path.basename(found[0])[:-len(".dist-info")].split("-")[1]
+            break
 class SA(ctypes.Structure):
     _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
 class IFA(ctypes.Structure):
@@ -76,10 +84,18 @@ class Facts:
     python_version: str = ""
     torch_version: str = ""
     accelerate_version: str = ""  # "" where it is not installed
+    cuda_version: str = ""  # the CUDA torch was built for ("" for a CPU build)
+    nccl_version: str = ""  # the NCCL wheel torch uses, where pip installed one
     storage: str = ""  # id of the filesystem under the workdir ("" unknown)
     route_src: str | None = None  # source address towards the master, when asked
     route_error: str = ""
     detail: str = ""  # why python is missing, as the node said it
+
+    def versions(self) -> dict[str, str]:
+        """What a run's manifest keeps of this node's software ("" where absent)."""
+        return {"python": self.python_version, "torch": self.torch_version,
+                "cuda": self.cuda_version, "nccl": self.nccl_version,
+                "accelerate": self.accelerate_version}
 
 
 def probe_script(python: str, workdir: str, master: str | None = None,
@@ -125,20 +141,30 @@ def parse_probe(out: str) -> Facts:
                  python=python, python_version=str(py.get("python", "")),
                  torch_version=str(py.get("torch", "")),
                  accelerate_version=str(py.get("accelerate", "")),
+                 cuda_version=str(py.get("cuda", "")), nccl_version=str(py.get("nccl", "")),
                  storage=fields.get("storage", "").strip(),
                  route_src=str(py["route_src"]) if py.get("route_src") else None,
                  route_error=str(py.get("route_error", "")),
                  detail="\n".join(other[-3:]))
 
 
-def probe(t: Transport, master: str | None = None, create: bool = True) -> Facts:
-    r = t.run(probe_script(t.host.python, t.path(t.host.workdir), master, create), timeout=60,
-              what="probe")
+def probe(t: Transport, master: str | None = None, create: bool = True,
+          python: str | None = None) -> Facts:
+    """The node's facts, its python's from `python` where given (a job's own interpreter)."""
+    r = t.run(probe_script(t.path(python) if python else t.host.python,
+                           t.path(t.host.workdir), master, create), timeout=60, what="probe")
     return parse_probe(r.out)
 
 
-def python_problem(host: Host, facts: Facts, launcher: str = "torchrun") -> str | None:
+def python_problem(host: Host, facts: Facts, launcher: str = "torchrun",
+                   needs_torch: bool = True) -> str | None:
+    """Why this python cannot run the job; `needs_torch` false where it only probes (the job
+    runs with an interpreter its setup makes)."""
+    if facts.python == "no torch" and not needs_torch:
+        return None
     if facts.python == "ok":
+        if not needs_torch:
+            return None
         if launcher == "accelerate" and not facts.accelerate_version:
             return (f"{host.python} has no accelerate (launcher = \"accelerate\"); install it "
                     "there (pip install accelerate) or set `python` in the inventory")

@@ -1,0 +1,142 @@
+"""A job's setup: its `setup` script, run on the nodes before anything starts, once per
+filesystem, and again only when the script or one of its `setup_inputs` changed since it last
+succeeded there (a marker in the job's directory on the node holds that hash)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from fleet.console import Console
+from fleet.errors import SetupError, SetupFailed
+from fleet.group import each, failures
+from fleet.job import Job
+from fleet.plan import NodePlan, Plan
+from fleet.shell import quote, sh
+from fleet.transport import Transport
+
+MARKER = ".fleet-setup"  # in the job's directory on the node: the hash of the last good setup
+TAIL_LINES = 20  # of a failed setup's output, in the error
+
+
+def setup_hash(job: Job) -> str | None:
+    """What decides whether setup must run again: its text and its inputs' content (read
+    here, from the same files that are synced)."""
+    if job.setup is None:
+        return None
+    h = hashlib.sha256(job.setup.encode())
+    for rel in job.setup_inputs:
+        h.update(b"\0" + rel.encode() + b"\0")
+        h.update((job.workdir / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def setup_script(node: NodePlan, job: Job, host_python: str) -> str:
+    """The user's script under `sh -e`, in the job's directory with the job's env (env.sh),
+    beside FLEET_PYTHON (the inventory's interpreter, to make a venv from) and FLEET_UV (uv's
+    path where the node has uv, else empty)."""
+    return "\n".join([
+        "set -e",
+        f"cd {quote(node.code_dir)}",
+        f"rm -f {MARKER}",  # a setup that fails half-way is not the last good one
+        f". {quote(node.run_dir + '/env.sh')}",
+        f"export FLEET_PYTHON={quote(host_python)}",
+        'FLEET_UV=$(command -v uv 2>/dev/null || true); export FLEET_UV',
+        "exec 2>&1",
+        job.setup or "true",
+    ])
+
+
+def marker_script(node: NodePlan) -> str:
+    return sh("cat", f"{node.code_dir}/{MARKER}") + " 2>/dev/null; true"
+
+
+def needed(recorded: str, wanted: str) -> bool:
+    return recorded.strip() != wanted
+
+
+@dataclass(frozen=True)
+class SetupResult:
+    ran: bool
+    seconds: float = 0.0
+
+
+def recorded(session_t: dict[str, Transport], plan: Plan) -> dict[str, str]:
+    """The hash of the last good setup on each filesystem's first node (one round trip each;
+    an unreadable marker counts as none)."""
+    leader = {name: group[0] for group in plan.storage for name in group}
+    firsts = [n for n in plan.nodes if leader[n.host.name] == n.host.name]
+    results = each(((n.host.name, n) for n in firsts), lambda node: session_t[
+        node.host.name].run(marker_script(node), timeout=30, what="read the setup marker"))
+    return {name: r.out.strip() for name, r in results.items() if not isinstance(r, Exception)}
+
+
+def decide(plan: Plan, marks: dict[str, str] | None, force: bool = False) -> dict[str, str]:
+    """Per node what setup will do: "run", or why not ("skipped: ...", "shared with node1");
+    `marks` None where the nodes were not asked (a dry run)."""
+    wanted = setup_hash(plan.job)
+    leader = {name: group[0] for group in plan.storage for name in group}
+    out = {}
+    for n in plan.nodes:
+        name = n.host.name
+        first = leader[name]
+        if wanted is None:
+            out[name] = "none"
+        elif force:
+            out[name] = "run (--setup)" if first == name else f"shared with {first}"
+        elif marks is None:
+            out[name] = (f"runs unless it already succeeded here with this text and inputs "
+                         f"(setup {wanted})")
+        elif marks.get(first, "") == wanted:
+            out[name] = "skipped (unchanged since it last succeeded here)" if first == name \
+                else f"skipped (unchanged since it last succeeded on {first}, shared)"
+        else:
+            out[name] = "run" if first == name else f"shared with {first}"
+    return out
+
+
+def run(session_t: dict[str, Transport], plan: Plan, console: Console,
+        force: bool = False) -> dict[str, str]:
+    """Run the job's setup where it is needed, on one node per shared filesystem (the others
+    share its result), all in parallel, streaming each line as `node2 setup | ...`. Returns per
+    node the setup hash now in place. A failure on any node raises SetupError naming it, with
+    its output's tail (the caller's guard removes what was written; nothing has started)."""
+    wanted = setup_hash(plan.job)
+    if wanted is None:
+        return {}
+    nodes = {n.host.name: n for n in plan.nodes}
+    index = {name: i for i, name in enumerate(nodes)}
+    what = decide(plan, None if force else recorded(session_t, plan), force)
+    todo = [name for name, word in what.items() if word.startswith("run")]
+    for name, word in what.items():
+        if name not in todo:
+            console.phase(name, f"setup: {word}")
+
+    def one(name: str) -> SetupResult:
+        node, t = nodes[name], session_t[name]
+        tail: list[str] = []
+
+        def on_line(line: str) -> None:
+            tail.append(line)
+            del tail[:-TAIL_LINES]
+            console.line(f"{name} setup", index[name], line)
+
+        t0 = time.monotonic()
+        console.phase(name, "setup: running" + (" (--setup)" if force else ""))
+        code = t.stream(setup_script(node, plan.job, node.host.python), on_line)
+        if code != 0:
+            shown = "\n    ".join(tail) or "(no output)"
+            raise SetupFailed(f"setup exited {code}; its output ends:\n    {shown}")
+        t.run(sh("printf", "%s\n", wanted) + " > " + quote(f"{node.code_dir}/{MARKER}"),
+              what="record the setup").check(name)
+        return SetupResult(True, time.monotonic() - t0)
+
+    results = each(((n, n) for n in todo), one)
+    bad = failures(results)
+    if bad:
+        raise SetupError("setup", bad)
+    for name, r in results.items():
+        if isinstance(r, SetupResult):
+            console.phase(name, f"setup: done ({r.seconds:.1f}s)")
+    return {name: wanted for name in nodes}
