@@ -84,6 +84,7 @@ class Guard:
         self.session, self.plan, self.console = session, plan, console
         self.record_dir = record_dir  # the local record, dropped if nothing ever started
         self.may_run: set[str] = set()  # nodes where a start was even attempted
+        self.setting_up: set[str] = set()  # nodes where the job's setup may run
         self.ended = False  # every node's part ended by itself: nothing left to stop
         self.released = False  # detached on purpose: the run goes on without fleet
         self.signals: list[int] = []
@@ -143,9 +144,15 @@ class Guard:
         return {n: why for n, why in problems.items() if n in self.may_run}
 
     def _forget(self) -> None:
-        """Before any start, the run directories go again (best effort)."""
-        each(((n.host.name, n) for n in self.plan.nodes), lambda n: self.session.t[
-            n.host.name].run(remote.remove_script(n.run_dir), what="clean up"))
+        """Before any start, the run directories go again (best effort), after a stop of
+        whatever of the run may be there (a setup still running)."""
+        def forget(n: NodePlan) -> None:
+            t = self.session.t[n.host.name]
+            if n.host.name in self.setting_up:
+                remote.stop(t, n.run_dir, "fleet up, before anything started")
+            t.run(remote.remove_script(n.run_dir), what="clean up")
+
+        each(((n.host.name, n) for n in self.plan.nodes), forget)
 
     def _summary(self, problems: dict[str, str]) -> str:
         if not self.may_run:
@@ -389,6 +396,8 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
         with Guard(session, plan, console, record.dir) as guard:
             faults.point(Phase.UPLOAD.value)
             upload(session, plan, console)
+            if job.setup is not None:
+                guard.setting_up.update(n.host.name for n in plan.nodes)
             hashes = setup.run(session.t, plan, console, force_setup)
             if job.python is not None:
                 plan = guard.plan = check_job_python(session, plan, console, allow_mismatch)

@@ -32,11 +32,12 @@ def setup_hash(job: Job) -> str | None:
     return h.hexdigest()[:16]
 
 
-def setup_script(node: NodePlan, job: Job, host_python: str) -> str:
+def setup_script(node: NodePlan, job: Job, host_python: str, run_id: str) -> str:
     """The user's script under `sh -e`, in the job's directory with the job's env (env.sh),
     beside FLEET_PYTHON (the inventory's interpreter, to make a venv from) and FLEET_UV (uv's
-    path where the node has uv, else empty)."""
-    return "\n".join([
+    path where the node has uv, else empty). Its shell starts with the run id in its
+    environment, so that a stop finds it (and what it runs) as it finds the job's processes."""
+    inner = "\n".join([
         "set -e",
         f"cd {quote(node.code_dir)}",
         f"rm -f {MARKER}",  # a setup that fails half-way is not the last good one
@@ -46,6 +47,7 @@ def setup_script(node: NodePlan, job: Job, host_python: str) -> str:
         "exec 2>&1",
         job.setup or "true",
     ])
+    return sh("exec", "env", f"FLEET_RUN_ID={run_id}", "sh", "-c", inner)
 
 
 def marker_script(node: NodePlan) -> str:
@@ -124,7 +126,7 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
 
         t0 = time.monotonic()
         console.phase(name, "setup: running" + (" (--setup)" if force else ""))
-        code = t.stream(setup_script(node, plan.job, node.host.python), on_line)
+        code = t.stream(setup_script(node, plan.job, node.host.python, plan.run_id), on_line)
         if code != 0:
             shown = "\n    ".join(tail) or "(no output)"
             raise SetupFailed(f"setup exited {code}; its output ends:\n    {shown}")

@@ -157,6 +157,22 @@ def test_an_interrupt_never_claims_a_stop_that_failed(tmp_path: Path) -> None:
     assert "`fleet stop j-1`" in str(e.value)
 
 
+def test_an_interrupted_setup_is_stopped_before_its_directories_go(tmp_path: Path) -> None:
+    """No job process started, but a setup (pip, say) may still run on the nodes."""
+    g = guard_for(tmp_path)
+    g.record_dir.mkdir()
+    with pytest.raises(Interrupted) as e, g:
+        g.setting_up.update({"n1", "n2", "n3"})
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert sorted(stops(g)) == ["n1", "n2", "n3"]
+    assert "nothing had been started on any node" in str(e.value)
+    for t in g.session.t.values():
+        stop_at = next(i for i, s in enumerate(t.scripts) if "stop.sh" in s)
+        assert any("rm -rf" in s for s in t.scripts[stop_at:])  # removed after the stop
+    assert not g.record_dir.exists()
+
+
 def test_nothing_started_nothing_stopped_nothing_kept(tmp_path: Path) -> None:
     g = guard_for(tmp_path)
     g.record_dir.mkdir()
