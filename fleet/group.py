@@ -14,8 +14,10 @@ MAX_PARALLEL = 32
 
 
 def each(items: Iterable[tuple[str, T]], fn: Callable[[T], R],
-         limit: int = MAX_PARALLEL) -> dict[str, R | Exception]:
-    """fn(item) for every (host name, item); each host's result or the exception it raised."""
+         limit: int = MAX_PARALLEL,
+         cancel: Callable[[], None] | None = None) -> dict[str, R | Exception]:
+    """fn(item) for every (host name, item); each host's result or the exception it raised.
+    `cancel`, where given, is called on an interrupt to cut short what runs (a long setup)."""
     pairs = list(items)
     if not pairs:
         return {}
@@ -24,8 +26,11 @@ def each(items: Iterable[tuple[str, T]], fn: Callable[[T], R],
         futures = {name: pool.submit(fn, item) for name, item in pairs}
         pool.shutdown(wait=True)
     except BaseException:
-        # Interrupted (a signal in the main thread): what runs finishes, so that a teardown
-        # that follows knows everything that may have started; what waits is dropped.
+        # Interrupted (a signal in the main thread): what runs finishes (or is cut short by
+        # `cancel`), so that a teardown that follows knows everything that may have started;
+        # what waits is dropped.
+        if cancel is not None:
+            cancel()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     out: dict[str, R | Exception] = {}

@@ -45,6 +45,7 @@ class Phase(Enum):
     PROBE = "probe"
     PREFLIGHT = "preflight"
     UPLOAD = "upload"
+    SETUP = "setup"  # struck from the setup's first line of output (fleet.setup)
     MASTER_START = "master-start"
     WORKER_START = "worker-start"
     STREAM = "stream"

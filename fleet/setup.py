@@ -5,9 +5,11 @@ succeeded there (a marker in the job's directory on the node holds that hash).""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import dataclass
 
+from fleet import faults
 from fleet.console import Console
 from fleet.errors import SetupError, SetupFailed
 from fleet.group import each, failures
@@ -123,10 +125,14 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
             tail.append(line)
             del tail[:-TAIL_LINES]
             console.line(f"{name} setup", index[name], line)
+            faults.point("setup")  # a fault test strikes while a setup runs
 
         t0 = time.monotonic()
         console.phase(name, "setup: running" + (" (--setup)" if force else ""))
-        code = t.stream(setup_script(node, plan.job, node.host.python, plan.run_id), on_line)
+        code = t.stream(setup_script(node, plan.job, node.host.python, plan.run_id), on_line,
+                        interrupted)
+        if interrupted.is_set():  # fleet is being interrupted: the guard stops what runs
+            return SetupResult(False)
         if code != 0:
             shown = "\n    ".join(tail) or "(no output)"
             raise SetupFailed(f"setup exited {code}; its output ends:\n    {shown}")
@@ -134,7 +140,8 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
               what="record the setup").check(name)
         return SetupResult(True, time.monotonic() - t0)
 
-    results = each(((n, n) for n in todo), one)
+    interrupted = threading.Event()
+    results = each(((n, n) for n in todo), one, cancel=interrupted.set)
     bad = failures(results)
     if bad:
         raise SetupError("setup", bad)

@@ -153,3 +153,26 @@ def test_a_setup_failing_on_one_node_starts_nothing_anywhere(cli: CLI, tb2: Test
     for h in tb2.hosts:
         assert not (h.home / "fleet" / "runs" / run_id).exists()
     assert_nothing_left(tb2, run_id)
+
+
+def test_an_interrupt_during_setup_leaves_nothing_running(cli: CLI, tb2: Testbed,
+                                                          tmp_path: Path) -> None:
+    """Ctrl-C while every node's setup runs (a long install, say): the setups are stopped,
+    their directories removed, and the exit says nothing had started."""
+    tb2.inventory(tmp_path / "inv.toml")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    wheel(code / WHEEL, "unused")
+    job = tmp_path / "job.toml"
+    job.write_text(job_text('LR = "0.1"', 'echo "installing on $FLEET_NODE"\nsleep 120\n',
+                            port=29563).replace('python = ".venv/bin/python"\n', ""))
+    cli.env["FLEET_FAULT"] = "setup:int"
+    r = cli("up", str(job), timeout=120)
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert "interrupted (SIGINT): nothing had been started on any node" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    run_id = run_id_of(r.stderr)
+    assert_nothing_left(tb2, run_id)  # no setup shell, no sleep
+    for h in tb2.hosts:
+        assert not (h.home / "fleet" / "runs" / run_id).exists()
