@@ -6,13 +6,14 @@ rendezvous is named."""
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, JOBS
 from tests.test_e2e_lifetime import wait_for
 from tests.test_e2e_up import assert_nothing_left, run_id_of
 from tests.testbed import Testbed
@@ -115,8 +116,11 @@ def test_up_debug_renders_the_distributed_debugging_env(cli: CLI, tb2: Testbed,
                                                         tmp_path: Path) -> None:
     inv = tb2.inventory(tmp_path / "inv.toml")
     job = tmp_path / "ar.toml"
-    (tmp_path / "hang.py").write_text(HANG.replace("rank() == 3", "rank() == 99"))
-    job.write_text('inventory = "inv.toml"\nscript = "hang.py"\n[rendezvous]\nport = 29554\n')
+    # jobs/allreduce.py ends with destroy_process_group(): without it, torch's DETAIL wrapper
+    # may abort at exit ("terminate called without an active exception").
+    shutil.copy(JOBS / "allreduce.py", tmp_path / "allreduce.py")
+    job.write_text('inventory = "inv.toml"\nscript = "allreduce.py"\n'
+                   "[rendezvous]\nport = 29554\n")
     r = cli("up", str(job), "--debug", "-i", str(inv))
     assert r.returncode == 0, r.stdout + r.stderr
     # torchrun's INFO log (LOGLEVEL=INFO) on every node: the rendezvous and its ranks.
