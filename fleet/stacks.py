@@ -37,12 +37,15 @@ def dump_script(run_dir: str, run_id: str) -> str:
         "sent=''",
         # NCCL flight recorder (where the job asked for it): each rank dumps when its pipe is
         # written to. A pipe nobody reads would block the write: it runs aside, briefly.
+        "writers=''",
         f"for f in {FR_PIPE}*.pipe; do [ -p \"$f\" ] || continue",
-        "  ( echo 1 > \"$f\" ) & w=$!; sleep 0.5; kill \"$w\" 2>/dev/null",
+        "  ( echo 1 > \"$f\" ) & writers=\"$writers $!\"",
         "done",
+        "[ -n \"$writers\" ] && { sleep 0.5; kill $writers 2>/dev/null; }",
         "for w in stacks/*.who; do",
         "  [ -f \"$w\" ] || continue; p=${w#stacks/}; p=${p%.who}",
-        "  kill -0 \"$p\" 2>/dev/null || continue",
+        # Only a process of this run: a pid from the file may have been reused since.
+        "  case \" $(echo $mine) \" in *\" $p \"*) ;; *) continue;; esac",
         "  sig=$(sed -n 's/^sig=//p' \"$w\"); : > \"stacks/$p\"",
         "  kill -\"$sig\" \"$p\" 2>/dev/null && sent=\"$sent $p\"",
         "done",

@@ -20,8 +20,19 @@ from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
 
-HANG = '''
+HANG = '''import threading
 import time
+
+# Until every rank is in place, a line every half second: a slow start (torch's import on a
+# loaded machine) is not silence.
+placed = threading.Event()
+
+def tick():
+    while not placed.wait(0.5):
+        print("starting", flush=True)
+
+threading.Thread(target=tick, daemon=True).start()
+
 import torch, torch.distributed as dist
 
 def stuck_here():
@@ -29,15 +40,16 @@ def stuck_here():
 
 dist.init_process_group("gloo")
 print(f"rank {dist.get_rank()} ready", flush=True)
+placed.set()
 if dist.get_rank() == 3:
     stuck_here()
 t = torch.ones(1)
 dist.all_reduce(t)
 print("unreachable", flush=True)
 '''
-
-VERDICT = ("rank 3 on node2 is in stuck_here() (hang.py:6); the other 3 rank(s) wait in "
-           "all_reduce() (distributed_c10d.py:")
+STUCK_LINE = HANG.splitlines().index("    time.sleep(600)") + 1
+VERDICT = (f"rank 3 on node2 is in stuck_here() (hang.py:{STUCK_LINE}); the other 3 rank(s) "
+           "wait in all_reduce() (distributed_c10d.py:")
 
 
 def hang_job(tmp_path: Path, port: int, watchdog: str = "") -> Path:
@@ -59,7 +71,7 @@ def test_watchdog_names_the_stuck_rank_and_stops_the_run(cli: CLI, tb2: Testbed,
     # Each stack once, with the ranks that share it: the odd one's own function in it.
     assert "rank 3 on node2 (1 process(es)), most recent call first:" in r.stderr
     assert re.search(r"ranks 0-1 on node1, rank 2 on node2 \(3 process\(es\)\)", r.stderr)
-    assert re.search(r"hang\.py:6 in stuck_here", r.stderr)
+    assert re.search(rf"hang\.py:{STUCK_LINE} in stuck_here", r.stderr)
     run_id = run_id_of(r.stderr)
     assert re.search(rf"error: run {run_id} hung: rank 3 on node2 is in stuck_here\(\)", r.stderr)
     assert len(re.findall(r"node\d  stopped \(exit \d+.*\) by watchdog: no output for 4s "

@@ -14,6 +14,7 @@ from fleet.render import NODESIDE
 from fleet.stacks import (
     Frame,
     RankStack,
+    dump_script,
     group,
     is_launcher,
     main_thread,
@@ -155,6 +156,38 @@ def test_a_run_that_ended_has_no_stack_to_take() -> None:
     half = [done[0], parse_dump("node2", "=== proc 6 sleep 600\n")]
     assert report(half)[1:] == ["node1: its part has ended (exit 0)",
                                 "node2 has not joined the rendezvous: it is running sleep 600"]
+
+
+def test_dump_script_signals_only_the_runs_own_processes(tmp_path: Path) -> None:
+    """Through a real sh: the worker's stack comes back; a pid in a stale .who file that is no
+    longer the run's (reused by another process) is never signalled."""
+    site, run = tmp_path / "site", tmp_path / "run"
+    site.mkdir()
+    run.mkdir()
+    (site / "sitecustomize.py").write_text((NODESIDE / "sitecustomize.py").read_text())
+    script = tmp_path / "w.py"
+    script.write_text("import time\ndef stuck_here():\n    time.sleep(30)\nstuck_here()\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "FLEET_RUN_DIR": str(run), "RANK": "0",
+           "LOCAL_RANK": "0", "FLEET_RUN_ID": "r-test-1"}
+    worker = subprocess.Popen([sys.executable, str(script)], env=env)
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 20
+        while not (run / "stacks" / f"{worker.pid}.who").exists():
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.05)
+        (run / "stacks" / f"{stranger.pid}.who").write_text(
+            f"rank=1 local=1\nsig={int(signal.SIGRTMIN) + 7}\n")
+        out = subprocess.run(["sh", "-s"], input=dump_script(str(run), "r-test-1"),
+                             capture_output=True, text=True, timeout=30).stdout
+        d = parse_dump("node1", out)
+        assert [(s.pid, s.rank, s.frames[0].func) for s in d.stacks] == [
+            (worker.pid, 0, "stuck_here")], out
+        assert stranger.poll() is None and worker.poll() is None
+    finally:
+        for p in (worker, stranger):
+            p.kill()
+            p.wait()
 
 
 def test_sitecustomize_dumps_a_workers_stack_on_its_signal_only(tmp_path: Path) -> None:
