@@ -112,8 +112,9 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     bases = firsts if static else [None] * len(hosts)
     notes = []
     if any(b is None for b in bases):
-        notes.append("global ranks are assigned at launch (c10d rendezvous, or a process count "
-                     "torchrun decides): fleet reads each worker's RANK to tag its lines")
+        notes.append("global ranks are known only at launch (c10d numbers nodes as they join; "
+                     "a count like \"gpu\" is resolved on the node; a command's script numbers "
+                     "its own): fleet reads each worker's RANK to tag its lines")
     if job.launcher == "accelerate" and has_gpus is None:
         notes.append("accelerate runs in GPU mode on nodes with GPUs, CPU mode elsewhere "
                      "(decided at launch from nvidia-smi)")
