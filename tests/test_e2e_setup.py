@@ -58,6 +58,15 @@ def wheel(path: Path, greeting: str) -> None:
             z.writestr(name, text)
 
 
+def job_code(tmp_path: Path, greeting: str) -> Path:
+    """The job's workdir: train.py and the greet wheel its setup installs."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRAIN)
+    wheel(code / WHEEL, greeting)
+    return code
+
+
 def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
                     *args], check=True, capture_output=True)
@@ -73,10 +82,7 @@ def job_text(env: str, setup: str = SETUP, port: int = 29561) -> str:
 def test_setup_once_then_skipped_rerun_on_change_and_manifests(cli: CLI, tb2: Testbed,
                                                                tmp_path: Path) -> None:
     tb2.inventory(tmp_path / "inv.toml")
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(TRAIN)
-    wheel(code / WHEEL, "hello from greet")
+    code = job_code(tmp_path, "hello from greet")
     git(code, "init", "-q")
     git(code, "add", ".")
     git(code, "commit", "-qm", "greet 1.0")
@@ -134,10 +140,7 @@ def test_setup_once_then_skipped_rerun_on_change_and_manifests(cli: CLI, tb2: Te
 def test_a_setup_failing_on_one_node_starts_nothing_anywhere(cli: CLI, tb2: Testbed,
                                                              tmp_path: Path) -> None:
     tb2.inventory(tmp_path / "inv.toml")
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(TRAIN)
-    wheel(code / WHEEL, "unused")
+    job_code(tmp_path, "unused")
     setup = ('echo "preparing $FLEET_NODE"\n[ "$FLEET_NODE" != node2 ] || '
              '{ echo "no space left for the wheel" >&2; exit 7; }\n')
     job = tmp_path / "job.toml"
@@ -160,10 +163,7 @@ def test_an_interrupt_during_setup_leaves_nothing_running(cli: CLI, tb2: Testbed
     """Ctrl-C while every node's setup runs (a long install, say): the setups are stopped,
     their directories removed, and the exit says nothing had started."""
     tb2.inventory(tmp_path / "inv.toml")
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(TRAIN)
-    wheel(code / WHEEL, "unused")
+    job_code(tmp_path, "unused")
     job = tmp_path / "job.toml"
     job.write_text(job_text('LR = "0.1"', 'echo "installing on $FLEET_NODE"\nsleep 120\n',
                             port=29563).replace('python = ".venv/bin/python"\n', ""))

@@ -158,24 +158,35 @@ def test_a_run_that_ended_has_no_stack_to_take() -> None:
                                 "node2 has not joined the rendezvous: it is running sleep 600"]
 
 
-def test_dump_script_signals_only_the_runs_own_processes(tmp_path: Path) -> None:
-    """Through a real sh: the worker's stack comes back; a pid in a stale .who file that is no
-    longer the run's (reused by another process) is never signalled."""
+def start_worker(tmp_path: Path, rank: str, local: str,
+                 **env: str) -> subprocess.Popen[bytes]:
+    """A python process as a launcher starts a worker, with fleet's sitecustomize (run dir
+    tmp_path/run), stuck in stuck_here(); returned once it has registered for dumps."""
     site, run = tmp_path / "site", tmp_path / "run"
     site.mkdir()
     run.mkdir()
     (site / "sitecustomize.py").write_text((NODESIDE / "sitecustomize.py").read_text())
     script = tmp_path / "w.py"
     script.write_text("import time\ndef stuck_here():\n    time.sleep(30)\nstuck_here()\n")
-    env = {**os.environ, "PYTHONPATH": str(site), "FLEET_RUN_DIR": str(run), "RANK": "0",
-           "LOCAL_RANK": "0", "FLEET_RUN_ID": "r-test-1"}
-    worker = subprocess.Popen([sys.executable, str(script)], env=env)
+    p = subprocess.Popen([sys.executable, str(script)], env={
+        **os.environ, "PYTHONPATH": str(site), "FLEET_RUN_DIR": str(run), "RANK": rank,
+        "LOCAL_RANK": local, **env})
+    deadline = time.monotonic() + 20
+    while not (run / "stacks" / f"{p.pid}.who").exists():
+        if time.monotonic() > deadline or p.poll() is not None:
+            p.kill()
+            raise AssertionError("the worker never registered for dumps")
+        time.sleep(0.05)
+    return p
+
+
+def test_dump_script_signals_only_the_runs_own_processes(tmp_path: Path) -> None:
+    """Through a real sh: the worker's stack comes back; a pid in a stale .who file that is no
+    longer the run's (reused by another process) is never signalled."""
+    run = tmp_path / "run"
+    worker = start_worker(tmp_path, "0", "0", FLEET_RUN_ID="r-test-1")
     stranger = subprocess.Popen(["sleep", "30"])
     try:
-        deadline = time.monotonic() + 20
-        while not (run / "stacks" / f"{worker.pid}.who").exists():
-            assert time.monotonic() < deadline and worker.poll() is None
-            time.sleep(0.05)
         (run / "stacks" / f"{stranger.pid}.who").write_text(
             f"rank=1 local=1\nsig={int(signal.SIGRTMIN) + 7}\n")
         out = subprocess.run(["sh", "-s"], input=dump_script(str(run), "r-test-1"),
@@ -191,21 +202,11 @@ def test_dump_script_signals_only_the_runs_own_processes(tmp_path: Path) -> None
 
 
 def test_sitecustomize_dumps_a_workers_stack_on_its_signal_only(tmp_path: Path) -> None:
-    site, run = tmp_path / "site", tmp_path / "run"
-    site.mkdir()
-    run.mkdir()
-    (site / "sitecustomize.py").write_text((NODESIDE / "sitecustomize.py").read_text())
-    script = tmp_path / "w.py"
-    script.write_text("import time\ndef stuck_here():\n    time.sleep(30)\nstuck_here()\n")
-    env = {**os.environ, "PYTHONPATH": str(site), "FLEET_RUN_DIR": str(run), "RANK": "3",
-           "LOCAL_RANK": "1"}
-    p = subprocess.Popen([sys.executable, str(script)], env=env)
+    run = tmp_path / "run"
+    p = start_worker(tmp_path, "3", "1")
     try:
         who = run / "stacks" / f"{p.pid}.who"
         deadline = time.monotonic() + 20
-        while not who.exists():
-            assert time.monotonic() < deadline and p.poll() is None
-            time.sleep(0.05)
         fields = who.read_text().split()
         assert fields[:2] == ["rank=3", "local=1"]
         sig = int(fields[2].split("=")[1])
