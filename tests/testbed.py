@@ -530,6 +530,23 @@ class Testbed:
         if r.returncode != 0:
             raise RuntimeError(f"mount tmpfs at {path} on {name}: {r.stderr.strip()}")
 
+    def put_on_path(self, name: str, command: str, text: str) -> None:
+        """A command on this host's PATH only (a fake `nvidia-smi`, say): /usr/local/bin is
+        bind-mounted, inside the host, over a directory of its own (in the host's private /tmp)
+        that keeps every entry of the real one as a link and adds this file."""
+        own, real = "/tmp/.tb-path", "/tmp/.tb-path-real"
+        private = self.dir / f"tmp-{name}" / own.removeprefix("/tmp/")
+        private.mkdir(exist_ok=True)
+        (private / command).write_text(text)
+        (private / command).chmod(0o755)
+        r = self.exec(name, "sh", "-c", 'set -e; mkdir -p "$2"\n'
+                      'mountpoint -q "$2" || mount --bind /usr/local/bin "$2"\n'
+                      'for x in "$2"/*; do [ -e "$x" ] && ln -sfn "$x" "$1/"; done\n'
+                      'mountpoint -q /usr/local/bin || mount --bind "$1" /usr/local/bin',
+                      "sh", own, real)
+        if r.returncode != 0:
+            raise RuntimeError(f"put {command} on {name}'s PATH: {r.stderr.strip()}")
+
     def umount(self, name: str, path: str | Path) -> None:
         r = self.exec(name, "umount", str(path))
         if r.returncode != 0:
