@@ -91,6 +91,14 @@ def battery(cli: CLI, tb: Testbed, tmp_path: Path, port: int) -> None:
             logs.stdout
     status = cli("status", run_id)
     assert len(re.findall(r"rank \d  running", status.stdout)) == 3, status.stdout
+    # Every rank's stack, taken on these hosts too (their shells, their user), run untouched.
+    dump = cli("dump", run_id)
+    assert dump.returncode == 0, dump.stdout + dump.stderr
+    assert sum(int(n) for n in re.findall(r"\((\d+) process\(es\)\)", dump.stdout)) == 3, \
+        dump.stdout
+    assert re.search(r"long\.py:\d+ in main$", dump.stdout, re.M), dump.stdout
+    assert len(re.findall(r"rank \d  running", cli("status", run_id).stdout)) == 3
+    no_banner(dump.stdout, dump.stderr)
     stop = cli("stop", run_id)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert_nothing_left(tb, run_id, timeout=5)
