@@ -247,6 +247,19 @@ def torchrun_line(tb: Testbed, rank: int, nnodes: int, port: int, script: str,
             f"{script}{extra}")
 
 
+def ideal_stop_command(run_id: str) -> str:
+    """The ideal stop of one node, as a person who knew exactly what to signal would type it:
+    one SIGTERM to every process of the run (found by FLEET_RUN_ID in /proc, as fleet's
+    stop.sh finds them) at once, nothing else; the ssh command returns right after."""
+    return (f"kill -TERM $(grep -lzxF FLEET_RUN_ID={run_id} /proc/[0-9]*/environ 2>/dev/null"
+            " | cut -d/ -f3) 2>/dev/null; true")
+
+
+def ideal_stop(tb: Testbed, run_id: str, hosts: Sequence[TbHost]) -> list[Proc]:
+    """ideal_stop_command on every host at once, one OpenSSH client each."""
+    return [Proc(ssh_argv(tb, h, ideal_stop_command(run_id))) for h in hosts]
+
+
 def new_tag() -> str:
     return f"bench-{secrets.token_hex(4)}"
 

@@ -92,8 +92,8 @@ def fanout_table(tb: Testbed, cfg: Config) -> Table:
             wait_idle()
             base.append(ssh_hello(sc, n))
         f, b = median(fl), median(base)
-        ok = f is not None and b is not None and f <= 1.10 * b
-        table.add(n, fmt(f), fmt(b), ratio(f, b), "<= 1.10x " + ("met" if ok else "MISSED"))
+        ok = f is not None and b is not None and f <= 1.15 * b
+        table.add(n, fmt(f), fmt(b), ratio(f, b), "<= 1.15x " + ("met" if ok else "MISSED"))
     table.notes.append(f"median of {reps} runs each, fleet and ssh loop interleaved; nproc 1, "
                        "static rendezvous, the worker only prints (no torch import in it)")
     return table
@@ -114,9 +114,15 @@ class Phases:
     detach_exit: float
 
     @property
+    def port_wait(self) -> float:
+        """What --detach waited for once every node had started: the master's torchrun (which
+        started first) importing torch and opening its port."""
+        return max(0.0, self.port_open - self.all_started)
+
+    @property
     def own(self) -> float:
         """The --detach total but the wait for the master's torchrun to open its port."""
-        return self.detach_exit - (self.port_open - self.master_started)
+        return self.detach_exit - self.port_wait
 
 
 def _last(proc: Proc, pattern: str) -> float:
@@ -163,7 +169,7 @@ def control_plane_table(tb: Testbed, cfg: Config) -> Table:
                   ["hosts", "connected", "probed+planned", "preflight", "synced+rendered",
                    "master started",
                    "master port open", "all started", "--detach exit",
-                   "own (exit - port wait)", "own / own(1 host)"])
+                   "own (exit - port wait after all started)", "own / own(1 host)"])
     own1: float | None = None
     results: dict[int, float | None] = {}
     for n in counts:
@@ -186,13 +192,13 @@ def control_plane_table(tb: Testbed, cfg: Config) -> Table:
     top = max(counts)
     top_own = results[top]
     if top_own is not None and own1 is not None:
-        verdict = "met" if top_own <= 1.5 * own1 and top_own < 2.0 else "MISSED"
-        table.notes.append(f"target: {top} hosts within 1.5x of 1 host and under 2 s "
-                           f"(fleet's own time): {verdict} ({fmt(top_own)}, "
-                           f"{ratio(top_own, own1)})")
+        verdict = "met" if top_own <= 1.3 * own1 else "MISSED"
+        table.notes.append(f"target: {top} hosts within 1.3x of 1 host (fleet's own time): "
+                           f"{verdict} ({fmt(top_own)}, {ratio(top_own, own1)})")
     table.notes.append(f"median of {reps} run(s); `master port open` includes torchrun's own "
-                       f"start on the master (importing torch, {PY}); `own` is the --detach "
-                       "total less that wait (master started to port open)")
+                       f"start on the master (importing torch, {PY}), which began at `master "
+                       "started`, before the other nodes were started; `own` is the --detach "
+                       "total less what it waited for that port once every node had started")
     return table
 
 

@@ -40,8 +40,14 @@ class Console:
             self._print(f"fleet: {message}", self.err)
 
     def line(self, tag: str, index: int, text: str) -> None:
-        with self._lock:
-            self._print(f"{self._paint(tag, index)} | {text}", self.out)
+        self.lines(index, [(tag, text)])
+
+    def lines(self, index: int, tagged: list[tuple[str, str]]) -> None:
+        """Log lines of one node, printed together: one write for all of them."""
+        if tagged:
+            with self._lock:
+                self._print("\n".join(f"{self._paint(tag, index)} | {text}"
+                                      for tag, text in tagged), self.out)
 
     @staticmethod
     def _print(text: str, stream: TextIO) -> None:

@@ -4,9 +4,9 @@ the job runs anywhere yet (fleet.lifecycle takes it from there)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
-from fleet import remote
 from fleet.check import FAIL, port_checks
 from fleet.console import Console
 from fleet.errors import HostError
@@ -25,8 +25,17 @@ from fleet.probe import (
     storage_groups,
 )
 from fleet.render import render_node
-from fleet.shell import sh
-from fleet.sync import local_manifest, sync_dir
+from fleet.shell import quote, sh
+from fleet.sync import (
+    Entry,
+    bundle,
+    bundle_root,
+    changed,
+    code_entries,
+    listing_script,
+    local_manifest,
+    parse_listing,
+)
 from fleet.transport import Transport, open_transport
 
 
@@ -35,6 +44,7 @@ class Session:
 
     def __init__(self, transports: dict[str, Transport]) -> None:
         self.t = transports
+        self.facts: dict[str, Facts] = {}  # what the probe learnt, once prepare_plan ran
 
     def close(self) -> None:
         each(self.t.items(), lambda t: t.close())
@@ -60,15 +70,17 @@ def connect(inventory: Inventory, console: Console) -> Session:
 
 
 def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
-                 console: Console, *, create: bool = True,
-                 allow_mismatch: bool = False) -> Plan:
-    """Probe every node (one round trip each where the master's address is an IP already),
-    then plan with what was learnt: homes, master IP, interfaces, shared storage."""
+                 console: Console, *, create: bool = True, allow_mismatch: bool = False,
+                 held: bool = False) -> Plan:
+    """Probe every node (one round trip each where the master's address is an IP already;
+    with `held`, also the fleet runs alive there), then plan with what was learnt: homes,
+    master IP, interfaces, shared storage."""
     hosts = {h.name: h for h in inventory.hosts}
     guess = master_address(inventory, None)
     hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
     facts: dict[str, Facts] = all_ok("probe", each(
-        session.t.items(), lambda t: probe(t, hint, create=create)))
+        session.t.items(), lambda t: probe(t, hint, create=create, held=held)))
+    session.facts = facts
     own = job.python is not None  # the job's interpreter exists after its setup: checked then
     problems = {name: p for name in facts if (p := python_problem(
         hosts[name], facts[name], job.launcher, needs_torch=not own)) is not None}
@@ -168,17 +180,18 @@ def version_problems(facts: dict[str, Facts], master: str) -> dict[str, str]:
     return out
 
 
-def preflight(session: Session, plan: Plan, console: Console, force: bool = False) -> None:
-    """The fast part of `fleet check`: no other run holds the hosts (unless forced), and the
-    master's port is free and reachable both ways."""
-    if not force:
-        held = each(((n.host.name, n) for n in plan.nodes), lambda n: remote.held_by(
-            session.t[n.host.name], n.run_dir.rsplit("/", 2)[0]))
-        busy = {name: f"held by run {r[0].split('/')[0]} (still running); stop it (`fleet stop "
-                      f"{r[0].split('/')[0]}`) or pass --force"
-                for name, r in held.items() if isinstance(r, list) and r}
-        if busy:
-            raise HostError("preflight", busy)
+def refuse_held(session: Session) -> None:
+    """No other run of fleet may still hold a node (what the probe listed, prepare_plan's
+    `held`): its code directory would change under it."""
+    busy = {name: f"held by run {f.held[0].split('/')[0]} (still running); stop it (`fleet "
+                  f"stop {f.held[0].split('/')[0]}`) or pass --force"
+            for name, f in session.facts.items() if f.held}
+    if busy:
+        raise HostError("preflight", busy)
+
+
+def preflight(session: Session, plan: Plan, console: Console) -> None:
+    """The network part of `fleet check`: the master's port is free and reachable both ways."""
     m = plan.master
     checks = port_checks(session.t, m.host, m.master_addr, m.master_port,
                          {n.host.name: n.net.address or n.host.address for n in plan.nodes})
@@ -194,33 +207,50 @@ SYNCED = ".fleet-synced"  # in a node's code directory: the run whose sync it ho
 
 def upload(session: Session, plan: Plan, console: Console) -> None:
     """Sync the code and data (once per shared filesystem) and write the rendered scripts on
-    every node; raises HostError naming each node that failed (nothing has started yet)."""
-    manifest = local_manifest(plan.job.workdir, plan.job.exclude)
-    data_manifest = local_manifest(plan.job.data, ()) if plan.job.data else None
+    every node, in two round trips each: one listing (which also creates the directories), one
+    verified bundle of everything that changed plus the run's files. Raises HostError naming
+    each node that failed (nothing has started yet)."""
+    code = local_manifest(plan.job.workdir, plan.job.exclude)
+    data = local_manifest(plan.job.data, ()) if plan.job.data else None
     leader = {name: group[0] for group in plan.storage for name in group}
     nodes = {n.host.name: n for n in plan.nodes}
 
-    def sync(node: NodePlan) -> None:
+    def send(node: NodePlan, syncs: bool, run_files: bool) -> None:
         t = session.t[node.host.name]
+        dirs = [(plan.job.workdir, node.code_dir, code, "code")] if syncs else []
+        if syncs and plan.job.data and node.data_dir and data is not None:
+            dirs.append((plan.job.data, node.data_dir, data, "data"))
+        private = (node.run_dir, f"{node.run_dir}/{SITE}") if run_files else ()
         t0 = time.monotonic()
-        stats = sync_dir(t, plan.job.workdir, node.code_dir, plan.job.exclude, manifest)
-        console.phase(node.host.name, f"code: sent {stats.files} file(s), {stats.bytes} bytes "
-                      f"({stats.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
-        if plan.job.data and node.data_dir:
-            t0 = time.monotonic()
-            d = sync_dir(t, plan.job.data, node.data_dir, (), data_manifest)
-            console.phase(node.host.name, f"data: sent {d.files} file(s), {d.bytes} bytes "
-                          f"({d.unchanged} unchanged, {time.monotonic() - t0:.2f}s)")
-        t.write(f"{node.code_dir}/{SYNCED}", plan.run_id.encode(), 0o644)
+        r = t.run(listing_script([d[1] for d in dirs], private, (node.code_dir,)),
+                  what=f"create {node.run_dir}")
+        r.check(node.host.name)
+        entries: list[Entry] = []
+        sent = []
+        for (src, dest, local, label), there in zip(dirs, parse_listing(r.out, len(dirs)),
+                                                     strict=True):
+            rels = changed(local, there)
+            entries += code_entries(src, dest, rels)
+            sent.append((label, len(rels), sum(local[rel][0] for rel in rels),
+                         len(local) - len(rels)))
+        if syncs:
+            entries.append(Entry(f"{node.code_dir}/{SYNCED}", 0o644, data=plan.run_id.encode()))
+        if run_files:
+            entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
+                        for name, (text, mode) in render_node(plan, node).files.items()]
+        if entries:
+            root = bundle_root(entries)
+            name = f"{root}/.fleet-bundle-{plan.run_id}.tar.gz"
+            t.write(name, bundle(entries, root), 0o600, what=f"unpack into {root}",
+                    then=f"tar -xzpf {quote(name)} --no-same-owner -C {quote(root)}; s=$?; "
+                         f"rm -f {quote(name)}; exit $s")
+        took = time.monotonic() - t0
+        for label, files, size, unchanged in sent:
+            console.phase(node.host.name, f"{label}: sent {files} file(s), {size} bytes "
+                          f"({unchanged} unchanged, {took:.2f}s)")
 
     def prepare(node: NodePlan) -> None:
-        t = session.t[node.host.name]
-        t.run(sh("mkdir", "-p", "-m", "700", node.run_dir, f"{node.run_dir}/{SITE}") + " && " +
-              sh("mkdir", "-p", node.code_dir), what=f"create {node.run_dir}").check(node.host.name)
-        if leader[node.host.name] == node.host.name:
-            sync(node)
-        for name, (text, mode) in render_node(plan, node).files.items():
-            t.write(f"{node.run_dir}/{name}", text.encode(), mode)
+        send(node, leader[node.host.name] == node.host.name, run_files=True)
 
     def confirm(node: NodePlan) -> None:
         """A node that shares its leader's storage sees the leader's sync; if it does not (a
@@ -232,9 +262,32 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
             console.phase(node.host.name, f"code: shared with {leader[node.host.name]}")
         else:
             console.phase(node.host.name, "code: its storage is not shared after all; syncing")
-            sync(node)
+            send(node, True, run_files=False)
 
     results = each(nodes.items(), prepare)
     if not failures(results):
         results = each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm)
     all_ok("prepare", results)  # the caller's guard removes what was written
+
+
+def upload_checked(session: Session, plan: Plan, console: Console, checks: bool) -> None:
+    """upload(), with the preflight's port checks (`checks`) beside it: they touch only the
+    master's port and test listeners, and each costs a few round trips that would otherwise
+    come first. Either one's error is raised, the upload's first."""
+    if not checks:
+        upload(session, plan, console)
+        return
+    problem: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            preflight(session, plan, console)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            problem.append(e)
+
+    th = threading.Thread(target=check, daemon=True)
+    th.start()
+    upload(session, plan, console)
+    th.join()
+    if problem:
+        raise problem[0]

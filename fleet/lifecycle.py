@@ -32,7 +32,14 @@ from fleet.errors import (
 from fleet.group import each, failures, reason
 from fleet.inventory import Inventory
 from fleet.job import Job
-from fleet.launch import Session, check_job_python, connect, preflight, prepare_plan, upload
+from fleet.launch import (
+    Session,
+    check_job_python,
+    connect,
+    prepare_plan,
+    refuse_held,
+    upload_checked,
+)
 from fleet.logs import Tagger
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.states import NodeStatus, RunStatus, overall
@@ -178,9 +185,12 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console,
     return problems
 
 
-def start_all(guard: Guard) -> dict[str, int]:
-    """Start the master, wait for its rendezvous port, then start the others in parallel. Each
-    node counts as possibly running from the moment its start is attempted."""
+def start_all(guard: Guard, wait_port: bool = False) -> dict[str, int]:
+    """Start the master, then the others in parallel at once: their torchrun waits for the
+    master's store itself, and meanwhile imports torch as the master's does. With `wait_port`
+    (a detached run, which fleet will not watch), then wait until the master's rendezvous
+    port is open. Each node counts as possibly running from the moment its start is
+    attempted."""
     plan, session, console = guard.plan, guard.session, guard.console
     m = plan.master
     tm = session.t[m.host.name]
@@ -188,8 +198,6 @@ def start_all(guard: Guard) -> dict[str, int]:
     pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
     console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
     faults.point(Phase.MASTER_START.value)
-    remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout)
-    console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
     others = plan.nodes[1:]
     guard.may_run.update(n.host.name for n in others)
     results = each(((n.host.name, n) for n in others), lambda n: remote.start(
@@ -202,6 +210,9 @@ def start_all(guard: Guard) -> dict[str, int]:
         console.phase(name, f"started (pid {pid})")
     faults.point(Phase.WORKER_START.value)
     pids.update(started)
+    if wait_port:
+        remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout)
+        console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
     return pids
 
 
@@ -228,13 +239,13 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
                      if logdir else None)
         tag = Tagger(node.host.name, node.rank_base, lambda: remote.ranks(t, node.run_dir))
         try:
-            def on_line(line: str) -> None:
+            def on_lines(lines: list[str]) -> None:
                 last_line[0] = time.monotonic()
                 if local_log:
-                    local_log.write(line + "\n")
-                tagged = tag(line)
-                console.line(tagged.tag, index[node.host.name], tagged.text)
-            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_line, finished)
+                    local_log.write("".join(line + "\n" for line in lines))
+                console.lines(index[node.host.name],
+                              [(tg.tag, tg.text) for tg in map(tag, lines)])
+            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_lines, finished)
             events.put((node.host.name, code))
         except Exception as e:
             events.put((node.host.name, e))
@@ -387,16 +398,16 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
         try:
             faults.point(Phase.PROBE.value)
             plan = prepare_plan(session, inventory, job, run_id, console,
-                                allow_mismatch=allow_mismatch)
+                                allow_mismatch=allow_mismatch, held=checks and not force)
             faults.point(Phase.PREFLIGHT.value)
-            if checks:
-                preflight(session, plan, console, force)
+            if checks and not force:
+                refuse_held(session)
             record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
         except Interrupted as e:
             raise Interrupted(e.signame, "nothing had been started on any node") from None
         with Guard(session, plan, console, record.dir) as guard:
             faults.point(Phase.UPLOAD.value)
-            upload(session, plan, console)
+            upload_checked(session, plan, console, checks)  # with the port checks beside it
             if job.setup is not None:
                 guard.setting_up.update(n.host.name for n in plan.nodes)
             hashes = setup.run(session.t, plan, console, force_setup)
@@ -405,7 +416,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
             m = manifest.record(plan, hashes, record.dir)
             session.t[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
                                                     manifest.dumps(m).encode(), 0o600)
-            pids = start_all(guard)
+            pids = start_all(guard, wait_port=detach)
             if detach:
                 guard.released = True
                 console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")

@@ -84,16 +84,15 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
                     raise FileNotFoundError(f"no run directory {run_dir}")
                 tag = Tagger(n.host.name, n.rank_base, lambda: remote.ranks(t, run_dir))
 
-                def on_line(line: str) -> None:
+                def on_lines(lines: list[str]) -> None:
                     if copy:
-                        copy.write(line + "\n")
-                    tagged = tag(line)
-                    if rank is None or tagged.rank == rank:
-                        shown[0] += 1
-                        console.line(tagged.tag, index[n.host.name], tagged.text)
+                        copy.write("".join(line + "\n" for line in lines))
+                    tagged = [tg for tg in map(tag, lines) if rank is None or tg.rank == rank]
+                    shown[0] += len(tagged)
+                    console.lines(index[n.host.name], [(tg.tag, tg.text) for tg in tagged])
 
                 pid = st.pid if follow and not st.done else None
-                return remote.follow(t, run_dir, pid, on_line)
+                return remote.follow(t, run_dir, pid, on_lines)
         finally:
             if copy:
                 copy.close()

@@ -12,6 +12,7 @@ from typing import Any
 
 from fleet.inventory import Host, Inventory
 from fleet.plan import NodeNet
+from fleet.remote import held_script, parse_held
 from fleet.shell import quote
 from fleet.transport import Transport
 
@@ -90,6 +91,7 @@ class Facts:
     route_src: str | None = None  # source address towards the master, when asked
     route_error: str = ""
     detail: str = ""  # why python is missing, as the node said it
+    held: tuple[str, ...] = ()  # live fleet runs on this machine ("run-id/node"), where asked
 
     def versions(self) -> dict[str, str]:
         """What a run's manifest keeps of this node's software ("" where absent)."""
@@ -99,9 +101,10 @@ class Facts:
 
 
 def probe_script(python: str, workdir: str, master: str | None = None,
-                 create: bool = True) -> str:
+                 create: bool = True, held: bool = False) -> str:
     """One round trip: name, SSH address, python facts, and the workdir's storage id, which is
-    created (atomically, NFS-safe: a hard link fails if it exists) unless `create` is false."""
+    created (atomically, NFS-safe: a hard link fails if it exists) unless `create` is false;
+    with `held`, also the fleet runs still alive on the node (remote.held_script)."""
     wd = quote(workdir)
     lines = [
         'printf "hostname=%s\\n" "$(cat /proc/sys/kernel/hostname 2>/dev/null || hostname)"',
@@ -115,6 +118,8 @@ def probe_script(python: str, workdir: str, master: str | None = None,
                   f"[ -s {f} ] || {{ printf '%s\\n' {new} > {f}.{new} && ln {f}.{new} {f}; "
                   f"rm -f {f}.{new}; }} 2>/dev/null"]
     lines.append(f'printf "storage=%s\\n" "$(cat {f} 2>/dev/null)"')
+    if held:
+        lines.append(f"( {held_script(f'{workdir}/runs')} )")
     return "\n".join(lines)
 
 
@@ -125,6 +130,8 @@ def parse_probe(out: str) -> Facts:
         key, sep, value = line.partition("=")
         if sep and key in ("hostname", "ssh", "py", "storage"):
             fields[key] = value
+        elif sep and key in ("me", "run"):
+            continue  # the held listing: parse_held reads it
         elif line.strip():
             other.append(line)
     ssh = fields.get("ssh", "").split()
@@ -145,14 +152,15 @@ def parse_probe(out: str) -> Facts:
                  storage=fields.get("storage", "").strip(),
                  route_src=str(py["route_src"]) if py.get("route_src") else None,
                  route_error=str(py.get("route_error", "")),
-                 detail="\n".join(other[-3:]))
+                 detail="\n".join(other[-3:]), held=tuple(parse_held(out)))
 
 
 def probe(t: Transport, master: str | None = None, create: bool = True,
-          python: str | None = None) -> Facts:
+          python: str | None = None, held: bool = False) -> Facts:
     """The node's facts, its python's from `python` where given (a job's own interpreter)."""
     r = t.run(probe_script(t.path(python) if python else t.host.python,
-                           t.path(t.host.workdir), master, create), timeout=60, what="probe")
+                           t.path(t.host.workdir), master, create, held), timeout=60,
+              what="probe")
     return parse_probe(r.out)
 
 

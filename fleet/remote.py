@@ -197,13 +197,16 @@ def connect_script(python: str, addr: str, port: int | str) -> str:
 
 def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) -> None:
     """Wait until the master's rendezvous port accepts connections, checked on the master
-    itself; fails early if the master's run already ended."""
+    itself; fails early if the master's run already failed (one that already succeeded, a
+    short job, needs no port any more)."""
     deadline = time.monotonic() + timeout
     while True:
         if t.run(connect_script(t.host.python, addr, port), timeout=15,
                  what="probe the rendezvous port").ok:
             return
         st = state(t, run_dir)
+        if st.status is NodeStatus.SUCCEEDED:
+            return
         if st.done:
             log = t.run(sh("tail", "-n", "30", f"{run_dir}/node.log"), timeout=15).out
             hints = "\n".join(format_diagnoses(diagnose(log)))
@@ -216,13 +219,32 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) 
         time.sleep(0.25)
 
 
-def follow(t: Transport, run_dir: str, pid: int | None, on_line: Callable[[str], None],
+def follow_script(run_dir: str, pid: int | None, from_line: int = 1) -> str:
+    """node.log from a line on; with the wrapper's pid, until the wrapper ends. Its end is an
+    event where run.sh holds its lock: a shared flock returns at once then, the waiter exits
+    and is reaped by this shell, and tail (checking every 0.05 s) reads the rest and stops.
+    Elsewhere tail watches the wrapper's pid. tail is never the script's last command: a shell
+    would exec it, and the waiter would become tail's own unreaped child."""
+    log = f"{run_dir}/node.log"
+    if pid is None:
+        return sh("tail", "-n", f"+{from_line}", log) + " 2>/dev/null"
+    d = quote(run_dir)
+    return "\n".join([
+        f"w={pid}",
+        f"if [ -e {d}/locked ] && command -v flock >/dev/null 2>&1; then",
+        f"  flock -s {d}/lock true 2>/dev/null & w=$!",
+        "fi",
+        sh("tail", "-n", f"+{from_line}", "-F", "-s", "0.05", "--pid") + f' "$w" {quote(log)}'
+        " 2>/dev/null",
+        "code=$?",
+        'exit "$code"',
+    ])
+
+
+def follow(t: Transport, run_dir: str, pid: int | None, on_lines: Callable[[list[str]], None],
            stop: threading.Event | None = None, from_line: int = 1) -> int:
     """Stream node.log from a line on, until the run's wrapper process exits (or `stop`)."""
-    args = ["tail", "-n", f"+{from_line}"]
-    if pid is not None:
-        args += ["-F", "-s", "0.2", "--pid", str(pid)]
-    return t.stream(sh(*args, f"{run_dir}/node.log") + " 2>/dev/null", on_line, stop)
+    return t.stream(follow_script(run_dir, pid, from_line), on_lines, stop)
 
 
 def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R]) -> dict[str, R | Exception]:

@@ -121,15 +121,15 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
         node, t = nodes[name], session_t[name]
         tail: list[str] = []
 
-        def on_line(line: str) -> None:
-            tail.append(line)
+        def on_lines(lines: list[str]) -> None:
+            tail.extend(lines)
             del tail[:-TAIL_LINES]
-            console.line(f"{name} setup", index[name], line)
+            console.lines(index[name], [(f"{name} setup", line) for line in lines])
             faults.point("setup")  # a fault test strikes while a setup runs
 
         t0 = time.monotonic()
         console.phase(name, "setup: running" + (" (--setup)" if force else ""))
-        code = t.stream(setup_script(node, plan.job, node.host.python, plan.run_id), on_line,
+        code = t.stream(setup_script(node, plan.job, node.host.python, plan.run_id), on_lines,
                         interrupted)
         if interrupted.is_set():  # fleet is being interrupted: the guard stops what runs
             return SetupResult(False)

@@ -80,9 +80,9 @@ def unframe(raw: str, token: str) -> tuple[str, str, bool]:
     return (body[:stop] if stop >= 0 else body), raw[:at], True
 
 
-def verify_script(tmp: str, target: str, data: bytes, mode: int) -> str:
-    """Replaces target with tmp only if tmp holds exactly `data`; else says what arrived and how
-    much room is left (see parse_verify)."""
+def verify_script(tmp: str, target: str, data: bytes, mode: int, then: str = "") -> str:
+    """Replaces target with tmp only if tmp holds exactly `data`, then runs `then` (its status
+    is the script's); else says what arrived and how much room is left (see parse_verify)."""
     size, digest = len(data), hashlib.sha256(data).hexdigest()
     t, dest = quote(tmp), quote(target)
     return "\n".join([
@@ -90,7 +90,11 @@ def verify_script(tmp: str, target: str, data: bytes, mode: int) -> str:
         f"sum={digest}",
         f"command -v sha256sum >/dev/null 2>&1 && sum=$(sha256sum < {t} | cut -c1-64)",
         f'if [ "$got" = {size} ] && [ "$sum" = {digest} ]; then',
-        f"  chmod {mode:o} {t} && mv -f {t} {dest} && echo written && exit 0",
+        f"  if chmod {mode:o} {t} && mv -f {t} {dest}; then",
+        "    echo written",
+        f"    {then or 'true'}",
+        "    exit $?",
+        "  fi",
         "fi",
         f"rm -f {t}",
         'echo "got=${got:-0}"',
@@ -161,26 +165,32 @@ class Transport(ABC):
         """Run a POSIX sh script; `what` names it in errors (default: its first line)."""
 
     @abstractmethod
-    def stream(self, script: str, on_line: Callable[[str], None],
+    def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None) -> int:
-        """Run a script, calling on_line for each line of its output (stderr merged); returns
-        its exit code, or -1 if `stop` ended it."""
+        """Run a script, calling on_lines with the lines of its output (stderr merged) as they
+        arrive, every line once and in order, several at a time where they came together;
+        returns its exit code, or -1 if `stop` ended it."""
 
     @abstractmethod
     def _put(self, path: str, data: bytes, mode: int) -> str:
         """Write data to a new file at path, mode set first; returns a problem seen, or ''."""
 
-    def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        """Create or replace a file, atomically and verified; WriteError says why not."""
+    def write(self, path: str, data: bytes, mode: int = 0o600, then: str = "",
+              what: str = "") -> None:
+        """Create or replace a file, atomically and verified; WriteError says why not. `then`
+        runs on the node once the file is in place, in the same round trip (`what` names it);
+        RemoteCommandError if it fails."""
         target = self.path(path)
         tmp = f"{target}.fleet-{secrets.token_hex(4)}"
         cause = self._put(tmp, data, mode)
-        r = self.run(verify_script(tmp, target, data, mode), timeout=120,
+        r = self.run(verify_script(tmp, target, data, mode, then), timeout=120,
                      what=f"write {target}")
         w = parse_verify(r.out)
         if not w.ok:
             raise WriteError(write_problem(self.host.name, target, len(data), w,
                                            cause or r.err.strip()))
+        if not r.ok:
+            raise RemoteCommandError(self.host.name, what or then, r.code, r.err or r.out)
 
     def _hello(self) -> None:
         """Home, login shell, rc noise, and the node's clock against this machine's."""
@@ -244,15 +254,20 @@ class LocalTransport(Transport):
             return str(e)
         return ""
 
-    def stream(self, script: str, on_line: Callable[[str], None],
+    def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None) -> int:
         p = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True)
         assert p.stdout is not None
         watcher = _kill_on(stop, p.kill)
-        for raw in p.stdout:
-            on_line(raw.decode("utf-8", "replace").rstrip("\n"))
+        rest = b""
+        while chunk := p.stdout.read1(65536):  # type: ignore[attr-defined]
+            *lines, rest = (rest + chunk).split(b"\n")
+            if lines:
+                on_lines([raw.decode("utf-8", "replace") for raw in lines])
+        if rest:
+            on_lines([rest.decode("utf-8", "replace")])
         code = p.wait()
         if watcher:
             watcher.set()
@@ -276,12 +291,13 @@ def _kill_on(stop: threading.Event | None, kill: Callable[[], None]) -> threadin
 
 
 class _Lines:
-    """Splits a byte stream into lines and hands on those after the start marker."""
+    """Splits a byte stream into lines and hands on those after the start marker, a chunk's
+    worth at a time."""
 
-    def __init__(self, token: str, on_line: Callable[[str], None]) -> None:
+    def __init__(self, token: str, on_lines: Callable[[list[str]], None]) -> None:
         self.begin = f"FLEET-{token}-BEGIN".encode()
         self.end = f"FLEET-{token}-END".encode()
-        self.on_line = on_line
+        self.on_lines = on_lines
         self.started = False
         self.buf = b""
         self.pending_blank = False  # the blank line printed before the end marker
@@ -289,10 +305,13 @@ class _Lines:
     def feed(self, chunk: bytes) -> None:
         self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
+        out: list[str] = []
         for line in lines:
-            self._line(line)
+            self._line(line, out)
+        if out:
+            self.on_lines(out)
 
-    def _line(self, line: bytes) -> None:
+    def _line(self, line: bytes, out: list[str]) -> None:
         if not self.started:
             self.started = line == self.begin
             return
@@ -301,15 +320,18 @@ class _Lines:
             self.started = False  # anything after the end marker is noise too
             return
         if self.pending_blank:
-            self.on_line("")
+            out.append("")
         self.pending_blank = line == b""
         if not self.pending_blank:
-            self.on_line(line.decode("utf-8", "replace"))
+            out.append(line.decode("utf-8", "replace"))
 
     def close(self) -> None:
         if self.buf:
-            self._line(self.buf)
+            out: list[str] = []
+            self._line(self.buf, out)
             self.buf = b""
+            if out:
+                self.on_lines(out)
 
 
 class SSHTransport(Transport):
@@ -450,10 +472,10 @@ class SSHTransport(Transport):
     def sftp_available(self) -> bool:
         return self._sftp_client() is not None
 
-    def stream(self, script: str, on_line: Callable[[str], None],
+    def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None) -> int:
         token = secrets.token_hex(8)
-        lines = _Lines(token, on_line)
+        lines = _Lines(token, on_lines)
         try:
             chan = self._session()
             chan.sendall(frame(script, token, merge_stderr=True).encode())

@@ -42,8 +42,9 @@ def test_allreduce_across_two_hosts(cli: CLI, tb2: Testbed, tmp_path: Path) -> N
     # No interface settings anywhere, though each host's name resolves to 127.0.0.1: fleet
     # detected the interface (the seeds' `Gloo connectFullMesh failed ... 127.0.0.1`).
     assert "interface eth0" in r.stderr
-    # Master first: node2 starts only after node1's rendezvous port is open.
-    assert r.stderr.index("rendezvous") < r.stderr.index("node2  started")
+    # Master first: node2's launcher starts only once node1's has (its torchrun then waits
+    # for the master's store by itself).
+    assert r.stderr.index("node1  started master") < r.stderr.index("node2  started")
     run_id = run_id_of(r.stderr)
     assert_nothing_left(tb2, run_id)
     # The run is recorded locally and on every node.

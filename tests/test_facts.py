@@ -4,6 +4,7 @@ output (noisy rc files included), and the framing through every real login shell
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_noise_without_a_final_newline_keeps_the_output() -> None:
     raw = f"Loading modules...\nFLEET-{TOKEN}-BEGIN\nx=1\n\nFLEET-{TOKEN}-END\n"
     assert unframe(raw, TOKEN)[:2] == ("x=1\n", "Loading modules...")
     got: list[str] = []
-    lines = _Lines(TOKEN, got.append)
+    lines = _Lines(TOKEN, got.extend)
     lines.feed(raw.encode())
     lines.close()
     assert got == ["x=1"]
@@ -68,7 +69,7 @@ def test_a_banner_cannot_forge_the_marker() -> None:
 
 def test_streamed_lines_after_the_marker_only_blank_lines_kept() -> None:
     got: list[str] = []
-    lines = _Lines(TOKEN, got.append)
+    lines = _Lines(TOKEN, got.extend)
     stream = (BANNER + f"FLEET-{TOKEN}-BEGIN\n" + "[default0]:a\n\n\nb\n" +
               f"\nFLEET-{TOKEN}-END\n" + "trailing noise\n").encode()
     for i in range(0, len(stream), 7):  # chunks that cut lines and markers anywhere
@@ -284,3 +285,59 @@ def test_a_pid_counts_only_on_the_machine_that_recorded_it() -> None:
     assert remote.parse_state(base + "machine=node2 boot-B\n").status is NodeStatus.RUNNING
     rebooted = remote.parse_state(base + "machine=node2 boot-A\n")
     assert (rebooted.status, rebooted.elapsed) == (NodeStatus.FAILED, 30)
+
+
+# ---- one listing and one bundle per node ------------------------------------------------------
+def test_listing_of_several_directories_in_one_round_trip(tmp_path: Path) -> None:
+    from fleet.sync import listing_script, parse_listing
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("x")
+    out = subprocess.run(["sh", "-c", listing_script(
+        [str(tmp_path / "a"), str(tmp_path / "b")], private=(str(tmp_path / "run"),),
+        make=(str(tmp_path / "c"),))], capture_output=True, text=True, check=True).stdout
+    a, b = parse_listing(out, 2)
+    assert list(a) == ["x.py"] and a["x.py"][0] == 1
+    assert b == {}  # created, empty
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "c").is_dir()
+
+
+def test_bundle_unpacks_code_and_run_files_with_modes_and_mtimes(tmp_path: Path) -> None:
+    """What changed and the run's own files in one tar: each lands at its path under the
+    bundle's root, with its mode; synced files keep their mtime, so the next listing finds
+    them unchanged."""
+    from fleet.sync import (
+        Entry,
+        bundle,
+        bundle_root,
+        changed,
+        code_entries,
+        listing_script,
+        local_manifest,
+        parse_listing,
+    )
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "pkg" / "run").write_text("#!/bin/sh\n")
+    (src / "pkg" / "run").chmod(0o755)
+    os.utime(src / "train.py", (1_700_000_000, 1_700_000_000))
+    node = tmp_path / "node"
+    code, run = f"{node}/code/job", f"{node}/runs/r1/n1"
+    local = local_manifest(src, ())
+    entries = code_entries(src, code, changed(local, {}))
+    entries += [Entry(f"{run}/env.sh", 0o600, data=b"export A=1\n"),
+                Entry(f"{run}/site/sitecustomize.py", 0o644, data=b"")]
+    root = bundle_root(entries)
+    assert root == str(node)
+    node.mkdir()  # the listing made it
+    tar = tmp_path / "b.tar.gz"
+    tar.write_bytes(bundle(entries, root))
+    subprocess.run(["tar", "-xzpf", str(tar), "--no-same-owner", "-C", root], check=True)
+    assert Path(code, "train.py").read_text() == "print('hi')\n"
+    assert Path(code, "pkg", "run").stat().st_mode & 0o777 == 0o755
+    assert Path(run, "env.sh").stat().st_mode & 0o777 == 0o600
+    assert Path(run, "site", "sitecustomize.py").exists()
+    out = subprocess.run(["sh", "-c", listing_script([code])], capture_output=True, text=True,
+                         check=True).stdout
+    assert changed(local, parse_listing(out, 1)[0]) == []

@@ -287,3 +287,70 @@ def test_run_sh_records_the_childs_own_exit_code_under_signals(tmp_path: Path,
         assert wrapper.wait(timeout=20) == 7
         log.close()
         assert (Path(node.run_dir) / "exit_code").read_text().strip() == "7", attempt
+
+
+# ---- following a node's log until its wrapper ends -------------------------------------------
+def _rendered_node(tmp_path: Path, command: tuple[str, ...], run_id: str) -> Any:
+    from fleet.render import render_node
+    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path))
+    inv = Inventory(tmp_path / "inv.toml", (host,))
+    job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
+              script=None, launcher="command", command=command)
+    plan = make_plan(inv, job, run_id)
+    node = plan.nodes[0]
+    Path(node.run_dir).mkdir(parents=True)
+    Path(node.code_dir).mkdir(parents=True, exist_ok=True)
+    for name, (text, _mode) in render_node(plan, node).files.items():
+        (Path(node.run_dir) / name).parent.mkdir(exist_ok=True)
+        (Path(node.run_dir) / name).write_text(text)
+    return node
+
+
+def test_follow_ends_when_the_wrapper_ends_even_as_an_unreaped_zombie(tmp_path: Path) -> None:
+    """run.sh's end is seen through its lock: the follower ends with every line although the
+    wrapper's pid still exists (a zombie nobody reaps: `kill -0` succeeds on it, which is what
+    a pid watch alone would wait on). Without the lock file the follower would wait forever."""
+    import subprocess
+    import sys
+
+    lines = 2000
+    node = _rendered_node(tmp_path, (sys.executable, "-c",
+                                     f"import time\nfor i in range({lines}): print('line', i)\n"
+                                     "time.sleep(0.5)\nprint('last')"), "j-follow")
+    log = open(Path(node.run_dir) / "node.log", "w")  # noqa: SIM115
+    # Not waited for until the follower has ended: the wrapper stays a zombie after it exits.
+    wrapper = subprocess.Popen(["sh", "run.sh"], cwd=node.run_dir, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, "FLEET_RUN_ID": "j-follow"})
+    try:
+        deadline = time.monotonic() + 20
+        while not (Path(node.run_dir) / "pid").exists():
+            assert time.monotonic() < deadline, "run.sh never started"
+            time.sleep(0.01)
+        assert (Path(node.run_dir) / "locked").exists(), "flock is part of util-linux"
+        follower = subprocess.run(["sh", "-c", remote.follow_script(node.run_dir, wrapper.pid)],
+                                  capture_output=True, text=True, timeout=60)
+        status = Path(f"/proc/{wrapper.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert status == "Z", "the wrapper should still be an unreaped zombie here"
+    finally:
+        wrapper.wait(timeout=30)
+        log.close()
+    out = follower.stdout.splitlines()
+    assert out == [f"line {i}" for i in range(lines)] + ["last"]
+    assert (Path(node.run_dir) / "exit_code").read_text().strip() == "0"
+
+
+def test_follow_without_the_lock_watches_the_pid(tmp_path: Path) -> None:
+    """A run whose run.sh took no lock (a job's own run.sh template, a node without flock): the
+    follower watches the wrapper's pid, and ends once it is gone."""
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "node.log").write_text("a\nb\n")
+    sleeper = subprocess.Popen(["sleep", "0.5"])
+    follower = subprocess.Popen(["sh", "-c", remote.follow_script(str(run_dir), sleeper.pid)],
+                                stdout=subprocess.PIPE, text=True)
+    sleeper.wait(timeout=10)
+    out, _ = follower.communicate(timeout=30)
+    assert out.splitlines() == ["a", "b"]
