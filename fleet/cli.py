@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet import check as fleet_check
-from fleet import hang, hostkeys, launch, lifecycle, remote, state
+from fleet import hang, hostkeys, launch, lifecycle, remote, slurm, state
 from fleet import logs as fleet_logs
 from fleet import manifest as fleet_manifest
 from fleet import setup as fleet_setup
@@ -142,6 +142,48 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         for k, v in masked(n.env, job.secret_env).items():
             print(f"  env {k}={v}")
         print(f"  command:   {join(n.argv)}")
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Write the job for another scheduler.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("slurm")
+def export_slurm(
+        job_path: JobArg, inventory: InvOpt = None,
+        output: Annotated[Path | None, typer.Option(
+            "--output", "-o", help="Write the script to this file (default: stdout).")] = None,
+        partition: Annotated[str | None, typer.Option(help="sbatch --partition.")] = None,
+        time_limit: Annotated[str | None, typer.Option(
+            "--time", help="sbatch --time (minutes, HH:MM:SS, D-HH:MM:SS).")] = None,
+        account: Annotated[str | None, typer.Option(help="sbatch --account.")] = None,
+        nodes: Annotated[int | None, typer.Option(
+            help="Nodes (default: the inventory's [slurm] nodes, or its number of hosts).")
+        ] = None,
+        gpus_per_node: Annotated[str | None, typer.Option(
+            "--gpus-per-node", help="sbatch --gpus-per-node (4, or a100:4).")] = None,
+        debug_env: Annotated[bool, typer.Option(
+            "--debug", help="With the distributed debugging env of `fleet up --debug`.")
+        ] = False,
+        ) -> None:
+    """A standalone sbatch script for the job (fleet not needed to run it): one torchrun per
+    node with the node rank from Slurm, fail-fast srun, the same NIC choice as fleet."""
+    job = load_job(job_path, inventory)
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
+    cluster = slurm.with_options(slurm.cluster_for(job.inventory), partition=partition,
+                                 time=time_limit, account=account, nodes=nodes,
+                                 gpus_per_node=gpus_per_node)
+    text = slurm.export_script(job, cluster)
+    if output is None:
+        print(text, end="")
+        return
+    try:
+        output.write_text(text)
+        output.chmod(0o755)
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e}") from e
+    print(f"fleet: wrote {output}; submit it with `sbatch {output}`", file=sys.stderr)
 
 
 def _plan_json(p: Plan) -> dict[str, object]:
