@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet import check as fleet_check
-from fleet import hang, hostkeys, launch, lifecycle, remote, slurm, state
+from fleet import hang, hostkeys, launch, lifecycle, remote, slurm, slurm_run, state
 from fleet import logs as fleet_logs
 from fleet import manifest as fleet_manifest
 from fleet import setup as fleet_setup
@@ -80,6 +80,10 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
+    if slurm.is_cluster(job.inventory):
+        slurm_run.up(slurm.load_cluster(job.inventory), job, Console(), detach=detach,
+                     checks=not skip_checks)
+        return
     inv = load_inventory(job.inventory)
     lifecycle.up(inv, job, Console(), detach=detach, checks=not skip_checks, force=force,
                  allow_mismatch=allow_mismatch, force_setup=force_setup)
@@ -260,6 +264,10 @@ def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
     console = Console()
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        slurm_run.stop(on_slurm, console)
+        return
     console.hosts([n.host.name for n in rec.nodes])
     results = remote.on_nodes(rec, lambda t, d: remote.stop(t, d, "fleet stop"))
     bad = 0
@@ -291,6 +299,12 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     """Remove a finished run: its directory on every node and its local record."""
     console = Console()
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        console.info(f"removed {slurm_run.remove(on_slurm)}")
+        shutil.rmtree(rec.dir, ignore_errors=True)
+        console.info(f"run {rec.run_id} removed")
+        return
     console.hosts([n.host.name for n in rec.nodes])
     results = remote.on_nodes(rec, remote.remove)
     bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
@@ -308,6 +322,13 @@ def status(run_id: RunArg = None) -> None:
     """Each node's state for a run; exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node
     could not be asked), 4 stopped."""
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        word, lines = slurm_run.status(on_slurm, rec.started)
+        print("\n".join(lines))
+        if word.exit_code:
+            raise typer.Exit(word.exit_code)
+        return
     results = _states(rec)
     final = overall(_status(r) for r in results.values())
     print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
@@ -347,6 +368,11 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         r = results[rec.run_id]
         word = overall(_status(s) for s in r.values()).value if isinstance(r, dict) else \
             f"unknown ({reason(r)})"
+        if isinstance(r, dict) and not r and (on_slurm := slurm_run.load(rec)) is not None:
+            try:
+                word = f"{slurm_run.status(on_slurm, rec.started)[0].value} (slurm)"
+            except FleetError as e:
+                word = f"unknown ({reason(e)})"
         names = ",".join(n.host.name for n in rec.nodes)
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         print(f"{rec.run_id:<40} {word:<12} {started}  {names}")
@@ -383,6 +409,12 @@ def logs(run_id: RunArg = None,
     """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
     console = Console()
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        shown = slurm_run.logs(on_slurm, console, follow, node, rank)
+        if rank is not None and not shown:
+            raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}")
+        return
     if node is not None and node not in {n.host.name for n in rec.nodes}:
         raise UsageError(f"run {rec.run_id} has no node {node!r}")
     keep = rec.dir if node is None and rank is None else None
@@ -437,6 +469,9 @@ def dump(run_id: RunArg = None) -> None:
     """Every rank's Python stack on every node of a running run, grouped (the rank that is
     different named first); the run goes on. Kept in the run's record too."""
     rec = state.load(run_id)
+    if slurm_run.load(rec) is not None:
+        raise UsageError(f"run {rec.run_id} runs on Slurm: `fleet dump` works on host runs "
+                         "only for now")
 
     def connect(n: NodeRecord) -> Transport:
         return open_transport(n.host)
