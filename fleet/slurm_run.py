@@ -368,13 +368,16 @@ def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -
     nodes = node_infos(t, rec.run_dir)
     log = t.run(sh("tail", "-n", "200", f"{rec.run_dir}/batch.log") + " 2>/dev/null",
                 timeout=60).out
-    ends = sj.parse_srun(log)
-    by_itself = [e.node for e in ends if e.by_itself]
     cancelled = info.status is RunStatus.STOPPED
+    # A node failed by itself where it ended non-zero without Slurm signalling it; srun's own
+    # verdicts ("Exited with exit code") stand in for a node that recorded no exit code.
+    said = {e.node for e in sj.parse_srun(log) if e.by_itself}
+    failed = [n for n in nodes.values() if not n.signalled and not cancelled and
+              (n.code not in (0, None) or (n.code is None and n.name in said))]
     for n in sorted(nodes.values(), key=lambda n: (n.node_rank is None, n.node_rank, n.name)):
         if n.code == 0:
             words = "succeeded (exit 0)"
-        elif n.name in by_itself or (n.code is not None and not cancelled and not ends):
+        elif n in failed:
             words = f"failed (exit {n.code})"
         elif cancelled:
             words = f"stopped by scancel (exit {n.code})" if n.code is not None else \
@@ -388,8 +391,6 @@ def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -
                   + (f", exit code {info.exit_code}" if info.exit_code is not None else ""))
     if info.status is not RunStatus.FAILED:
         return info.status
-    failed = [n for n in nodes.values() if n.name in by_itself or
-              (n.code not in (0, None) and not ends)]
     causes = []
     for n in failed:
         with contextlib.suppress(FleetError):

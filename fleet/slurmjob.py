@@ -154,7 +154,8 @@ def nodes_script(run_dir: str) -> str:
     return "\n".join([
         f"cd {quote(run_dir)} 2>/dev/null || exit 0",
         'for d in */; do d=${d%/}; [ -f "$d/node.log" ] || continue',
-        '  printf "node=%s|%s|%s\\n" "$d" "$(cat "$d/exit_code" 2>/dev/null)" '
+        '  s=; [ -e "$d/signalled" ] && s=signalled',
+        '  printf "node=%s|%s|%s|%s\\n" "$d" "$(cat "$d/exit_code" 2>/dev/null)" "$s" '
         '"$(head -n 1 "$d/node.log")"',
         "done; true"])
 
@@ -167,6 +168,7 @@ class NodeInfo:
     name: str
     node_rank: int | None
     code: int | None  # torchrun's exit code, once it ended
+    signalled: bool = False  # Slurm signalled it (it ended because of another node, or scancel)
 
 
 def parse_nodes(out: str) -> dict[str, NodeInfo]:
@@ -175,10 +177,12 @@ def parse_nodes(out: str) -> dict[str, NodeInfo]:
         if not line.startswith("node="):
             continue
         name, _, rest = line[5:].partition("|")
-        code, _, first = rest.partition("|")
+        code, _, rest = rest.partition("|")
+        signalled, _, first = rest.partition("|")
         m = ANNOUNCE.search(first)
         found[name] = NodeInfo(name, int(m.group(2)) if m else None,
-                               int(code) if code.strip().lstrip("-").isdigit() else None)
+                               int(code) if code.strip().lstrip("-").isdigit() else None,
+                               signalled.strip() == "signalled")
     return found
 
 

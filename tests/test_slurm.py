@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from fleet import slurm
+from fleet import slurmjob as sj
 from fleet.errors import ConfigError
 from fleet.inventory import load_inventory
 from fleet.job import load_job
+from fleet.states import RunStatus
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "it's \"quoted\"", "two words",
            "new\nline", "--flag=$HOME", "*", "; touch {canary}", "{{{{literal}}}}"]
@@ -304,3 +306,79 @@ def test_cli_export(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "fleet", "export", "slurm", str(job),
                         "--gpus-per-node", "x y"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "--gpus-per-node" in r.stderr
+
+
+# ---- facts: what Slurm's clients print --------------------------------------------------------
+SCONTROL = ("JobId=12 JobName=job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 "
+            "Nice=0 Account=(null) QOS=(null) JobState=FAILED Reason=NonZeroExitCode "
+            "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=1:0 "
+            "RunTime=00:00:09 TimeLimit=00:10:00 NodeList=node[1-2] BatchHost=node1 "
+            "Command=/shared/my runs/job.sbatch WorkDir=/shared/my runs "
+            "StdOut=/shared/my runs/batch.log Power=")
+
+
+def test_parse_scontrol() -> None:
+    info = sj.parse_scontrol("banner line\n" + SCONTROL + "\n", "12")
+    assert info == sj.JobInfo("12", "FAILED", 1, 0, "node[1-2]", "NonZeroExitCode", "scontrol")
+    assert info.status is RunStatus.FAILED
+    assert sj.scontrol_fields(SCONTROL)["WorkDir"] == "/shared/my runs"
+    assert sj.parse_scontrol("slurm_load_jobs error: Invalid job id specified\n", "12") is None
+    assert sj.parse_scontrol(SCONTROL, "13") is None
+
+
+def test_parse_squeue_and_sacct() -> None:
+    assert sj.parse_squeue("12|RUNNING|node[1-2]|None\n", "12") == \
+        sj.JobInfo("12", "RUNNING", nodes="node[1-2]", reason="None", source="squeue")
+    assert sj.parse_squeue("12|PENDING||Resources\n", "12").status is RunStatus.STARTING
+    assert sj.parse_squeue("slurm_load_jobs error: Invalid job id specified\n", "12") is None
+    assert sj.parse_sacct("12|CANCELLED by 0|0:15|node[1-2]\n", "12") == \
+        sj.JobInfo("12", "CANCELLED by 0", 0, 15, "node[1-2]", source="sacct")
+    assert sj.parse_sacct("sacct: error: Slurm accounting storage is disabled\n", "12") is None
+
+
+def test_parse_job_prefers_scontrol_then_squeue_then_sacct() -> None:
+    out = ("=== squeue\n12|COMPLETING|node[1-2]|None\n=== scontrol\n" + SCONTROL +
+           "\n=== sacct\nsacct: error: Slurm accounting storage is disabled\n=== end\n")
+    assert sj.parse_job(out, "12").source == "scontrol"
+    out = "=== squeue\n12|RUNNING|node1|None\n=== scontrol\nInvalid job id\n=== sacct\n"
+    assert sj.parse_job(out, "12").source == "squeue"
+    out = "=== squeue\n=== scontrol\nInvalid\n=== sacct\n12|COMPLETED|0:0|node1\n"
+    assert sj.parse_job(out, "12").status is RunStatus.SUCCEEDED
+    assert sj.parse_job("=== squeue\n=== scontrol\n=== sacct\n", "12") is None
+
+
+@pytest.mark.parametrize("state, status", [
+    ("PENDING", RunStatus.STARTING), ("RUNNING", RunStatus.RUNNING),
+    ("COMPLETING", RunStatus.RUNNING), ("COMPLETED", RunStatus.SUCCEEDED),
+    ("CANCELLED by 0", RunStatus.STOPPED), ("CANCELLED+", RunStatus.STOPPED),
+    ("TIMEOUT", RunStatus.FAILED), ("NODE_FAIL", RunStatus.FAILED),
+    ("OUT_OF_MEMORY", RunStatus.FAILED), ("", RunStatus.UNKNOWN), ("WEIRD", RunStatus.UNKNOWN)])
+def test_job_states(state: str, status: RunStatus) -> None:
+    assert sj.status_of(state) is status
+
+
+def test_parse_submit() -> None:
+    assert sj.parse_submit("12\n") == "12"
+    assert sj.parse_submit("Welcome to the cluster\n34;cluster2\n") == "34"
+    assert sj.parse_submit("sbatch: error: Batch job submission failed\n") is None
+
+
+def test_parse_nodes_and_srun_verdicts() -> None:
+    out = ("noise\nnode=node1|1|signalled|fleet: node node1 is node rank 0 of 2 (master 10.0.0.1)\n"
+           "node=node2|1||fleet: node node2 is node rank 1 of 2 (master 10.0.0.1)\n"
+           "node=node3||| \n")
+    assert sj.parse_nodes(out) == {"node1": sj.NodeInfo("node1", 0, 1, True),
+                                   "node2": sj.NodeInfo("node2", 1, 1, False),
+                                   "node3": sj.NodeInfo("node3", None, None, False)}
+    log = ("srun: error: node2: task 1: Exited with exit code 1\n"
+           "slurmstepd: error: *** STEP 2.0 ON node1 CANCELLED AT 2026-11-22T16:37:27 ***\n"
+           "srun: error: node1: task 0: Terminated\n")
+    ends = sj.parse_srun(log)
+    assert [(e.node, e.by_itself) for e in ends] == [("node2", True), ("node1", False)]
+
+
+def test_commands_quote_what_they_are_given() -> None:
+    script = sj.submit_script("/shared/my runs/$(x)", "job.sbatch")
+    assert "cd '/shared/my runs/$(x)'" in script
+    assert "'--output=/shared/my runs/$(x)/batch.log'" in script
+    assert sj.cancel_script("12; rm -rf /") == "scancel '12; rm -rf /' 2>&1"
