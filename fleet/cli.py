@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet import check as fleet_check
-from fleet import hang, hostkeys, launch, lifecycle, remote, state
+from fleet import hang, hostkeys, launch, lifecycle, remote, slurm, slurm_run, state
 from fleet import logs as fleet_logs
 from fleet import manifest as fleet_manifest
 from fleet import setup as fleet_setup
@@ -80,6 +80,10 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
+    if slurm.is_cluster(job.inventory):
+        slurm_run.up(slurm.load_cluster(job.inventory), job, Console(), detach=detach,
+                     checks=not skip_checks)
+        return
     inv = load_inventory(job.inventory)
     lifecycle.up(inv, job, Console(), detach=detach, checks=not skip_checks, force=force,
                  allow_mismatch=allow_mismatch, force_setup=force_setup)
@@ -142,6 +146,48 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         for k, v in masked(n.env, job.secret_env).items():
             print(f"  env {k}={v}")
         print(f"  command:   {join(n.argv)}")
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Write the job for another scheduler.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("slurm")
+def export_slurm(
+        job_path: JobArg, inventory: InvOpt = None,
+        output: Annotated[Path | None, typer.Option(
+            "--output", "-o", help="Write the script to this file (default: stdout).")] = None,
+        partition: Annotated[str | None, typer.Option(help="sbatch --partition.")] = None,
+        time_limit: Annotated[str | None, typer.Option(
+            "--time", help="sbatch --time (minutes, HH:MM:SS, D-HH:MM:SS).")] = None,
+        account: Annotated[str | None, typer.Option(help="sbatch --account.")] = None,
+        nodes: Annotated[int | None, typer.Option(
+            help="Nodes (default: the inventory's [slurm] nodes, or its number of hosts).")
+        ] = None,
+        gpus_per_node: Annotated[str | None, typer.Option(
+            "--gpus-per-node", help="sbatch --gpus-per-node (4, or a100:4).")] = None,
+        debug_env: Annotated[bool, typer.Option(
+            "--debug", help="With the distributed debugging env of `fleet up --debug`.")
+        ] = False,
+        ) -> None:
+    """A standalone sbatch script for the job (fleet not needed to run it): one torchrun per
+    node with the node rank from Slurm, fail-fast srun, the same NIC choice as fleet."""
+    job = load_job(job_path, inventory)
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
+    cluster = slurm.with_options(slurm.cluster_for(job.inventory), partition=partition,
+                                 time=time_limit, account=account, nodes=nodes,
+                                 gpus_per_node=gpus_per_node)
+    text = slurm.export_script(job, cluster)
+    if output is None:
+        print(text, end="")
+        return
+    try:
+        output.write_text(text)
+        output.chmod(0o755)
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e}") from e
+    print(f"fleet: wrote {output}; submit it with `sbatch {output}`", file=sys.stderr)
 
 
 def _plan_json(p: Plan) -> dict[str, object]:
@@ -218,6 +264,10 @@ def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
     console = Console()
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        slurm_run.stop(on_slurm, console)
+        return
     console.hosts([n.host.name for n in rec.nodes])
     results = remote.on_nodes(rec, lambda t, d: remote.stop(t, d, "fleet stop"))
     bad = 0
@@ -249,6 +299,12 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     """Remove a finished run: its directory on every node and its local record."""
     console = Console()
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        console.info(f"removed {slurm_run.remove(on_slurm)}")
+        shutil.rmtree(rec.dir, ignore_errors=True)
+        console.info(f"run {rec.run_id} removed")
+        return
     console.hosts([n.host.name for n in rec.nodes])
     results = remote.on_nodes(rec, remote.remove)
     bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
@@ -266,6 +322,13 @@ def status(run_id: RunArg = None) -> None:
     """Each node's state for a run; exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node
     could not be asked), 4 stopped."""
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        word, lines = slurm_run.status(on_slurm, rec.started)
+        print("\n".join(lines))
+        if word.exit_code:
+            raise typer.Exit(word.exit_code)
+        return
     results = _states(rec)
     final = overall(_status(r) for r in results.values())
     print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
@@ -305,6 +368,11 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         r = results[rec.run_id]
         word = overall(_status(s) for s in r.values()).value if isinstance(r, dict) else \
             f"unknown ({reason(r)})"
+        if isinstance(r, dict) and not r and (on_slurm := slurm_run.load(rec)) is not None:
+            try:
+                word = f"{slurm_run.status(on_slurm, rec.started)[0].value} (slurm)"
+            except FleetError as e:
+                word = f"unknown ({reason(e)})"
         names = ",".join(n.host.name for n in rec.nodes)
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         print(f"{rec.run_id:<40} {word:<12} {started}  {names}")
@@ -341,6 +409,12 @@ def logs(run_id: RunArg = None,
     """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
     console = Console()
     rec = state.load(run_id)
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        shown = slurm_run.logs(on_slurm, console, follow, node, rank)
+        if rank is not None and not shown:
+            raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}")
+        return
     if node is not None and node not in {n.host.name for n in rec.nodes}:
         raise UsageError(f"run {rec.run_id} has no node {node!r}")
     keep = rec.dir if node is None and rank is None else None
@@ -395,6 +469,9 @@ def dump(run_id: RunArg = None) -> None:
     """Every rank's Python stack on every node of a running run, grouped (the rank that is
     different named first); the run goes on. Kept in the run's record too."""
     rec = state.load(run_id)
+    if slurm_run.load(rec) is not None:
+        raise UsageError(f"run {rec.run_id} runs on Slurm: `fleet dump` works on host runs "
+                         "only for now")
 
     def connect(n: NodeRecord) -> Transport:
         return open_transport(n.host)

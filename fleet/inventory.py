@@ -114,6 +114,10 @@ def _gpus(t: Table) -> tuple[int, ...]:
 def load_inventory(path: Path) -> Inventory:
     """Read and check an inventory file; raises ConfigError naming the file and key."""
     root = Table(path, load_toml(path, "inventory"))
+    if root.has("slurm"):
+        raise root.error("slurm", "this inventory is a Slurm cluster, not a host list: "
+                                  "`fleet up`, `fleet export slurm` and the run commands "
+                                  "take it; plan, check and trust work on host lists")
     defaults = root.table("defaults")
     base = _settings(defaults, {})
     defaults.done()

@@ -1,0 +1,477 @@
+"""`fleet up` (and logs, status, stop, ps) on a Slurm cluster: the same run as on hosts, through
+the login node: sync the code to the shared filesystem, submit the sbatch script that `fleet
+export slurm` prints (plus a log per node), stream every node's log tagged by node and rank, and
+one guard so that every way out (the job's end, an error, Ctrl-C) leaves the Slurm job finished
+or cancelled, recorded locally so that `fleet logs/status/stop RUN` find it."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from fleet import failure, state
+from fleet import slurmjob as sj
+from fleet.console import Console
+from fleet.diagnose import diagnose, format_diagnoses
+from fleet.errors import (
+    DamagedRecord,
+    FleetError,
+    Interrupted,
+    JobFailed,
+    RemoteCommandError,
+    RunStopped,
+    UsageError,
+)
+from fleet.group import reason
+from fleet.inventory import Host
+from fleet.job import Job
+from fleet.logs import Tagger
+from fleet.plan import new_run_id
+from fleet.shell import quote, sh
+from fleet.slurm import Cluster, Script, env_file_text, nproc, render
+from fleet.states import RunStatus
+from fleet.sync import sync_dir
+from fleet.transport import Transport, open_transport
+
+RECORD = "slurm.json"  # beside run.json in the run's local record
+POLL_S = 1.0
+CANCEL_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SlurmRecord:
+    """What later commands need to find a run on Slurm again."""
+
+    run_id: str
+    job: str
+    login: Host
+    run_dir: str  # on the shared filesystem, as the login node sees it
+    job_id: str | None = None
+    nproc: int | str = 1
+    static: bool = True  # ranks known from the node rank (a static rendezvous)
+    final: str = ""  # Slurm's last word, once fleet saw the job end
+
+
+def _record_dir(run_id: str) -> Path:
+    return state.state_dir() / run_id
+
+
+def save(rec: SlurmRecord, started: float) -> None:
+    d = _record_dir(rec.run_id)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        # A run.json with no host nodes: `fleet ps` lists it; the rest is in slurm.json.
+        state.write_atomic(d / "run.json", json.dumps(dataclasses.asdict(state.RunRecord(
+            rec.run_id, rec.job, started, ()))) + "\n")
+        state.write_atomic(d / RECORD, json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot record the run in {d}: {e}; set FLEET_STATE_DIR (or "
+                         "XDG_STATE_HOME) to a writable directory") from e
+
+
+def load(rec: state.RunRecord) -> SlurmRecord | None:
+    """The Slurm side of a recorded run; None for a run on hosts."""
+    path = rec.dir / RECORD
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return SlurmRecord(**{**data, "login": Host(**data["login"])})
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DamagedRecord(f"{path}: the record of run {rec.run_id} is damaged ({e})") from e
+
+
+# ---- facts through the login node ---------------------------------------------------------
+def job_info(t: Transport, job_id: str) -> sj.JobInfo | None:
+    return sj.parse_job(t.run(sj.job_script(job_id), timeout=60, what="ask Slurm").out, job_id)
+
+
+def node_infos(t: Transport, run_dir: str) -> dict[str, sj.NodeInfo]:
+    return sj.parse_nodes(t.run(sj.nodes_script(run_dir), timeout=60,
+                                what="list the nodes' logs").out)
+
+
+def cancel(t: Transport, job_id: str, console: Console) -> sj.JobInfo | None:
+    """scancel, then wait until Slurm says the job ended (its processes are gone then)."""
+    r = t.run(sj.cancel_script(job_id), timeout=60, what="scancel")
+    if not r.ok:
+        raise RemoteCommandError(t.host.name, f"scancel {job_id}", r.code, r.out + r.err)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while True:
+        info = job_info(t, job_id)
+        if info is None or info.status.is_terminal:
+            return info
+        if time.monotonic() > deadline:
+            console.info(f"Slurm job {job_id} is still {info.state} {CANCEL_WAIT_S:.0f}s "
+                         "after scancel")
+            return info
+        time.sleep(0.5)
+
+
+# ---- following the nodes' logs ------------------------------------------------------------
+class Follower:
+    """One log file on the shared filesystem, streamed through the login node from its first
+    line; after the job ended, `drain` prints what the stream had not yet delivered."""
+
+    def __init__(self, t: Transport, path: str, on_line: TaggedSink) -> None:
+        self.t, self.path, self.on_line = t, path, on_line
+        self.count = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _line(self, line: str) -> None:
+        with self.lock:
+            if self.stop.is_set():
+                return
+            self.count += 1
+            self.on_line(line)
+
+    def _run(self) -> None:
+        # exec: the stream's kill reaches tail itself, never leaving it behind
+        with contextlib.suppress(FleetError, OSError):
+            self.t.stream("exec " + sh("tail", "-n", "+1", "-F", "-s", "0.2", self.path)
+                          + " 2>/dev/null", self._line, self.stop)
+
+    def drain(self) -> None:
+        with self.lock:
+            self.stop.set()
+        self.thread.join(timeout=10)
+        r = self.t.run(sh("tail", "-n", f"+{self.count + 1}", self.path) + " 2>/dev/null",
+                       timeout=60, what="read the end of a log")
+        for line in r.out.splitlines():
+            self.on_line(line)
+
+
+class TaggedSink:
+    """A node's lines to the console, tagged `node rN` once its first line said its rank."""
+
+    def __init__(self, console: Console, node: str, index: int, nproc: int | str,
+                 static: bool, only_rank: int | None = None) -> None:
+        self.console, self.node, self.index = console, node, index
+        self.nproc, self.static, self.only_rank = nproc, static, only_rank
+        self.tagger: Tagger | None = None
+        self.node_rank: int | None = None
+        self.shown = 0
+
+    def __call__(self, line: str) -> None:
+        if self.tagger is None:
+            m = sj.ANNOUNCE.search(line)
+            if m:
+                self.node_rank = int(m.group(2))
+            base = self.node_rank * self.nproc if self.node_rank is not None and \
+                self.static and isinstance(self.nproc, int) else None
+            self.tagger = Tagger(self.node, base)
+        tagged = self.tagger(line)
+        if self.only_rank is None or tagged.rank == self.only_rank:
+            self.shown += 1
+            self.console.line(tagged.tag, self.index, tagged.text)
+
+
+def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
+          node: str | None = None, rank: int | None = None) -> tuple[sj.JobInfo | None, int]:
+    """Print every node's log (and Slurm's own output, tagged `slurm`) from the first line; with
+    `follow`, until the job ends. Returns Slurm's last word on the job and the lines shown."""
+    followers: dict[str, Follower] = {}
+    sinks: dict[str, TaggedSink] = {}
+
+    def add(name: str, path: str) -> None:
+        if name in followers or (node is not None and name not in (node, "slurm")):
+            return
+        if rank is not None and name == "slurm":
+            return
+        sinks[name] = TaggedSink(console, name, len(sinks), rec.nproc, rec.static, rank)
+        followers[name] = Follower(t, path, sinks[name])
+
+    add("slurm", f"{rec.run_dir}/batch.log")
+    info = None
+    try:
+        while True:
+            info = job_info(t, rec.job_id) if rec.job_id else None
+            for name in node_infos(t, rec.run_dir):
+                add(name, f"{rec.run_dir}/{name}/node.log")
+            if not follow or info is None or info.status.is_terminal:
+                break
+            time.sleep(POLL_S)
+        # The nodes whose log appeared while the job ended.
+        for name in node_infos(t, rec.run_dir):
+            add(name, f"{rec.run_dir}/{name}/node.log")
+    finally:
+        for f in followers.values():
+            f.drain()
+    return info, sum(s.shown for s in sinks.values())
+
+
+# ---- the guard ----------------------------------------------------------------------------
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Guard:
+    """From submission on, every way out that is not the job's own end or a detach cancels the
+    Slurm job and waits until Slurm says it ended; the first signal ends the run, any later one
+    is only counted so that nothing cuts the cancel short (as lifecycle.Guard on hosts)."""
+
+    def __init__(self, t: Transport, rec: SlurmRecord, console: Console) -> None:
+        self.t, self.rec, self.console = t, rec, console
+        self.job_id: str | None = None
+        self.ended = False
+        self.released = False
+        self.signals: list[int] = []
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> Guard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        if len(self.signals) == 1:
+            raise Interrupted(signal.Signals(signum).name)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.signals.append(0)
+        try:
+            if self.ended or (self.released and exc is None):
+                return
+            if self.job_id is None:
+                outcome = "nothing had been submitted to Slurm"
+            else:
+                self.console.info(f"cancelling Slurm job {self.job_id}")
+                try:
+                    info = cancel(self.t, self.job_id, self.console)
+                    outcome = f"Slurm job {self.job_id} was cancelled" + (
+                        f" ({info.state})" if info else "")
+                except FleetError as e:
+                    outcome = (f"Slurm job {self.job_id} could not be cancelled ({reason(e)}); "
+                               f"finish with `fleet stop {self.rec.run_id}`")
+            if isinstance(exc, Interrupted):
+                raise Interrupted(exc.signame, outcome) from None
+            self.console.info(outcome)
+        finally:
+            for sig, handler in self._saved.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+# ---- fleet up -----------------------------------------------------------------------------
+def preflight(t: Transport, run_dir: str, console: Console) -> None:
+    """What can be checked before submitting: the Slurm clients on the login node, and
+    whether Slurm would accept the request (sbatch --test-only: partition, nodes, time)."""
+    r = t.run("for c in sbatch squeue scontrol scancel; do command -v $c >/dev/null || "
+              "echo \"missing $c\"; done; true", timeout=30, what="find the Slurm clients")
+    missing = [line.split()[1] for line in r.out.splitlines() if line.startswith("missing ")]
+    if missing:
+        raise UsageError(f"login node {t.host.address}: no {', '.join(missing)} on PATH: is it "
+                         "a Slurm login node?")
+    r = t.run(sj.test_script(run_dir, "job.sbatch"), timeout=60, what="sbatch --test-only")
+    if not r.ok:
+        raise UsageError("Slurm would not run the job: "
+                         + (r.out.strip().splitlines() or ["sbatch --test-only failed"])[-1])
+    console.phase("slurm", "preflight: sbatch --test-only accepts the request")
+
+
+def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
+       checks: bool = True) -> str:
+    """Run the job on the cluster; returns the run id, or raises JobFailed, RunStopped or
+    Interrupted, each saying what was left where."""
+    assert cluster.login is not None and cluster.workdir is not None
+    run_id = new_run_id(job.name)
+    console.hosts(["slurm", "login"])
+    console.info(f"run {run_id}: {job.name} on Slurm, {cluster.nodes} node(s) through "
+                 f"{cluster.login.address}")
+    with open_transport(cluster.login) as t:
+        workdir = t.path(cluster.workdir).rstrip("/") or "/"
+        run_dir = f"{workdir}/runs/{run_id}"
+        code_dir = f"{workdir}/code/{job.slot}"
+        data_dir = f"{workdir}/data/{job.data_slot}" if job.data_slot else None
+        s = Script(code_dir=code_dir, data_dir=data_dir, run_dir=run_dir, run_id=run_id,
+                   env_file=f"{run_dir}/env.sh")
+        text = render(job, cluster, s)
+        rec = SlurmRecord(run_id, str(job.path), cluster.login, run_dir,
+                          nproc=nproc(job, cluster), static=job.rendezvous.backend == "static")
+        t.run(sh("mkdir", "-p", run_dir), timeout=60, what="make the run directory"
+              ).check(t.host.name)
+        t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)
+        t.write(f"{run_dir}/job.sbatch", text.encode(), 0o700)
+        if checks:
+            try:
+                preflight(t, run_dir, console)
+            except FleetError:
+                t.run(sh("rm", "-rf", run_dir), timeout=60)
+                raise
+        started = time.time()
+        save(rec, started)
+        stats = sync_dir(t, job.workdir, code_dir, job.exclude)
+        console.phase("login", f"code: {stats.files} file(s) sent, {stats.unchanged} unchanged "
+                               f"({code_dir})")
+        if job.data is not None and data_dir is not None:
+            stats = sync_dir(t, job.data, data_dir, ())
+            console.phase("login", f"data: {stats.files} file(s) sent")
+        with Guard(t, rec, console) as guard:
+            r = t.run(sj.submit_script(run_dir, "job.sbatch"), timeout=60, what="sbatch")
+            job_id = sj.parse_submit(r.out) if r.ok else None
+            if job_id is None:
+                raise RemoteCommandError(t.host.name, "sbatch", r.code, r.out + r.err)
+            guard.job_id = job_id
+            rec = dataclasses.replace(rec, job_id=job_id)
+            save(rec, started)
+            console.phase("slurm", f"submitted job {job_id} ({cluster.nodes} node(s), "
+                                   "srun --kill-on-bad-exit=1)")
+            if detach:
+                info = wait_started(t, job_id)
+                guard.released = True
+                console.phase("slurm", f"job {job_id} is {info.state if info else 'unknown'}"
+                              + (f" on {info.nodes}" if info and info.nodes else ""))
+                console.info(f"run {run_id} submitted; follow it with `fleet logs -f {run_id}`")
+                return run_id
+            info, _ = watch(t, rec, console)
+            guard.ended = info is not None and info.status.is_terminal
+            if not guard.ended:
+                raise JobFailed(f"fleet lost sight of Slurm job {job_id}", exit_code=3)
+        assert info is not None
+        save(dataclasses.replace(rec, final=info.state), started)
+        final = report(t, rec, info, console)
+    if final is RunStatus.SUCCEEDED:
+        console.info(f"run {run_id} succeeded (Slurm job {job_id})")
+        return run_id
+    if final is RunStatus.STOPPED:
+        raise RunStopped(f"run {run_id} was stopped: Slurm job {job_id} {info.state}")
+    raise JobFailed(f"run {run_id} failed: Slurm job {job_id} {info.state}"
+                    + (f" ({info.reason})" if info.reason and info.reason != "None" else "")
+                    + f" (logs: `fleet logs {run_id}`)")
+
+
+def wait_started(t: Transport, job_id: str, timeout: float = 600) -> sj.JobInfo | None:
+    """Until the job runs (or ended, or Slurm keeps it pending past `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = job_info(t, job_id)
+        if info is None or info.status is not RunStatus.STARTING or \
+                time.monotonic() > deadline:
+            return info
+        time.sleep(0.5)
+
+
+def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -> RunStatus:
+    """Per node how it ended; for a failure the first failing rank, its traceback and the
+    hints for known failures; which nodes Slurm ended as a consequence."""
+    nodes = node_infos(t, rec.run_dir)
+    log = t.run(sh("tail", "-n", "200", f"{rec.run_dir}/batch.log") + " 2>/dev/null",
+                timeout=60).out
+    cancelled = info.status is RunStatus.STOPPED
+    # A node failed by itself where it ended non-zero without Slurm signalling it; srun's own
+    # verdicts ("Exited with exit code") stand in for a node that recorded no exit code.
+    said = {e.node for e in sj.parse_srun(log) if e.by_itself}
+    failed = [n for n in nodes.values() if not n.signalled and not cancelled and
+              (n.code not in (0, None) or (n.code is None and n.name in said))]
+    for n in sorted(nodes.values(), key=lambda n: (n.node_rank is None, n.node_rank, n.name)):
+        if n.code == 0:
+            words = "succeeded (exit 0)"
+        elif n in failed:
+            words = f"failed (exit {n.code})"
+        elif cancelled:
+            words = f"stopped by scancel (exit {n.code})" if n.code is not None else \
+                "stopped by scancel"
+        else:
+            words = "stopped by Slurm (fail-fast: srun --kill-on-bad-exit)" + (
+                f" (exit {n.code})" if n.code is not None else "")
+        console.phase(n.name, f"node rank {n.node_rank if n.node_rank is not None else '?'}: "
+                              f"{words}")
+    console.phase("slurm", f"job {info.job_id} {info.state}"
+                  + (f", exit code {info.exit_code}" if info.exit_code is not None else ""))
+    if info.status is not RunStatus.FAILED:
+        return info.status
+    causes = []
+    for n in failed:
+        with contextlib.suppress(FleetError):
+            found = failure.explain(t, n.name, n.node_rank or 0, f"{rec.run_dir}/{n.name}")
+            if found is not None:
+                causes.append(found)
+    root = failure.first(causes)
+    if root is not None:
+        rank = f"rank {root.rank}" if root.rank is not None else "a rank"
+        local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
+        code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
+        console.info(f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}"
+                     f"{code}:")
+        for line in root.traceback.splitlines():
+            console.info(f"    {line}")
+        for line in format_diagnoses(diagnose(root.traceback + "\n" + root.log)):
+            console.info(line)
+    else:
+        tail = "\n".join(log.strip().splitlines()[-10:])
+        console.info(f"first failure: no node's error report found; Slurm's output ends:\n{tail}")
+        for line in format_diagnoses(diagnose(log)):
+            console.info(line)
+    collateral = [n.name for n in nodes.values() if n not in failed and n.code != 0]
+    if collateral:
+        console.info("stopped as a consequence (srun --kill-on-bad-exit): "
+                     + ", ".join(collateral))
+    return info.status
+
+
+# ---- the run commands ---------------------------------------------------------------------
+def stop(rec: SlurmRecord, console: Console) -> None:
+    if rec.job_id is None:
+        console.info(f"run {rec.run_id} was never submitted to Slurm: nothing to stop")
+        return
+    with open_transport(rec.login) as t:
+        info = job_info(t, rec.job_id)
+        if info is not None and info.status.is_terminal:
+            console.info(f"run {rec.run_id}: Slurm job {rec.job_id} had already ended "
+                         f"({info.state})")
+            return
+        info = cancel(t, rec.job_id, console)
+    if info is not None and not info.status.is_terminal:
+        raise JobFailed(f"Slurm job {rec.job_id} is still {info.state} after scancel; run "
+                        f"`fleet stop {rec.run_id}` again", exit_code=3)
+    console.phase("slurm", f"job {rec.job_id} cancelled ({info.state if info else 'gone'})")
+    console.info(f"run {rec.run_id} stopped")
+
+
+def status(rec: SlurmRecord, started: float) -> tuple[RunStatus, list[str]]:
+    """The run's state from Slurm (the recorded last word where Slurm forgot the job), and
+    lines saying it per node."""
+    with open_transport(rec.login) as t:
+        info = job_info(t, rec.job_id) if rec.job_id else None
+        nodes = node_infos(t, rec.run_dir)
+    word = info.state if info else rec.final
+    final = sj.status_of(word) if word else RunStatus.UNKNOWN
+    lines = [f"run {rec.run_id} ({rec.job}), started {time.ctime(started)}: {final.value}",
+             f"  slurm job {rec.job_id or '-'}: " + (
+                 f"{info.state}" + (f", exit code {info.exit_code}"
+                                    if info.exit_code is not None else "")
+                 + (f" on {info.nodes}" if info.nodes else "") + f" ({info.source})"
+                 if info else f"{rec.final or 'unknown'} (Slurm no longer knows the job; "
+                              "as fleet last saw it)")]
+    for n in sorted(nodes.values(), key=lambda n: (n.node_rank is None, n.node_rank)):
+        ended = f"exit {n.code}" if n.code is not None else "no exit code yet"
+        lines.append(f"  {n.name:<16} node rank {n.node_rank}  {ended}")
+    return final, lines
+
+
+def logs(rec: SlurmRecord, console: Console, follow: bool, node: str | None,
+         rank: int | None) -> int:
+    with open_transport(rec.login) as t:
+        _, shown = watch(t, rec, console, follow, node, rank)
+    return shown
+
+
+def remove(rec: SlurmRecord) -> str:
+    with open_transport(rec.login) as t:
+        info = job_info(t, rec.job_id) if rec.job_id else None
+        if info is not None and not info.status.is_terminal:
+            raise UsageError(f"Slurm job {rec.job_id} is still {info.state}: stop it first")
+        t.run(sh("rm", "-rf", rec.run_dir), timeout=60, what=f"remove {rec.run_dir}"
+              ).check(t.host.name)
+    return quote(rec.run_dir)

@@ -1,0 +1,212 @@
+"""What fleet asks Slurm about one job, through the login node: each fact a command plus a pure
+parser of what it prints (sbatch --parsable, squeue, scontrol show job, sacct, srun's verdicts,
+the nodes' directories under the run), so that banners or errors around them never mislead."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fleet.shell import quote, sh
+from fleet.states import RunStatus
+
+# Slurm's job states, by what they mean for a run (squeue/scontrol/sacct spell them alike).
+_ACTIVE = {"PENDING": RunStatus.STARTING, "CONFIGURING": RunStatus.STARTING,
+           "REQUEUED": RunStatus.STARTING, "REQUEUE_HOLD": RunStatus.STARTING,
+           "RESIZING": RunStatus.RUNNING, "SUSPENDED": RunStatus.RUNNING,
+           "RUNNING": RunStatus.RUNNING, "COMPLETING": RunStatus.RUNNING,
+           "STOPPED": RunStatus.RUNNING, "SIGNALING": RunStatus.RUNNING}
+_ENDED = {"COMPLETED": RunStatus.SUCCEEDED, "CANCELLED": RunStatus.STOPPED,
+          "FAILED": RunStatus.FAILED, "NODE_FAIL": RunStatus.FAILED,
+          "TIMEOUT": RunStatus.FAILED, "OUT_OF_MEMORY": RunStatus.FAILED,
+          "BOOT_FAIL": RunStatus.FAILED, "DEADLINE": RunStatus.FAILED,
+          "PREEMPTED": RunStatus.FAILED, "SPECIAL_EXIT": RunStatus.FAILED,
+          "REVOKED": RunStatus.STOPPED}
+
+
+def status_of(state: str) -> RunStatus:
+    """A Slurm job state ("CANCELLED by 0", "RUNNING"...) as a run's state."""
+    word = state.split()[0].rstrip("+") if state.strip() else ""
+    return _ACTIVE.get(word) or _ENDED.get(word) or RunStatus.UNKNOWN
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One Slurm job as Slurm tells it."""
+
+    job_id: str
+    state: str  # Slurm's word: RUNNING, FAILED, "CANCELLED by 0"...
+    exit_code: int | None = None  # the batch script's, once it ended
+    signal: int | None = None
+    nodes: str = ""  # the node list (node[1-2])
+    reason: str = ""  # why it is pending, or ended
+    source: str = ""  # squeue, scontrol or sacct
+
+    @property
+    def status(self) -> RunStatus:
+        return status_of(self.state)
+
+
+# ---- submit -------------------------------------------------------------------------------
+def submit_script(run_dir: str, script: str, extra: tuple[str, ...] = ()) -> str:
+    """sbatch from the run directory, its output file there too; prints the job id."""
+    return "\n".join([f"cd {quote(run_dir)} || exit 1",
+                      sh("sbatch", "--parsable", f"--output={run_dir}/batch.log",
+                         *extra, script)])
+
+
+def test_script(run_dir: str, script: str) -> str:
+    """sbatch --test-only: would Slurm accept the request (partition, nodes, time, account)?"""
+    return f"cd {quote(run_dir)} || exit 1\n" + sh("sbatch", "--test-only", script) + " 2>&1"
+
+
+def parse_submit(out: str) -> str | None:
+    """The job id from `sbatch --parsable` ("12" or "12;cluster"), its last line."""
+    for line in reversed(out.strip().splitlines()):
+        m = re.fullmatch(r"(\d+)(;\S+)?", line.strip())
+        if m:
+            return m.group(1)
+    return None
+
+
+# ---- the job's state ----------------------------------------------------------------------
+def job_script(job_id: str) -> str:
+    """squeue (jobs still in the queue), scontrol (kept MinJobAge after the end, with the exit
+    code) and sacct (where accounting runs), each in its own section."""
+    j = quote(job_id)
+    return "\n".join([
+        "echo '=== squeue'", f"squeue -h -j {j} -o '%i|%T|%N|%r' 2>&1",
+        "echo '=== scontrol'", f"scontrol show job -o {j} 2>&1",
+        "echo '=== sacct'", f"sacct -n -P -X -j {j} -o JobID,State,ExitCode,NodeList 2>&1",
+        "echo '=== end'", "true"])
+
+
+def sections(out: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    name = None
+    for line in out.splitlines():
+        if line.startswith("=== "):
+            name = line[4:].strip()
+            found[name] = ""
+        elif name is not None:
+            found[name] += line + "\n"
+    return found
+
+
+def parse_squeue(out: str, job_id: str) -> JobInfo | None:
+    """`squeue -h -o '%i|%T|%N|%r'` lines; None where the job is not in the queue."""
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0] == job_id:
+            return JobInfo(job_id, parts[1], nodes=parts[2], reason=parts[3], source="squeue")
+    return None
+
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+
+
+def scontrol_fields(line: str) -> dict[str, str]:
+    """`scontrol show -o` as key -> value (values may hold spaces: up to the next key)."""
+    keys = list(_FIELD.finditer(line))
+    return {m.group(1): line[m.end():keys[i + 1].start() if i + 1 < len(keys) else None].strip()
+            for i, m in enumerate(keys)}
+
+
+def _exit(text: str) -> tuple[int | None, int | None]:
+    m = re.fullmatch(r"(\d+):(\d+)", text.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def parse_scontrol(out: str, job_id: str) -> JobInfo | None:
+    """`scontrol show job -o ID`; None where Slurm no longer knows it ("Invalid job id")."""
+    for line in out.splitlines():
+        f = scontrol_fields(line)
+        if f.get("JobId") == job_id and "JobState" in f:
+            code, sig = _exit(f.get("ExitCode", ""))
+            nodes = f.get("NodeList", "")
+            return JobInfo(job_id, f["JobState"], code, sig,
+                           "" if nodes == "(null)" else nodes, f.get("Reason", ""), "scontrol")
+    return None
+
+
+def parse_sacct(out: str, job_id: str) -> JobInfo | None:
+    """`sacct -n -P -X -o JobID,State,ExitCode,NodeList`; None without accounting."""
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0] == job_id:
+            code, sig = _exit(parts[2])
+            return JobInfo(job_id, parts[1], code, sig, parts[3], source="sacct")
+    return None
+
+
+def parse_job(out: str, job_id: str) -> JobInfo | None:
+    """The best the three say: scontrol (state and exit code) where it knows the job, else
+    squeue, else sacct."""
+    s = sections(out)
+    return (parse_scontrol(s.get("scontrol", ""), job_id)
+            or parse_squeue(s.get("squeue", ""), job_id)
+            or parse_sacct(s.get("sacct", ""), job_id))
+
+
+# ---- the nodes, as they wrote under the run directory ----------------------------------------
+def nodes_script(run_dir: str) -> str:
+    """Each node directory: its name, the rank line its task printed first, its exit code."""
+    return "\n".join([
+        f"cd {quote(run_dir)} 2>/dev/null || exit 0",
+        'for d in */; do d=${d%/}; [ -f "$d/node.log" ] || continue',
+        '  s=; [ -e "$d/signalled" ] && s=signalled',
+        '  printf "node=%s|%s|%s|%s\\n" "$d" "$(cat "$d/exit_code" 2>/dev/null)" "$s" '
+        '"$(head -n 1 "$d/node.log")"',
+        "done; true"])
+
+
+ANNOUNCE = re.compile(r"fleet: node (\S+) is node rank (\d+) of (\d+)")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    node_rank: int | None
+    code: int | None  # torchrun's exit code, once it ended
+    signalled: bool = False  # Slurm signalled it (it ended because of another node, or scancel)
+
+
+def parse_nodes(out: str) -> dict[str, NodeInfo]:
+    found = {}
+    for line in out.splitlines():
+        if not line.startswith("node="):
+            continue
+        name, _, rest = line[5:].partition("|")
+        code, _, rest = rest.partition("|")
+        signalled, _, first = rest.partition("|")
+        m = ANNOUNCE.search(first)
+        found[name] = NodeInfo(name, int(m.group(2)) if m else None,
+                               int(code) if code.strip().lstrip("-").isdigit() else None,
+                               signalled.strip() == "signalled")
+    return found
+
+
+# ---- what srun said about each task (in the job's output) -----------------------------------
+_SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    node: str
+    how: str  # "Exited with exit code 1", "Terminated", "Killed"...
+
+    @property
+    def by_itself(self) -> bool:
+        """It ended on its own (an exit code), not killed by Slurm's fail-fast or scancel."""
+        return self.how.startswith("Exited with exit code")
+
+
+def parse_srun(log: str) -> list[TaskEnd]:
+    """srun's verdicts, in the order it printed them: the first that ended by itself is what
+    made Slurm end the others (--kill-on-bad-exit)."""
+    return [TaskEnd(m.group(1), m.group(3)) for line in log.splitlines()
+            if (m := _SRUN.search(line))]
+
+
+def cancel_script(job_id: str) -> str:
+    return sh("scancel", job_id) + " 2>&1"

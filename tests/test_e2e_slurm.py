@@ -1,0 +1,187 @@
+"""fleet on a real Slurm (tests/slurmbed.py: slurmctld, munged and one slurmd per testbed host,
+one shared home): the exported script submitted with plain sbatch, and `fleet up/stop/status`
+on a [slurm] inventory whose login node is this machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, _need_testbed
+from tests.slurmbed import Slurm, available
+from tests.testbed import Testbed
+
+pytestmark = pytest.mark.e2e
+
+ALL_REDUCE = """\
+import os, time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+os.write(1, f"rank {dist.get_rank()}/{dist.get_world_size()} on {os.uname().nodename} "
+            f"sum {int(t.item())}\\n".encode())
+dist.destroy_process_group()
+"""
+
+CRASH = """\
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} ready", flush=True)
+if dist.get_rank() == 2:
+    sys.exit("boom from rank 2")
+time.sleep(300)
+"""
+
+SLEEP = """\
+import os, time
+print(f"rank {os.environ['RANK']} sleeping", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Slurm]:
+    _need_testbed()
+    why = available()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the Slurm tests must run in CI, but cannot: {why}")
+        pytest.skip(f"Slurm unavailable: {why}")
+    with Testbed(2, shared_home=True) as tb, Slurm(tb) as cluster:
+        yield cluster
+
+
+def job_dir(slurm: Slurm, name: str, script: str, port: int) -> Path:
+    """A job in the testbed's directory (the same path on every node and here)."""
+    d = slurm.tb.dir / name
+    d.mkdir()
+    (d / "train.py").write_text(script)
+    (d / "job.toml").write_text(f'inventory = "cluster.toml"\nscript = "train.py"\n'
+                                f'nproc_per_node = 2\n[rendezvous]\nport = {port}\n')
+    (d / "cluster.toml").write_text(f'[slurm]\nlogin = "localhost"\nnodes = 2\n'
+                                    f'partition = "{slurm.partition}"\ntime = 10\n'
+                                    f'workdir = "{slurm.tb.dir}/fleet"\n'
+                                    f'python = "{sys.executable}"\n')
+    return d
+
+
+def fleet(slurm: Slurm, tmp_path: Path) -> CLI:
+    cli = CLI(tmp_path)
+    cli.env.update(slurm.env)
+    return cli
+
+
+def processes(slurm: Slurm, job_id: int) -> dict[str, list[int]]:
+    return {h.name: slurm.job_processes(h.name, job_id) for h in slurm.tb.hosts}
+
+
+def assert_gone(slurm: Slurm, job_id: int, timeout: float = 15) -> float:
+    """No process of the job on any host (slurmstepd may take a moment after the job's end);
+    returns how long that took."""
+    t0 = time.monotonic()
+    while any((left := processes(slurm, job_id)).values()):
+        if time.monotonic() - t0 > timeout:
+            cmds = {n: [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:80]
+                        for p in pids] for n, pids in left.items()}
+            raise AssertionError(f"processes of job {job_id} still alive: {cmds}")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def job_id_of(stderr: str) -> int:
+    m = re.search(r"submitted job (\d+)", stderr)
+    assert m, stderr
+    return int(m.group(1))
+
+
+def run_id_of(stderr: str) -> str:
+    m = re.search(r"run (\S+): ", stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+def test_exported_script_runs_with_plain_sbatch(slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "exported", ALL_REDUCE, 29621)
+    # A host list: the script expects the code where it is (a shared home), 2 nodes.
+    (d / "hosts.toml").write_text(
+        f'[defaults]\npython = "{sys.executable}"\n'
+        + "".join(f'[[hosts]]\nname = "{h.name}"\naddress = "{h.addr}"\n'
+                  for h in slurm.tb.hosts))
+    script = d / "job.sbatch"
+    r = fleet(slurm, tmp_path)("export", "slurm", str(d / "job.toml"), "-i",
+                               str(d / "hosts.toml"), "-o", str(script), "--time", "5")
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    job = slurm.sbatch(script, "--wait", f"--chdir={d}", timeout=180)
+    took = time.monotonic() - t0
+    info = slurm.job(job)
+    out = (d / f"job-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        # --label: the task (= node rank) first, then torchrun's local rank
+        assert re.search(rf"^{rank // 2}: \[default{rank % 2}\]:rank {rank}/4 on {host} sum 10$",
+                         out, re.M), out
+    print(f"\nexported script: 2 nodes x 2 processes in {took:.1f}s")
+
+
+def test_fleet_up_streams_tagged_lines(slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "up", ALL_REDUCE, 29622)
+    cli = fleet(slurm, tmp_path)
+    r = cli("up", str(d / "job.toml"), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"{host} r{rank} | rank {rank}/4 on {host} sum 10" in r.stdout, r.stdout
+    assert "preflight: sbatch --test-only accepts" in r.stderr
+    assert "node1  node rank 0: succeeded" in r.stderr and \
+        "node2  node rank 1: succeeded" in r.stderr, r.stderr
+    run_id = run_id_of(r.stderr)
+    s = cli("status", run_id)
+    assert s.returncode == 0 and "succeeded" in s.stdout, s.stdout + s.stderr
+    logs = cli("logs", run_id, "--rank", "3")
+    assert logs.returncode == 0 and "node2 r3 | rank 3/4 on node2 sum 10" in logs.stdout
+    assert "node1 r0" not in logs.stdout
+    assert run_id in cli("ps").stdout
+
+
+def test_a_crashing_rank_ends_the_allocation(slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "crash", CRASH, 29623)
+    t0 = time.monotonic()
+    r = fleet(slurm, tmp_path)("up", str(d / "job.toml"), timeout=240)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "node2 r2 | boom from rank 2" in r.stdout, r.stdout
+    assert "first failure: node2 (node rank 1), rank 2" in r.stderr, r.stderr
+    assert "node2  node rank 1: failed" in r.stderr, r.stderr
+    assert took < 90, f"the crash did not end the sleeping ranks quickly ({took:.0f}s)"
+    job = job_id_of(r.stderr)
+    assert slurm.job(job)["JobState"] == "FAILED"
+    after = assert_gone(slurm, job)
+    print(f"\ncrash: fleet up ended in {took:.1f}s, the last process {after:.1f}s later")
+
+
+def test_stop_cancels_a_detached_run(slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "stop", SLEEP, 29624)
+    cli = fleet(slurm, tmp_path)
+    r = cli("up", str(d / "job.toml"), "--detach", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job, run_id = job_id_of(r.stderr), run_id_of(r.stderr)
+    deadline = time.monotonic() + 60
+    while not all(processes(slurm, job).values()):
+        assert time.monotonic() < deadline, "the job never ran on both nodes"
+        time.sleep(0.5)
+    assert cli("status", run_id).returncode == 0  # running
+    s = cli("stop", run_id)
+    assert s.returncode == 0, s.stdout + s.stderr
+    assert slurm.run("squeue", "-h", "-j", str(job), check=False).stdout.strip() == ""
+    assert_gone(slurm, job)
+    st = cli("status", run_id)
+    assert st.returncode == 4 and "stopped" in st.stdout, st.stdout + st.stderr
