@@ -25,17 +25,16 @@ from fleet.probe import (
     storage_groups,
 )
 from fleet.render import render_node
-from fleet.shell import quote, sh
+from fleet.shell import sh
 from fleet.sync import (
     Entry,
-    bundle,
-    bundle_root,
     changed,
     code_entries,
     listing_script,
     local_manifest,
     parse_listing,
 )
+from fleet.sync import send as send_bundle
 from fleet.transport import Transport, open_transport
 
 
@@ -239,11 +238,7 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
             entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
                         for name, (text, mode) in render_node(plan, node).files.items()]
         if entries:
-            root = bundle_root(entries)
-            name = f"{root}/.fleet-bundle-{plan.run_id}.tar.gz"
-            t.write(name, bundle(entries, root), 0o600, what=f"unpack into {root}",
-                    then=f"tar -xzpf {quote(name)} --no-same-owner -C {quote(root)}; s=$?; "
-                         f"rm -f {quote(name)}; exit $s")
+            send_bundle(t, entries, plan.run_id)
         took = time.monotonic() - t0
         for label, files, size, unchanged in sent:
             console.phase(node.host.name, f"{label}: sent {files} file(s), {size} bytes "

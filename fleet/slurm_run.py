@@ -128,18 +128,19 @@ class Follower:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _line(self, line: str) -> None:
+    def _lines(self, lines: list[str]) -> None:
         with self.lock:
             if self.stop.is_set():
                 return
-            self.count += 1
-            self.on_line(line)
+            self.count += len(lines)
+            for line in lines:
+                self.on_line(line)
 
     def _run(self) -> None:
         # exec: the stream's kill reaches tail itself, never leaving it behind
         with contextlib.suppress(FleetError, OSError):
             self.t.stream("exec " + sh("tail", "-n", "+1", "-F", "-s", "0.2", self.path)
-                          + " 2>/dev/null", self._line, self.stop)
+                          + " 2>/dev/null", self._lines, self.stop)
 
     def drain(self) -> None:
         with self.lock:
@@ -311,11 +312,11 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
                 raise
         started = time.time()
         save(rec, started)
-        stats = sync_dir(t, job.workdir, code_dir, job.exclude)
+        stats = sync_dir(t, job.workdir, code_dir, job.exclude, rec.run_id)
         console.phase("login", f"code: {stats.files} file(s) sent, {stats.unchanged} unchanged "
                                f"({code_dir})")
         if job.data is not None and data_dir is not None:
-            stats = sync_dir(t, job.data, data_dir, ())
+            stats = sync_dir(t, job.data, data_dir, (), rec.run_id)
             console.phase("login", f"data: {stats.files} file(s) sent")
         with Guard(t, rec, console) as guard:
             r = t.run(sj.submit_script(run_dir, "job.sbatch"), timeout=60, what="sbatch")
