@@ -135,7 +135,7 @@ def start_listener(t: Transport, port: int, expect: int,
     script = "\n".join([
         'f=$(mktemp "${TMPDIR:-/tmp}/fleet-listen.XXXXXX") || exit 1',
         f'{listen} > "$f" 2>&1 < /dev/null &',
-        'i=0; while [ ! -s "$f" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done',
+        'i=0; while [ ! -s "$f" ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done',
         'cat "$f"; rm -f "$f"',
     ])
     return parse_listener(t.run(script, timeout=30, what="start a test listener").out)
@@ -196,7 +196,8 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
             return Check(t.host.name, "reached by master", WARN, f"no test listener: {info}")
         own = addrs.get(t.host.name) or t.host.address
         ok2, why = can_connect(tm, own, info)
-        stop_listener(t, lpid)
+        if not ok2:  # else it ended by itself, after that one connection
+            stop_listener(t, lpid)
         if ok2:
             return Check(t.host.name, "reached by master", PASS, f"TCP {own}:{info} from master")
         return Check(t.host.name, "reached by master", FAIL,
@@ -204,12 +205,18 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
                      "a firewall on this node blocks incoming TCP from the other nodes; Gloo "
                      "and NCCL connect on ephemeral ports, so allow TCP from the cluster subnet")
 
-    reached = each(workers, reach)
-    stop_listener(tm, pid)
-    for results in (reached, each(workers, back)):
-        for name, r in results.items():
-            checks.append(r if isinstance(r, Check) else
-                          Check(name, "network", FAIL, reason(r)))
+    # Both directions for every worker, all at once. The master's listener ends by itself once
+    # every worker reached it; it is killed otherwise.
+    tests = {"reach master": reach, "reached by master": back}
+    results = each(((f"{what}/{n}", (what, t)) for what in tests for n, t in workers),
+                   lambda wt: tests[wt[0]](wt[1]))
+    if any(not isinstance(r := results[f"reach master/{n}"], Check) or r.status != PASS
+           for n, _ in workers):
+        stop_listener(tm, pid)
+    for what in tests:
+        for n, _ in workers:
+            r = results[f"{what}/{n}"]
+            checks.append(r if isinstance(r, Check) else Check(n, "network", FAIL, reason(r)))
     return checks
 
 

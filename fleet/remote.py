@@ -20,7 +20,7 @@ from fleet.transport import Transport, open_transport
 R = TypeVar("R")
 
 # How long to wait for run.sh to record its pid after it was started.
-PID_WAIT_TICKS = 100
+PID_WAIT_TICKS = 500
 
 
 
@@ -47,7 +47,7 @@ def start_script(run_dir: str, run_id: str) -> str:
         "[ -e stopped ] && { echo 'stopped before it started' >&2; exit 3; }",
         sh("env", f"FLEET_RUN_ID={run_id}", "setsid", "sh", "./run.sh") +
         " > node.log 2>&1 < /dev/null &",
-        f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.05; "
+        f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.01; "
         "i=$((i+1)); done",
         "cat pid",
     ])
