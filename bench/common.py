@@ -236,15 +236,19 @@ def ssh_argv(tb: Testbed, host: TbHost, command: str, *opts: str) -> list[str]:
 
 
 def torchrun_line(tb: Testbed, rank: int, nnodes: int, port: int, script: str,
-                  args: Sequence[str] = (), tag: str = "", directory: str = "~") -> str:
+                  args: Sequence[str] = (), tag: str = "", directory: str = "~",
+                  like_fleet: bool = False) -> str:
     """The command an ssh loop runs on node `rank`: torchrun of a script in `directory`.
-    `tag` is put in the environment as FLEET_RUN_ID so the processes can be found and killed."""
+    `tag` is put in the environment as FLEET_RUN_ID so the processes can be found and killed.
+    `like_fleet`: with the options fleet's own torchrun line has beside these (each rank's
+    output in a log dir and tee'd with its rank prefix, which costs torchrun time to exit)."""
     env = f"FLEET_RUN_ID={tag} " if tag else ""
     extra = "".join(f" {a}" for a in args)
+    logs = f"--log-dir {directory}/torchrun-{tag or port} --tee 3 " if like_fleet else ""
     return (f"cd {directory} && {env}GLOO_SOCKET_IFNAME=eth0 PYTHONUNBUFFERED=1 {PY} "
             f"-m torch.distributed.run --nnodes {nnodes} --node-rank {rank} "
             f"--master-addr {tb.hosts[0].addr} --master-port {port} --nproc-per-node 1 "
-            f"{script}{extra}")
+            f"{logs}{script}{extra}")
 
 
 def ideal_stop_command(run_id: str) -> str:

@@ -130,7 +130,7 @@ def ideal_once(sc: Scratch, n: int, cap: float) -> Teardown:
     for h in tb.hosts[:n]:
         (h.home / "crash.py").write_text(CRASH_SCRIPT)
     procs = [Proc(ssh_argv(tb, h, torchrun_line(tb, i, n, port, "crash.py", [str(marker)],
-                                                tag=tag)))
+                                                tag=tag, like_fleet=True)))
              for i, h in enumerate(tb.hosts[:n])]
     stoppers: list[Proc] = []
     others = [h for i, h in enumerate(tb.hosts[:n]) if i != 1]
@@ -168,9 +168,10 @@ def run(cfg: Config) -> list[Table]:
             table.notes.append(f"{n} hosts, each run (fleet / ideal): " + ", ".join(
                 f"{fmt(x.gone)} / {fmt(y.gone)}" for x, y in zip(fl, base, strict=True)))
         table.notes.append(
-            f"median of {reps} run(s) each, alternating. ideal: bare torchrun started by an "
-            "OpenSSH loop, and a watcher that sees the crashed node's processes gone (within "
-            f"{POLL_S} s) and then runs the ideal parallel stop on every other node (one "
+            f"median of {reps} run(s) each, alternating. ideal: torchrun with fleet's options "
+            "(--log-dir, --tee 3) started by an OpenSSH loop, and a watcher that sees the "
+            f"crashed node's processes gone (within {POLL_S} s) and then runs the ideal "
+            "parallel stop on every other node (one "
             "OpenSSH command each: SIGTERM to exactly the run's processes). Bare torchrun alone "
             "never stops the other nodes: their ranks would sleep on for 600 s")
         table.notes.append("`noticed`: fleet's line \"stopping the job on every other node\"; "

@@ -130,7 +130,7 @@ def start_listener(t: Transport, port: int, expect: int,
                    seconds: int = LISTEN_S) -> tuple[bool, str, str]:
     """Start a listener on the node (port 0: any free one) that lives until `expect` connections
     came or `seconds` passed. Returns (listening?, the port or why not, its pid)."""
-    listen = sh("timeout", str(seconds + 5), t.host.python, "-c", _LISTEN, str(port),
+    listen = sh("timeout", str(seconds + 5), t.host.python, "-I", "-S", "-c", _LISTEN, str(port),
                 str(seconds), str(expect))
     script = "\n".join([
         'f=$(mktemp "${TMPDIR:-/tmp}/fleet-listen.XXXXXX") || exit 1',

@@ -192,7 +192,7 @@ _CONNECT = ("import socket, sys\n"
 
 def connect_script(python: str, addr: str, port: int | str) -> str:
     """Exits 0 if a TCP connection to addr:port opens from the node (IPv4 or IPv6)."""
-    return sh(python, "-c", _CONNECT, addr, str(port)) + " 2>&1"
+    return sh(python, "-I", "-S", "-c", _CONNECT, addr, str(port)) + " 2>&1"
 
 
 def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) -> None:
@@ -251,7 +251,8 @@ def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R]) -> dict[str, 
     """fn(transport, run dir) on every node of a recorded run, connected afresh, in parallel."""
 
     def one(node: NodeRecord) -> R:
-        with open_transport(node.host) as t:
+        absolute = node.run_dir.startswith("/")  # recorded expanded: no home needed
+        with open_transport(node.host, hello=not absolute) as t:
             return fn(t, t.path(node.run_dir))
 
     return each(((n.host.name, n) for n in record.nodes), one)

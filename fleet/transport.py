@@ -158,7 +158,9 @@ class Transport(ABC):
         self.clock_offset = 0.0  # the node's clock minus this machine's, in seconds
 
     @abstractmethod
-    def connect(self) -> None: ...
+    def connect(self, hello: bool = True) -> None:
+        """Connect; with `hello`, learn the node's home, shell, rc noise and clock (one round
+        trip), which `path()` and the clock offset need."""
 
     @abstractmethod
     def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
@@ -228,8 +230,9 @@ def _what(script: str, what: str) -> str:
 class LocalTransport(Transport):
     """This machine, as a node: plain subprocesses and files, no SSH server needed."""
 
-    def connect(self) -> None:
-        self._hello()
+    def connect(self, hello: bool = True) -> None:
+        if hello:
+            self._hello()
 
     def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
         try:
@@ -345,7 +348,7 @@ class SSHTransport(Transport):
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
 
-    def connect(self) -> None:
+    def connect(self, hello: bool = True) -> None:
         h = self.host
         conn = ssh_connection(h)
         try:
@@ -371,7 +374,8 @@ class SSHTransport(Transport):
         assert transport is not None
         transport.set_keepalive(self.KEEPALIVE_S)
         self._client = client
-        self._hello()
+        if hello:
+            self._hello()
 
     def _transport(self) -> paramiko.Transport:
         t = self._client.get_transport() if self._client else None
@@ -547,9 +551,9 @@ def ssh_connection(host: Host) -> Any:
     return conn
 
 
-def open_transport(host: Host) -> Transport:
-    """A connected transport for the host; raises TransportError with the reason."""
+def open_transport(host: Host, hello: bool = True) -> Transport:
+    """A connected transport for the host (see Transport.connect); raises TransportError with
+    the reason."""
     t: Transport = LocalTransport(host) if host.transport == "local" else SSHTransport(host)
-    t.connect()
+    t.connect(hello)
     return t
-
