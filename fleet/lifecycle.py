@@ -416,7 +416,9 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
             m = manifest.record(plan, hashes, record.dir)
             session.t[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
                                                     manifest.dumps(m).encode(), 0o600)
-            pids = start_all(guard, wait_port=detach)
+            # A detached run is confirmed by the master's open port, where fleet knows torchrun
+            # opens one (a `command` may not).
+            pids = start_all(guard, wait_port=detach and job.launcher != "command")
             if detach:
                 guard.released = True
                 console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")
