@@ -62,7 +62,10 @@ def fleet_sync(sc: Scratch, job: Path) -> tuple[float, float, int]:
     idx = [i for i, x in enumerate(proc.err) if CODE.match(x.text)]
     if len(idx) != HOSTS or idx[0] == 0:
         raise RuntimeError(f"expected {HOSTS} `code: sent` lines:\n{proc.err_text()}")
-    wall = proc.err[idx[-1]].t - proc.err[idx[0] - 1].t  # from the line before the first
+    # From the end of planning (the last `node rank` line: the upload starts right after it,
+    # beside the preflight's port checks) to the last node's `code: sent` line.
+    planned = max(i for i, x in enumerate(proc.err[:idx[0]]) if "  node rank " in x.text)
+    wall = proc.err[idx[-1]].t - proc.err[planned].t
     matches = [m for i in idx if (m := CODE.match(proc.err[i].text))]
     own = max(float(m.group(5)) for m in matches)
     sent = sum(int(m.group(2)) for m in matches)
@@ -143,9 +146,10 @@ def run(cfg: Config) -> list[Table]:
     f, c, w = median([a[0] for a in again]), median(cold), median(warm)
     table.add(f"unchanged re-sync (median of {reps})", fmt(f), fmt(median([a[1] for a in again])),
               fmt(c), fmt(w), ratio(f, c), ratio(f, w), max(a[2] for a in again))
-    table.notes.append("fleet's phase: from the stderr line before the first `code: sent` line "
-                       "to the last one (lists the node's files with find, compares size+mtime, "
-                       "writes env.sh/run.sh/stop.sh); rsync: -a, to ~/rsync-tree on each host")
+    table.notes.append("fleet's phase: from the end of planning (the last `node rank` line) to "
+                       "the last `code: sent` line: per node one listing (find: size and mtime), "
+                       "then one verified bundle of the changed files with the run's scripts; "
+                       "rsync: -a, to ~/rsync-tree on each host")
     if any(a[2] for a in again):
         table.problems.append(f"fleet re-sent files of an unchanged tree: {[a[2] for a in again]}")
     return [table]
