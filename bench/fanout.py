@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import (
+    PY,
     Config,
     Proc,
     Scratch,
@@ -173,6 +174,19 @@ def control_plane_once(sc: Scratch, n: int) -> Phases:
     return ph
 
 
+def fixed_costs(sc: Scratch) -> tuple[float | None, float | None]:
+    """What any launch pays before its first remote command, fleet and ssh alike."""
+    imports, ssh_true = [], []
+    for _ in range(5):
+        p = Proc([PY, "-c", "import fleet.cli"], env=sc.env(), cwd=sc.dir)
+        if p.wait(60) == 0 and p.ended is not None:
+            imports.append(p.ended - p.t0)
+        q = Proc(ssh_argv(sc.tb, sc.tb.hosts[0], "true"))
+        if q.wait(60) == 0 and q.ended is not None:
+            ssh_true.append(q.ended - q.t0)
+    return median(imports), median(ssh_true)
+
+
 def control_plane_table(tb: Testbed, cfg: Config) -> Table:
     sc = Scratch(tb, "control")
     counts, reps = cfg.pick((1, 4, 8, 16), (1, 4, 8)), cfg.reps(3, 1)
@@ -209,6 +223,10 @@ def control_plane_table(tb: Testbed, cfg: Config) -> Table:
         verdict = "met" if top_own <= 1.3 * own1 else "MISSED"
         table.notes.append(f"target: {top} hosts within 1.3x of 1 host (fleet's own time): "
                            f"{verdict} ({fmt(top_own)}, {ratio(top_own, own1)})")
+    imports, ssh_true = fixed_costs(sc)
+    table.notes.append(f"fixed costs, medians of 5: starting python and importing fleet's CLI "
+                       f"(paramiko, typer, jinja2) {fmt(imports)}; one OpenSSH `ssh HOST true` "
+                       f"(start, connect, authenticate, run) {fmt(ssh_true)}")
     table.notes.append(f"median of {reps} run(s); `fleet CPU`: the fleet process's user+system "
                        "seconds (wait4); `machine CPU`: what the whole machine used from the "
                        "command to its exit (/proc/stat), i.e. fleet plus every host's sshd, "
