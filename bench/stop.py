@@ -36,6 +36,7 @@ class Stopped:
     exit_s: float | None  # the stop command(s) returned, seconds after the stop began
     gone_s: float | None  # the last process of the run gone on every host (None: past the cap)
     left: dict[str, list[int]]  # what tb.run_processes still saw afterwards (nothing, normally)
+    term_s: float | None = None  # fleet: the last node's stop.sh began (its `stopped` file)
 
 
 def node_log(h: TbHost, run_id: str) -> Path:
@@ -96,8 +97,13 @@ def capped_ratio(a: list[float | None], b: list[float | None]) -> str:
 def fleet_stop(sc: Scratch, n: int) -> Stopped:
     run_id = start_sleeper(sc, n)
     wait_idle()
-    t0 = time.monotonic()
-    return stop_with(sc, n, run_id, [sc.fleet("stop", run_id)], t0)
+    t0, wall0 = time.monotonic(), time.time()
+    result = stop_with(sc, n, run_id, [sc.fleet("stop", run_id)], t0)
+    # stop.sh writes `stopped` first thing, then signals: when each node began to stop.
+    marks = [run_dir(h, run_id) / "stopped" for h in sc.tb.hosts[:n]]
+    if all(m.exists() for m in marks):
+        result.term_s = max(m.stat().st_mtime for m in marks) - wall0
+    return result
 
 
 def ideal_stop_run(sc: Scratch, n: int) -> Stopped:
@@ -115,7 +121,7 @@ def run(cfg: Config) -> list[Table]:
                   "parallel stop; seconds since the stop began",
                   ["hosts", "fleet stop: last process gone", "fleet stop: command exit",
                    "ideal stop: last process gone", "ideal: ssh exit", "fleet/ideal (gone)",
-                   "target", "left after stop"])
+                   "target", "left after stop", "fleet: last stop.sh began"])
     with testbed(n, cfg) as tb:
         sc = Scratch(tb, "stop")
         fl: list[Stopped] = []
@@ -134,7 +140,7 @@ def run(cfg: Config) -> list[Table]:
     table.add(n, capped(gone), capped(ex), capped(ideal_gone),
               capped([x.exit_s for x in base]), capped_ratio(gone, ideal_gone),
               "<= 1.1x, nothing left " + ("met" if ok else "MISSED"),
-              "nothing" if not left else str(left))
+              "nothing" if not left else str(left), capped([x.term_s for x in fl]))
     table.notes.append("each run: " + ", ".join(f"fleet {fmt(x.gone_s)}/{fmt(x.exit_s)}, "
                                                 f"ideal {fmt(y.gone_s)}/{fmt(y.exit_s)}"
                                                 for x, y in zip(fl, base, strict=True)))
@@ -146,6 +152,9 @@ def run(cfg: Config) -> list[Table]:
                        "process whose environment has the run's FLEET_RUN_ID (run.sh, torchrun, "
                        "the workers), found with one grep over /proc; `exit` is when the ssh "
                        "commands returned, `gone` when no process of the run was left")
+    table.notes.append("`last stop.sh began`: the latest mtime of the `stopped` file each node's "
+                       "stop.sh writes before it signals: what fleet itself took (python, its "
+                       "imports, connecting) before the run's processes were told to stop")
     if left:
         table.problems.append(f"fleet stop left processes behind: {left}")
     return [table]
