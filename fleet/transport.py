@@ -11,6 +11,7 @@ the target, so a full disk is an error that says so instead of an empty script.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import secrets
@@ -373,6 +374,8 @@ class SSHTransport(Transport):
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(self.KEEPALIVE_S)
+        for t in (transport, _gateway_transport(conn)):
+            _no_delay(t)
         self._client = client
         if hello:
             self._hello()
@@ -512,6 +515,22 @@ class SSHTransport(Transport):
             except Exception:  # noqa: S110 - closing a dead connection may fail; nothing to do
                 pass
         self._sftp = self._client = None
+
+
+def _no_delay(t: paramiko.Transport | None) -> None:
+    """TCP_NODELAY on the connection's socket. Each command is a few small SSH packets (open a
+    channel, exec, data, EOF); with Nagle's algorithm the later ones wait for the server's
+    delayed ACK, about 40 ms a round trip (measured: 48 ms a `true`, 3-5 ms without)."""
+    sock = getattr(t, "sock", None)
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):  # not TCP: nothing to tune
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _gateway_transport(conn: Any) -> paramiko.Transport | None:
+    """The jump host's own connection, where ProxyJump opened one."""
+    client = getattr(getattr(conn, "gateway", None), "client", None)
+    return client.get_transport() if isinstance(client, paramiko.SSHClient) else None
 
 
 def _blocking(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:

@@ -119,3 +119,20 @@ def test_check_names_a_host_whose_sshd_is_down(cli: CLI, tmp_path: Path) -> None
         assert row(r.stdout, "node2", "ssh").startswith("FAIL cannot connect to")
         assert "fix: check that sshd runs on" in r.stdout
         assert row(r.stdout, "node1", "ssh").startswith("PASS")
+
+
+def test_connections_send_small_packets_at_once(tricky: Testbed, tmp_path: Path) -> None:
+    """Every command is a few small SSH packets: with Nagle's algorithm left on, each round trip
+    waited for the server's delayed ACK (48 ms a `true` here). fleet turns it off."""
+    import socket
+
+    from fleet.inventory import load_inventory
+    from fleet.transport import SSHTransport, open_transport
+
+    host = load_inventory(tricky.inventory(tmp_path / "inv.toml")).hosts[0]
+    with open_transport(host) as t:
+        assert isinstance(t, SSHTransport)
+        sock = t._transport().sock
+        assert isinstance(sock, socket.socket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert t.run("echo ok").out.strip() == "ok"
