@@ -353,6 +353,8 @@ class SSHTransport(Transport):
         h = self.host
         conn = ssh_connection(h)
         try:
+            if conn.gateway is None:  # a direct connection: made here, tuned before any packet
+                conn.connect_kwargs["sock"] = _tcp(conn.host, conn.port, conn.connect_timeout)
             conn.open()
         except hostkeys.UnknownHostKey as e:
             raise TransportError(
@@ -515,6 +517,13 @@ class SSHTransport(Transport):
             except Exception:  # noqa: S110 - closing a dead connection may fail; nothing to do
                 pass
         self._sftp = self._client = None
+
+
+def _tcp(host: str, port: int, timeout: float | None) -> socket.socket:
+    """The TCP connection an SSH session runs over (IPv4 or IPv6), with TCP_NODELAY."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def _no_delay(t: paramiko.Transport | None) -> None:
