@@ -82,6 +82,18 @@ def _settings(t: Table, base: dict[str, object]) -> dict[str, object]:
 _GPU_RANGE = re.compile(r"(\d{1,3})(?:-(\d{1,3}))?\Z")
 
 
+def take_host_key(t: Table) -> str | None:
+    """`host_key`: a pinned key as known_hosts writes it ("ssh-ed25519 AAAA..."), checked."""
+    host_key = t.take("host_key", str, None)
+    if host_key is not None:
+        from fleet.hostkeys import parse_pinned
+        try:
+            parse_pinned(host_key)
+        except ValueError as e:
+            raise t.error("host_key", str(e)) from e
+    return host_key
+
+
 def _gpus(t: Table) -> tuple[int, ...]:
     """GPU indices: a list of integers ([0, 1]) or a string of indices and ranges ("4-7",
     "0,2,5-7"). Indices are nvidia-smi's (fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match)."""
@@ -135,13 +147,8 @@ def load_inventory(path: Path) -> Inventory:
         if not ADDRESS.match(address) or address.startswith("-"):
             raise t.error("address", f"{address!r} is not a host name or IP address")
         settings = _settings(t, base)
-        host_key = t.take("host_key", str, None)
+        host_key = take_host_key(t)
         if host_key is not None:
-            from fleet.hostkeys import parse_pinned
-            try:
-                parse_pinned(host_key)
-            except ValueError as e:
-                raise t.error("host_key", str(e)) from e
             settings["host_key"] = host_key
         t.done()
         settings.setdefault("transport", "local" if address in LOCAL_ADDRESSES else "ssh")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import queue
 import shutil
-import signal
 import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 
 from fleet import failure, faults, hang, manifest, remote, setup, state
 from fleet.console import Console
@@ -42,6 +41,7 @@ from fleet.launch import (
 )
 from fleet.logs import Tagger
 from fleet.plan import NodePlan, Plan, new_run_id
+from fleet.signals import SignalGuard
 from fleet.states import NodeStatus, RunStatus, overall
 
 
@@ -79,40 +79,29 @@ class NodeOutcome:
         return words
 
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class Guard:
+class Guard(SignalGuard):
     """The one teardown of a run (see the module's docstring). Signals: the first one ends the
     run (it raises Interrupted where the main thread is); any later one is only counted, so
     that nothing can cut the teardown short."""
 
     def __init__(self, session: Session, plan: Plan, console: Console,
                  record_dir: Path) -> None:
+        super().__init__()
         self.session, self.plan, self.console = session, plan, console
         self.record_dir = record_dir  # the local record, dropped if nothing ever started
         self.may_run: set[str] = set()  # nodes where a start was even attempted
         self.setting_up: set[str] = set()  # nodes where the job's setup may run
         self.ended = False  # every node's part ended by itself: nothing left to stop
         self.released = False  # detached on purpose: the run goes on without fleet
-        self.signals: list[int] = []
-        self._saved: dict[int, object] = {}
         self.hang: str | None = None  # the watchdog's verdict, where it stopped the run
 
     def __enter__(self) -> Guard:
-        if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
-                self._saved[sig] = signal.signal(sig, self._on_signal)
+        self.catch_signals()
         return self
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals.append(signum)
-        if len(self.signals) == 1:
-            raise Interrupted(signal.Signals(signum).name)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.signals.append(0)  # from here on, a signal is only counted
+        self.hold()
         try:
             if self.released and exc is None:
                 return
@@ -130,8 +119,7 @@ class Guard:
                 raise Interrupted(exc.signame, self._summary(problems)) from None
             self.console.info(self._summary(problems))
         finally:
-            for sig, handler in self._saved.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+            self.release_signals()
 
     def _why(self, exc: BaseException | None) -> str:
         if isinstance(exc, Interrupted):

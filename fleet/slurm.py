@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.errors import ConfigError
-from fleet.inventory import ADDRESS, IFACE, LOCAL_ADDRESSES, Host, load_inventory
+from fleet.inventory import (
+    ADDRESS,
+    IFACE,
+    LOCAL_ADDRESSES,
+    Host,
+    load_inventory,
+    take_host_key,
+)
 from fleet.job import Job, nproc_value
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python
 from fleet.render import environment
@@ -75,13 +82,7 @@ def load_cluster(path: Path) -> Cluster:
     port = t.take("port", int, None)
     if port is not None and not 0 < port < 65536:
         raise t.error("port", f"must be between 1 and 65535, not {port}")
-    host_key = t.take("host_key", str, None)
-    if host_key is not None:
-        from fleet.hostkeys import parse_pinned
-        try:
-            parse_pinned(host_key)
-        except ValueError as e:
-            raise t.error("host_key", str(e)) from e
+    host_key = take_host_key(t)
     workdir = t.take("workdir", str, "~/fleet")
     python = t.take("python", str, "python3")
     for key, value in (("workdir", workdir), ("python", python)):

@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 
 from fleet import failure, state
 from fleet import slurmjob as sj
@@ -35,6 +34,7 @@ from fleet.job import Job
 from fleet.logs import Tagger
 from fleet.plan import new_run_id
 from fleet.shell import quote, sh
+from fleet.signals import SignalGuard
 from fleet.slurm import Cluster, Script, env_file_text, nproc, render
 from fleet.states import RunStatus
 from fleet.sync import sync_dir
@@ -212,36 +212,25 @@ def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
 
 
 # ---- the guard ----------------------------------------------------------------------------
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class Guard:
+class Guard(SignalGuard):
     """From submission on, every way out that is not the job's own end or a detach cancels the
     Slurm job and waits until Slurm says it ended; the first signal ends the run, any later one
     is only counted so that nothing cuts the cancel short (as lifecycle.Guard on hosts)."""
 
     def __init__(self, t: Transport, rec: SlurmRecord, console: Console) -> None:
+        super().__init__()
         self.t, self.rec, self.console = t, rec, console
         self.job_id: str | None = None
         self.ended = False
         self.released = False
-        self.signals: list[int] = []
-        self._saved: dict[int, object] = {}
 
     def __enter__(self) -> Guard:
-        if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
-                self._saved[sig] = signal.signal(sig, self._on_signal)
+        self.catch_signals()
         return self
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals.append(signum)
-        if len(self.signals) == 1:
-            raise Interrupted(signal.Signals(signum).name)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.signals.append(0)
+        self.hold()
         try:
             if self.ended or (self.released and exc is None):
                 return
@@ -260,8 +249,7 @@ class Guard:
                 raise Interrupted(exc.signame, outcome) from None
             self.console.info(outcome)
         finally:
-            for sig, handler in self._saved.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+            self.release_signals()
 
 
 # ---- fleet up -----------------------------------------------------------------------------

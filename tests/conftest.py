@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurmbed import Slurm
+from tests.slurmbed import available as slurm_available
 from tests.testbed import Testbed, available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,3 +69,18 @@ def tb3() -> Iterator[Testbed]:
 @pytest.fixture
 def need_testbed() -> None:
     _need_testbed()
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Slurm]:
+    """Two hosts with one home (a cluster's shared filesystem) and a real Slurm on both
+    (tests/slurmbed.py), for a test module."""
+    _need_testbed()
+    why = slurm_available()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the Slurm tests must run in CI, but cannot: {why}")
+        pytest.skip(f"Slurm unavailable: {why}")
+    with Testbed(2, shared_home=True) as tb, Slurm(tb) as cluster:
+        print(f"\nslurm: cluster up in {cluster.start_seconds:.2f}s")
+        yield cluster

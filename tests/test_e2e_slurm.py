@@ -4,18 +4,15 @@ on a [slurm] inventory whose login node is this machine."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, _need_testbed
-from tests.slurmbed import Slurm, available
-from tests.testbed import Testbed
+from tests.conftest import CLI
+from tests.slurmbed import Slurm
 
 pytestmark = pytest.mark.e2e
 
@@ -48,16 +45,6 @@ time.sleep(300)
 """
 
 
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[Slurm]:
-    _need_testbed()
-    why = available()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"the Slurm tests must run in CI, but cannot: {why}")
-        pytest.skip(f"Slurm unavailable: {why}")
-    with Testbed(2, shared_home=True) as tb, Slurm(tb) as cluster:
-        yield cluster
 
 
 def job_dir(slurm: Slurm, name: str, script: str, port: int) -> Path:

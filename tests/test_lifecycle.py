@@ -260,19 +260,8 @@ def test_run_sh_records_the_childs_own_exit_code_under_signals(tmp_path: Path,
     import subprocess
     import sys
 
-    from fleet.render import render_node
-    host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path))
-    inv = Inventory(tmp_path / "inv.toml", (host,))
-    job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
-              script=None, launcher="command", command=(sys.executable, "-c", CHILD))
     for attempt in range(20):
-        plan = make_plan(inv, job, f"j-{shell}-{attempt}")
-        node = plan.nodes[0]
-        Path(node.run_dir).mkdir(parents=True)
-        Path(node.code_dir).mkdir(parents=True, exist_ok=True)
-        for name, (text, _mode) in render_node(plan, node).files.items():
-            (Path(node.run_dir) / name).parent.mkdir(exist_ok=True)
-            (Path(node.run_dir) / name).write_text(text)
+        node = _rendered_node(tmp_path, (sys.executable, "-c", CHILD), f"j-{shell}-{attempt}")
         log = open(Path(node.run_dir) / "node.log", "w")  # noqa: SIM115
         wrapper = subprocess.Popen([shell, "run.sh"], cwd=node.run_dir, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
@@ -291,6 +280,7 @@ def test_run_sh_records_the_childs_own_exit_code_under_signals(tmp_path: Path,
 
 # ---- following a node's log until its wrapper ends -------------------------------------------
 def _rendered_node(tmp_path: Path, command: tuple[str, ...], run_id: str) -> Any:
+    """A `command` job's node on this machine, its run directory written as `fleet up` would."""
     from fleet.render import render_node
     host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path))
     inv = Inventory(tmp_path / "inv.toml", (host,))

@@ -5,20 +5,17 @@ SSH, and cancel and fail like on a real cluster."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import _need_testbed
-from tests.slurmbed import Slurm, available
-from tests.testbed import Testbed
+from tests.slurmbed import Slurm
 
 pytestmark = pytest.mark.e2e
 
@@ -35,18 +32,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[Slurm]:
-    """Two hosts with one home (a cluster's shared filesystem) and a cluster on both."""
-    _need_testbed()
-    why = available()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"the Slurm tests must run in CI, but cannot: {why}")
-        pytest.skip(f"Slurm unavailable: {why}")
-    with Testbed(2, shared_home=True) as tb, Slurm(tb) as cluster:
-        print(f"\nslurm: cluster up in {cluster.start_seconds:.2f}s")
-        yield cluster
 
 
 def job_script(slurm: Slurm, name: str, body: str) -> Path:
