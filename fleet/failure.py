@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from fleet.diagnose import diagnose, format_diagnoses
 from fleet.logs import RANK_PREFIX
 from fleet.shell import Raw, sh
 from fleet.transport import Transport
@@ -150,3 +151,14 @@ def first(failures: list[RankFailure]) -> RankFailure | None:
     return min(enumerate(failures), key=lambda iv: (
         iv[1].when if iv[1].when is not None else float("inf"),
         (iv[1].exitcode or 0) < 0, iv[0]))[1]
+
+
+def summary(root: RankFailure) -> list[str]:
+    """What a run's end says of its first failure: where, which rank, the traceback, and the
+    hints for known signatures."""
+    rank = f"rank {root.rank}" if root.rank is not None else "a rank"
+    local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
+    code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
+    return ([f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}{code}:"]
+            + [f"    {line}" for line in root.traceback.splitlines()]
+            + format_diagnoses(diagnose(root.traceback + "\n" + root.log)))

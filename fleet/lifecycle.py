@@ -19,7 +19,6 @@ from types import TracebackType
 
 from fleet import failure, faults, hang, manifest, remote, setup, state
 from fleet.console import Console
-from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import (
     FleetError,
     Interrupted,
@@ -339,14 +338,7 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
     if root is not None:
-        rank = f"rank {root.rank}" if root.rank is not None else "a rank"
-        local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
-        code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
-        console.info(f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}"
-                     f"{code}:")
-        for line in root.traceback.splitlines():
-            console.info(f"    {line}")
-        for line in format_diagnoses(diagnose(root.traceback + "\n" + root.log)):
+        for line in failure.summary(root):
             console.info(line)
     elif lost:
         console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")

@@ -388,14 +388,7 @@ def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -
                 causes.append(found)
     root = failure.first(causes)
     if root is not None:
-        rank = f"rank {root.rank}" if root.rank is not None else "a rank"
-        local = f" (local rank {root.local_rank})" if root.local_rank is not None else ""
-        code = f", exit code {root.exitcode}" if root.exitcode is not None else ""
-        console.info(f"first failure: {root.node} (node rank {root.node_rank}), {rank}{local}"
-                     f"{code}:")
-        for line in root.traceback.splitlines():
-            console.info(f"    {line}")
-        for line in format_diagnoses(diagnose(root.traceback + "\n" + root.log)):
+        for line in failure.summary(root):
             console.info(line)
     else:
         tail = "\n".join(log.strip().splitlines()[-10:])
