@@ -94,10 +94,6 @@ class Guard(SignalGuard):
         self.released = False  # detached on purpose: the run goes on without fleet
         self.hang: str | None = None  # the watchdog's verdict, where it stopped the run
 
-    def __enter__(self) -> Guard:
-        self.catch_signals()
-        return self
-
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.hold()

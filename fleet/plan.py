@@ -221,15 +221,20 @@ def flight_recorder_env(run_dir: str) -> dict[str, str]:
             "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{run_dir}/{FR_PIPE}"}
 
 
+def socket_env(interface: str | None) -> dict[str, str]:
+    """NCCL's and Gloo's interface, where one is chosen; '=' asks NCCL for this exact interface,
+    not every name starting with it."""
+    if not interface:
+        return {}
+    return {"NCCL_SOCKET_IFNAME": f"={interface}", "GLOO_SOCKET_IFNAME": interface}
+
+
 def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: str,
          data_dir: str | None, cpu_only: bool) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
         env["FLEET_DATA_DIR"] = data_dir
-    if net.interface:
-        # '=' asks NCCL for this exact interface, not every name starting with it.
-        env["NCCL_SOCKET_IFNAME"] = f"={net.interface}"
-        env["GLOO_SOCKET_IFNAME"] = net.interface
+    env.update(socket_env(net.interface))
     if host.gpus:
         # nvidia-smi's numbering, which is the one users see; CUDA's default order differs.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
+from typing import Self
 
 from fleet.errors import Interrupted
 
@@ -17,6 +18,10 @@ class SignalGuard:
     def __init__(self) -> None:
         self.signals: list[int] = []  # every signal received; 0 marks where the teardown began
         self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> Self:
+        self.catch_signals()
+        return self
 
     def catch_signals(self) -> None:
         """From now on signals reach this guard (only the main thread can ask)."""

@@ -26,7 +26,7 @@ from fleet.inventory import (
     take_host_key,
 )
 from fleet.job import Job, nproc_value
-from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python
+from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
 from fleet.render import environment
 from fleet.schema import Table, load_toml
 from fleet.shell import quote
@@ -272,9 +272,7 @@ def env_of(job: Job, cluster: Cluster, run_id: str | None = None,
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
         env["FLEET_DATA_DIR"] = data_dir
-    if cluster.interface:
-        env["NCCL_SOCKET_IFNAME"] = f"={cluster.interface}"
-        env["GLOO_SOCKET_IFNAME"] = cluster.interface
+    env.update(socket_env(cluster.interface))
     env.update(job.env)
     env.update(cluster.env)
     if job.debug:

@@ -224,10 +224,6 @@ class Guard(SignalGuard):
         self.ended = False
         self.released = False
 
-    def __enter__(self) -> Guard:
-        self.catch_signals()
-        return self
-
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.hold()
