@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -142,8 +143,8 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         for key in ("address", "node_rank", "nproc", "setup"):
             if x.get(key) != y.get(key):
                 out.append(f"{name}: {key} {x.get(key)} -> {y.get(key)}")
-        ex = {k: v.replace(a["run_id"], "RUN") for k, v in x["env"].items()}
-        ey = {k: v.replace(b["run_id"], "RUN") for k, v in y["env"].items()}
+        ex = {k: _unrun(v, a["run_id"]) for k, v in x["env"].items()}
+        ey = {k: _unrun(v, b["run_id"]) for k, v in y["env"].items()}
         for k in sorted(set(ex) | set(ey)):
             if ex.get(k) != ey.get(k):
                 out.append(f"{name}: env {k} {ex.get(k, '(unset)')} -> {ey.get(k, '(unset)')}")
@@ -151,11 +152,17 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             vx, vy = (x.get("versions") or {}).get(k), (y.get("versions") or {}).get(k)
             if vx != vy:
                 out.append(f"{name}: {k} {vx or '(none)'} -> {vy or '(none)'}")
-        ax = [w.replace(a["run_id"], "RUN") for w in x["argv"]]
-        ay = [w.replace(b["run_id"], "RUN") for w in y["argv"]]
+        ax = [_unrun(w, a["run_id"]) for w in x["argv"]]
+        ay = [_unrun(w, b["run_id"]) for w in y["argv"]]
         if ax != ay:
             out.append(f"{name}: command {' '.join(ax)} -> {' '.join(ay)}")
     return out
+
+
+def _unrun(text: str, run_id: str) -> str:
+    """text with its run's id as RUN, where the id stands alone (a path part, a value), so
+    runs compare by what differs; `j-1` inside the code dir `j-1c1eb3c5` is not the id."""
+    return re.sub(rf"(?<![\w.-]){re.escape(run_id)}(?![\w.-])", "RUN", text)
 
 
 def _state(code: dict[str, Any]) -> str:

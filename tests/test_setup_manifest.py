@@ -155,3 +155,19 @@ def test_diff_names_code_files_env_versions_and_hosts(tmp_path: Path) -> None:
         "host c: only in j-1", "a: setup abc -> def", "a: env LR 0.1 -> 0.2",
         "a: torch 2.14.1 -> 2.15.0", "b: env LR 0.1 -> 0.2"]
     assert manifest.diff(a, a) == []
+
+
+def test_diff_replaces_the_run_id_only_where_it_stands_alone(tmp_path: Path) -> None:
+    """The code dir `<job>-<8 hex>` can begin with the run id's text (`j-1` + `c1eb3c5`):
+    only the id itself (a path part, the rdzv id) is the run's, so nothing differs."""
+    a = a_manifest(tmp_path, "j-1")
+    b = copy.deepcopy(a_manifest(tmp_path, "j-2"))
+    for m, rid in ((a, "j-1"), (b, "j-2")):
+        m["nodes"]["a"]["argv"] = ["python3", f"/h/fleet/runs/{rid}/a/x", "--rdzv-id", rid,
+                                   "/h/fleet/code/j-1c1eb3c5/train.py"]
+    assert manifest.diff(a, b) == []
+    b["nodes"]["a"]["argv"][-1] = "/h/fleet/code/j-2c1eb3c5/train.py"
+    assert manifest.diff(a, b) == [
+        "a: command python3 /h/fleet/runs/RUN/a/x --rdzv-id RUN /h/fleet/code/j-1c1eb3c5/"
+        "train.py -> python3 /h/fleet/runs/RUN/a/x --rdzv-id RUN /h/fleet/code/j-2c1eb3c5/"
+        "train.py"]
