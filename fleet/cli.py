@@ -469,10 +469,20 @@ def dump(run_id: RunArg = None) -> None:
     """Every rank's Python stack on every node of a running run, grouped (the rank that is
     different named first); the run goes on. Kept in the run's record too."""
     rec = state.load(run_id)
-    if slurm_run.load(rec) is not None:
-        raise UsageError(f"run {rec.run_id} runs on Slurm: `fleet dump` works on host runs "
-                         "only for now")
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        lines, problems = slurm_run.dump(on_slurm)
+    else:
+        lines, problems = _dump_hosts(rec)
+    for line in lines + problems:
+        print(line)
+    saved = hang.save(rec.dir, f"fleet dump of run {rec.run_id}", lines + problems)
+    print(f"(kept in {saved})", file=sys.stderr)
+    if problems:
+        raise typer.Exit(3)
 
+
+def _dump_hosts(rec: state.RunRecord) -> tuple[list[str], list[str]]:
     def connect(n: NodeRecord) -> Transport:
         return open_transport(n.host)
 
@@ -485,14 +495,8 @@ def dump(run_id: RunArg = None) -> None:
         for t in opened.values():
             if isinstance(t, Transport):
                 t.close()
-    problems = [f"{name}: unreachable: {reason(r)}" for name, r in opened.items()
-                if isinstance(r, Exception)] + problems
-    for line in lines + problems:
-        print(line)
-    saved = hang.save(rec.dir, f"fleet dump of run {rec.run_id}", lines + problems)
-    print(f"(kept in {saved})", file=sys.stderr)
-    if problems:
-        raise typer.Exit(3)
+    return lines, [f"{name}: unreachable: {reason(r)}" for name, r in opened.items()
+                   if isinstance(r, Exception)] + problems
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -11,11 +11,12 @@ import dataclasses
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from fleet import failure, state
+from fleet import failure, hang, stacks, state
 from fleet import slurmjob as sj
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
@@ -32,7 +33,8 @@ from fleet.group import reason
 from fleet.inventory import Host
 from fleet.job import Job
 from fleet.logs import Tagger
-from fleet.plan import new_run_id
+from fleet.plan import SITE, new_run_id
+from fleet.render import NODESIDE
 from fleet.shell import quote, sh
 from fleet.signals import SignalGuard
 from fleet.slurm import Cluster, Script, env_file_text, nproc, render
@@ -123,6 +125,7 @@ class Follower:
     def __init__(self, t: Transport, path: str, on_line: TaggedSink) -> None:
         self.t, self.path, self.on_line = t, path, on_line
         self.count = 0
+        self.last = time.monotonic()  # when its last line came (the hang watchdog's clock)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -133,6 +136,7 @@ class Follower:
             if self.stop.is_set():
                 return
             self.count += len(lines)
+            self.last = time.monotonic()
             for line in lines:
                 self.on_line(line)
 
@@ -178,9 +182,13 @@ class TaggedSink:
 
 
 def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
-          node: str | None = None, rank: int | None = None) -> tuple[sj.JobInfo | None, int]:
+          node: str | None = None, rank: int | None = None,
+          on_silence: tuple[float, Callable[[float], None]] | None = None,
+          ) -> tuple[sj.JobInfo | None, int]:
     """Print every node's log (and Slurm's own output, tagged `slurm`) from the first line; with
-    `follow`, until the job ends. Returns Slurm's last word on the job and the lines shown."""
+    `follow`, until the job ends. `on_silence` = (seconds, call): once the job has run that long
+    without a line from anywhere, call(silent seconds), once (the hang watchdog). Returns
+    Slurm's last word on the job and the lines shown."""
     followers: dict[str, Follower] = {}
     sinks: dict[str, TaggedSink] = {}
 
@@ -194,6 +202,7 @@ def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
 
     add("slurm", f"{rec.run_dir}/batch.log")
     info = None
+    running_since: float | None = None  # a job that waits in the queue is not silent
     try:
         while True:
             info = job_info(t, rec.job_id) if rec.job_id else None
@@ -201,6 +210,13 @@ def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
                 add(name, f"{rec.run_dir}/{name}/node.log")
             if not follow or info is None or info.status.is_terminal:
                 break
+            if on_silence is not None and info.status is RunStatus.RUNNING:
+                now = time.monotonic()
+                running_since = running_since or now
+                silent = now - max([running_since, *(f.last for f in followers.values())])
+                if silent > on_silence[0]:
+                    on_silence[1](silent)
+                    on_silence = None
             time.sleep(POLL_S)
         # The nodes whose log appeared while the job ended.
         for name in node_infos(t, rec.run_dir):
@@ -284,9 +300,12 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
         text = render(job, cluster, s)
         rec = SlurmRecord(run_id, str(job.path), cluster.login, run_dir,
                           nproc=nproc(job, cluster), static=job.rendezvous.backend == "static")
-        t.run(sh("mkdir", "-p", run_dir), timeout=60, what="make the run directory"
-              ).check(t.host.name)
+        t.run(sh("mkdir", "-p", f"{run_dir}/{SITE}"), timeout=60,
+              what="make the run directory").check(t.host.name)
         t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)
+        # fleet's sitecustomize: each worker's rank and stack dump (fleet dump, the watchdog)
+        t.write(f"{run_dir}/{SITE}/sitecustomize.py",
+                (NODESIDE / "sitecustomize.py").read_bytes(), 0o644)
         t.write(f"{run_dir}/job.sbatch", text.encode(), 0o700)
         if checks:
             try:
@@ -319,13 +338,21 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
                               + (f" on {info.nodes}" if info and info.nodes else ""))
                 console.info(f"run {run_id} submitted; follow it with `fleet logs -f {run_id}`")
                 return run_id
-            info, _ = watch(t, rec, console)
+            hung: list[str] = []
+            watchdog = None
+            if job.watchdog.hang_timeout:
+                watchdog = (job.watchdog.hang_timeout,
+                            lambda silent: hung.append(on_hang(t, rec, job, silent, console)))
+            info, _ = watch(t, rec, console, on_silence=watchdog)
             guard.ended = info is not None and info.status.is_terminal
             if not guard.ended:
                 raise JobFailed(f"fleet lost sight of Slurm job {job_id}", exit_code=3)
         assert info is not None
         save(dataclasses.replace(rec, final=info.state), started)
         final = report(t, rec, info, console)
+    if hung:
+        raise JobFailed(f"run {run_id} hung: {hung[0]}; Slurm job {job_id} was cancelled "
+                        f"(logs: `fleet logs {run_id}`)")
     if final is RunStatus.SUCCEEDED:
         console.info(f"run {run_id} succeeded (Slurm job {job_id})")
         return run_id
@@ -334,6 +361,58 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
     raise JobFailed(f"run {run_id} failed: Slurm job {job_id} {info.state}"
                     + (f" ({info.reason})" if info.reason and info.reason != "None" else "")
                     + f" (logs: `fleet logs {run_id}`)")
+
+
+def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Console) -> str:
+    """No node printed for hang_timeout: take every rank's stack, say which rank is different,
+    keep it, cancel the job (as the watchdog does on hosts); returns the verdict."""
+    limit = job.watchdog.hang_timeout
+    console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
+                 f"{limit:g}s); taking every rank's stack")
+    lines, problems = take_stacks(t, rec, _record_dir(rec.run_id))
+    for line in lines + problems:
+        console.info(f"  {line}")
+    saved = hang.save(_record_dir(rec.run_id), f"hang of run {rec.run_id}: no output for "
+                      f"{silent:.0f}s", lines + problems)
+    console.info(f"watchdog: no output for {limit:g}s (a hang): cancelling Slurm job "
+                 f"{rec.job_id}")
+    assert rec.job_id is not None
+    cancel(t, rec.job_id, console)
+    return f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
+
+
+def take_stacks(t: Transport, rec: SlurmRecord, keep: Path | None
+                ) -> tuple[list[str], list[str]]:
+    """Every rank's stack on every node of the running job, through a job step on each node
+    (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.stacks);
+    NCCL flight recorder dumps are copied under `keep`. (the report's lines, problems)"""
+    assert rec.job_id is not None
+    r = t.run(sj.step_script(rec.job_id, rec.run_dir, stacks.dump_script(".", rec.run_id)),
+              timeout=sj.STEP_TIMEOUT_S + 30, what="take the stacks (srun --overlap)")
+    outs, other = sj.parse_step(r.out)
+    if not outs:
+        return [], [f"no node of Slurm job {rec.job_id} could be asked (srun exit {r.code}): "
+                    + (" / ".join(other[-3:]) or "it printed nothing")]
+    dumps = [stacks.parse_dump(name, out) for name, out in sorted(outs.items())]
+    for d in dumps:
+        for name, size in d.flight_records:
+            if keep is not None and size <= hang.FR_MAX_BYTES:
+                hang.fetch(t, f"{rec.run_dir}/{d.host}/{name}",
+                           keep / "flight-recorder" / d.host / name)
+    return stacks.report(dumps), []
+
+
+def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:
+    """`fleet dump` of a run on Slurm: its stacks while it runs; it goes on."""
+    if rec.job_id is None:
+        raise UsageError(f"run {rec.run_id} was never submitted to Slurm: no stack to take")
+    with open_transport(rec.login) as t:
+        info = job_info(t, rec.job_id)
+        if info is None or info.status is not RunStatus.RUNNING:
+            # as on hosts: said, not an error
+            return [f"the run is not running (Slurm job {rec.job_id} is "
+                    f"{info.state if info else 'gone'}): no stack to take"], []
+        return take_stacks(t, rec, _record_dir(rec.run_id))
 
 
 def wait_started(t: Transport, job_id: str, timeout: float = 600) -> sj.JobInfo | None:

@@ -210,3 +210,52 @@ def parse_srun(log: str) -> list[TaskEnd]:
 
 def cancel_script(job_id: str) -> str:
     return sh("scancel", job_id) + " 2>&1"
+
+
+# ---- a command on every node of a running job (hang dumps) ----------------------------------
+STEP_TIMEOUT_S = 60
+NODE_MARK = "fleet-node"
+
+
+def step_script(job_id: str, run_dir: str, node_script: str) -> str:
+    """`node_script` in each node's directory of the run, on every node of the running job at
+    once: a job step that shares the job's resources (`srun --overlap`), so it reaches nodes
+    that fleet cannot SSH to. Each task's lines are labelled; its first line names its node."""
+    inner = (f'echo "{NODE_MARK} $SLURMD_NODENAME"; '
+             'cd "$1/$SLURMD_NODENAME" 2>/dev/null || { echo missing; exit 0; }; '
+             'exec sh -c "$2"')
+    # From outside the allocation srun would start one task: the job's node count, asked.
+    return "\n".join([
+        f"n=$(squeue -h -j {quote(job_id)} -o %D 2>/dev/null | head -n 1)",
+        sh("timeout", str(STEP_TIMEOUT_S), "srun", f"--jobid={job_id}", "--overlap")
+        + ' --nodes="${n:-1}" '
+        + sh("--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0", f"--chdir={run_dir}",
+             "bash", "-c", inner, "fleet-step", run_dir, node_script) + " 2>&1"])
+
+
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+
+
+def parse_step(out: str) -> tuple[dict[str, str], list[str]]:
+    """Each node's output from step_script (by the node its task named), and the lines that
+    were no task's (srun's own errors)."""
+    by_task: dict[int, list[str]] = {}
+    other: list[str] = []
+    for line in out.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            by_task.setdefault(int(m.group(1)), []).append(m.group(2))
+        elif line.strip():
+            other.append(line.strip())
+    nodes: dict[str, str] = {}
+    for task in sorted(by_task):
+        lines = by_task[task]
+        # What slurmstepd said before the task ran (a cwd it could not enter) is not the node's.
+        at = next((i for i, line in enumerate(lines)
+                   if len(w := line.split()) == 2 and w[0] == NODE_MARK), None)
+        if at is None:
+            other += lines
+            continue
+        other += lines[:at]
+        nodes[lines[at].split()[1]] = "\n".join(lines[at + 1:]) + "\n"
+    return nodes, other

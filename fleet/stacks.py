@@ -60,7 +60,7 @@ def dump_script(run_dir: str, run_id: str) -> str:
         "spy=$(command -v py-spy 2>/dev/null)",
         "for p in $mine; do",
         "  case \" $sent \" in *\" $p \"*) continue;; esac",
-        "  cmd=$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null) || continue",
+        "  cmd=$(tr '\\0\\n' '  ' < /proc/$p/cmdline 2>/dev/null) || continue",
         "  echo \"=== proc $p $cmd\"",
         "  case \"$cmd\" in *python*) [ -n \"$spy\" ] && \"$spy\" dump --pid \"$p\" 2>&1 | "
         "head -n 200;; esac",

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import CLI
 from tests.slurmbed import Slurm
+from tests.test_e2e_hang import HANG, STUCK_LINE
 
 pytestmark = pytest.mark.e2e
 
@@ -47,13 +48,13 @@ time.sleep(300)
 
 
 
-def job_dir(slurm: Slurm, name: str, script: str, port: int) -> Path:
+def job_dir(slurm: Slurm, name: str, script: str, port: int, extra: str = "") -> Path:
     """A job in the testbed's directory (the same path on every node and here)."""
     d = slurm.tb.dir / name
     d.mkdir()
     (d / "train.py").write_text(script)
     (d / "job.toml").write_text(f'inventory = "cluster.toml"\nscript = "train.py"\n'
-                                f'nproc_per_node = 2\n[rendezvous]\nport = {port}\n')
+                                f'nproc_per_node = 2\n[rendezvous]\nport = {port}\n{extra}')
     (d / "cluster.toml").write_text(f'[slurm]\nlogin = "localhost"\nnodes = 2\n'
                                     f'partition = "{slurm.partition}"\ntime = 10\n'
                                     f'workdir = "{slurm.tb.dir}/fleet"\n'
@@ -172,3 +173,52 @@ def test_stop_cancels_a_detached_run(slurm: Slurm, tmp_path: Path) -> None:
     assert_gone(slurm, job)
     st = cli("status", run_id)
     assert st.returncode == 4 and "stopped" in st.stdout, st.stdout + st.stderr
+
+
+HANG_VERDICT = (f"rank 3 on node2 is in stuck_here() (train.py:{STUCK_LINE}); the other 3 "
+                "rank(s) wait in all_reduce() (distributed_c10d.py:")
+
+
+def test_watchdog_takes_the_stacks_on_the_nodes_and_cancels(slurm: Slurm,
+                                                             tmp_path: Path) -> None:
+    """A hang on Slurm: the stacks come from the compute nodes through a job step (no SSH to
+    them), name the stuck rank, are kept, and the job is cancelled with nothing left."""
+    # 8 s: torchrun's torch import before the script's first line is not silence to judge
+    d = job_dir(slurm, "hang", HANG, 29625, "[watchdog]\nhang_timeout = 8\n")
+    cli = fleet(slurm, tmp_path)
+    r = cli("up", str(d / "job.toml"), timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no node has printed anything for" in r.stderr
+    assert f"fleet:   {HANG_VERDICT}" in r.stderr, r.stderr
+    assert re.search(rf"train\.py:{STUCK_LINE} in stuck_here", r.stderr)
+    run_id, job = run_id_of(r.stderr), job_id_of(r.stderr)
+    assert re.search(rf"error: run {run_id} hung: rank 3 on node2 is in stuck_here\(\)",
+                     r.stderr), r.stderr
+    assert "node1  node rank 0: stopped by scancel" in r.stderr, r.stderr
+    assert slurm.job(job)["JobState"].startswith("CANCELLED")
+    assert_gone(slurm, job)
+    kept = list((cli.cwd / ".fleet" / "runs" / run_id).glob("stacks-*.txt"))
+    assert len(kept) == 1 and "stuck_here" in kept[0].read_text()
+
+
+def test_dump_of_a_running_job_leaves_it_running(slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "dump", HANG, 29626)
+    cli = fleet(slurm, tmp_path)
+    r = cli("up", str(d / "job.toml"), "--detach", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id, job = run_id_of(r.stderr), job_id_of(r.stderr)
+    deadline = time.monotonic() + 90
+    while True:  # until every rank is in place (torch's import, the rendezvous)
+        dumped = cli("dump", run_id, timeout=120)
+        if HANG_VERDICT in dumped.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert dumped.returncode == 0 and dumped.stdout.startswith(HANG_VERDICT), \
+        dumped.stdout + dumped.stderr
+    assert slurm.job(job)["JobState"] == "RUNNING"
+    assert all(processes(slurm, job).values())
+    assert cli("stop", run_id).returncode == 0
+    assert_gone(slurm, job)
+    ended = cli("dump", run_id)
+    assert ended.returncode == 0 and ended.stdout.startswith(
+        f"the run is not running (Slurm job {job} is CANCELLED"), ended.stdout + ended.stderr

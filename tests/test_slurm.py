@@ -382,3 +382,48 @@ def test_commands_quote_what_they_are_given() -> None:
     assert "cd '/shared/my runs/$(x)'" in script
     assert "'--output=/shared/my runs/$(x)/batch.log'" in script
     assert sj.cancel_script("12; rm -rf /") == "scancel '12; rm -rf /' 2>&1"
+
+
+# A stand-in for `srun --jobid=J --overlap --ntasks-per-node=1 --label CMD...`: runs CMD as two
+# tasks on "nodes" n1 and n2 (SLURMD_NODENAME), each line labelled with its task, as srun does.
+FAKE_STEP_SRUN = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+i=0
+for node in n1 n2; do
+  SLURMD_NODENAME=$node "$@" 2>&1 | sed "s/^/$i: /"
+  i=$((i + 1))
+done
+"""
+
+
+def test_step_script_runs_in_each_nodes_directory(tmp_path: Path) -> None:
+    """The step's command reaches every node literally (a hostile run dir too), runs in that
+    node's directory, and the parser gives each node its own lines; a node without its
+    directory says `missing`."""
+    run_dir = tmp_path / "runs $(touch pwned) 'q'"
+    (run_dir / "n1").mkdir(parents=True)
+    (run_dir / "n1" / "exit_code").write_text("0\n")
+    binp = tmp_path / "bin"
+    binp.mkdir()
+    for name, body in (("srun", FAKE_STEP_SRUN), ("squeue", "#!/bin/sh\necho 2\n")):
+        f = write(binp / name, body)
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    script = sj.step_script("12", str(run_dir), 'echo "in $(basename "$PWD")"; cat exit_code')
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                       cwd=tmp_path, env={**os.environ, "PATH": f"{binp}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    nodes, other = sj.parse_step(r.stdout)
+    assert nodes == {"n1": "in n1\n0\n", "n2": "missing\n"} and other == []
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_parse_step_keeps_what_was_no_tasks() -> None:
+    out = ("srun: error: Unable to create step for job 12: Job/step already completing\n"
+           " 0: fleet-node gpu-a\n 1: slurmstepd-gpu-b: error: couldn't chdir to `/x'\n"
+           " 1: fleet-node gpu-b\n 0: === ended 1\n 1: missing\n"
+           " 2: not a node's first line\n")
+    nodes, other = sj.parse_step(out)
+    assert nodes == {"gpu-a": "=== ended 1\n", "gpu-b": "missing\n"}
+    assert other == ["srun: error: Unable to create step for job 12: Job/step already "
+                     "completing", "slurmstepd-gpu-b: error: couldn't chdir to `/x'",
+                     "not a node's first line"]
