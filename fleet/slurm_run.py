@@ -462,7 +462,12 @@ def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -
             if found is not None:
                 causes.append(found)
     root = failure.first(causes)
-    if root is not None:
+    refused = sj.parse_preflight(log)
+    if refused and not nodes:
+        console.info("preflight failed: nothing of the job started on any node")
+        for name, why in sorted(refused.items()):
+            console.phase(name, why)
+    elif root is not None:
         for line in failure.summary(root):
             console.info(line)
     else:

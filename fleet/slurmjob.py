@@ -208,6 +208,15 @@ def parse_srun(log: str) -> list[TaskEnd]:
             if (m := _SRUN.search(line))]
 
 
+_PREFLIGHT = re.compile(r"fleet: preflight failed on (\S+): (.+?)\s*$")
+
+
+def parse_preflight(log: str) -> dict[str, str]:
+    """Each node whose check failed before the job started (the script's fleet_check), why."""
+    return {m.group(1): m.group(2) for line in log.splitlines()
+            if (m := _PREFLIGHT.search(line))}
+
+
 def cancel_script(job_id: str) -> str:
     return sh("scancel", job_id) + " 2>&1"
 

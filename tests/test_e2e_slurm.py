@@ -222,3 +222,20 @@ def test_dump_of_a_running_job_leaves_it_running(slurm: Slurm, tmp_path: Path) -
     ended = cli("dump", run_id)
     assert ended.returncode == 0 and ended.stdout.startswith(
         f"the run is not running (Slurm job {job} is CANCELLED"), ended.stdout + ended.stderr
+
+
+def test_a_node_without_torch_fails_the_preflight_before_anything_starts(
+        slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "notorch", ALL_REDUCE, 29627)
+    text = (d / "cluster.toml").read_text().replace(f'python = "{sys.executable}"',
+                                                      'python = "/usr/bin/python3"')
+    (d / "cluster.toml").write_text(text)
+    r = fleet(slurm, tmp_path)("up", str(d / "job.toml"), timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "preflight failed: nothing of the job started on any node" in r.stderr, r.stderr
+    for node in ("node1", "node2"):
+        assert f"{node}  /usr/bin/python3 has no torch" in r.stderr, r.stderr
+    job = job_id_of(r.stderr)
+    assert slurm.job(job)["JobState"] == "FAILED"
+    assert "torch.distributed.run" not in r.stdout
+    assert_gone(slurm, job)

@@ -427,3 +427,14 @@ def test_parse_step_keeps_what_was_no_tasks() -> None:
     assert other == ["srun: error: Unable to create step for job 12: Job/step already "
                      "completing", "slurmstepd-gpu-b: error: couldn't chdir to `/x'",
                      "not a node's first line"]
+
+
+def test_parse_preflight() -> None:
+    log = ("fleet: preflight failed on gpu-b: /x/python has no torch\n"
+           "srun: error: gpu-b: task 1: Exited with exit code 1\n"
+           "fleet: preflight failed on gpu-a: python /x/python not found or not runnable "
+           "(exit 127)\n")
+    assert sj.parse_preflight(log) == {
+        "gpu-b": "/x/python has no torch",
+        "gpu-a": "python /x/python not found or not runnable (exit 127)"}
+    assert sj.parse_preflight("srun: error: gpu-a: task 0: Exited with exit code 1\n") == {}
