@@ -277,7 +277,8 @@ def test_placeholders_become_the_nodes_values(tmp_path: Path) -> None:
 
 def test_master_never_loopback(tmp_path: Path) -> None:
     """The master-address lines of the script, run with a node whose name resolves to
-    127.0.1.1 only and no NodeAddr: the script stops, saying why."""
+    127.0.1.1 only and no NodeAddr: with 2 nodes the script stops, saying why; a lone node
+    talks to itself over 127.0.0.1."""
     text = export(tmp_path)
     start = text.index("master_node=")
     end = text.index("export MASTER_ADDR")
@@ -287,11 +288,18 @@ def test_master_never_loopback(tmp_path: Path) -> None:
                        ("getent", "#!/bin/sh\necho '127.0.1.1 STREAM n1'\n")):
         f = write(binp / name, body)
         f.chmod(0o755)
-    snippet = write(tmp_path / "m.sh", "set -euo pipefail\n" + text[start:end] + "echo ok\n")
-    r = subprocess.run(["bash", str(snippet)], capture_output=True, text=True,
-                       env={**os.environ, "PATH": f"{binp}:{os.environ['PATH']}",
-                            "SLURM_JOB_NODELIST": "n1"})
+    snippet = write(tmp_path / "m.sh", "set -euo pipefail\n" + text[start:end]
+                    + 'echo "ok $MASTER_ADDR"\n')
+
+    def run(nodes: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(snippet)], capture_output=True, text=True,
+                              env={**os.environ, "PATH": f"{binp}:{os.environ['PATH']}",
+                                   "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": nodes})
+
+    r = run("2")
     assert r.returncode == 1 and "resolves only to loopback" in r.stderr, r.stdout + r.stderr
+    r = run("1")
+    assert r.returncode == 0 and r.stdout == "ok 127.0.0.1\n", r.stdout + r.stderr
 
 
 def test_cli_export(tmp_path: Path) -> None:
