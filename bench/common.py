@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import itertools
 import os
@@ -205,6 +206,9 @@ def snapshot(dest: Path) -> str:
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         shutil.copytree(ROOT / "templates", dest / "fleet" / "templates",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # Byte-compiled, as `pip install` leaves a package: where PYTHONDONTWRITEBYTECODE is
+        # set (this machine sets it) every launch would otherwise compile fleet's modules anew.
+        compileall.compile_dir(str(dest / "fleet"), quiet=1)
         env = {**os.environ, "PYTHONPATH": str(dest)}
         probe = "import fleet.cli, fleet.templates as t; print(t.__file__)"
         check = subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True,

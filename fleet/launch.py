@@ -54,7 +54,7 @@ def connect(inventory: Inventory, console: Console) -> Session:
 
     def one(host: Host) -> Transport:
         t0 = time.monotonic()
-        t = open_transport(host)
+        t = open_transport(host, hello=False)  # the probe, next, learns what a hello would
         console.phase(host.name, f"connected ({host.transport}, {time.monotonic() - t0:.2f}s)")
         return t
 

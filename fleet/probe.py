@@ -7,13 +7,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from fleet.inventory import Host, Inventory
 from fleet.plan import NodeNet
 from fleet.remote import held_script, parse_held
-from fleet.shell import quote
+from fleet.shell import home_word, quote
 from fleet.transport import Transport
 
 # Runs with the node's python: versions without importing torch (seconds saved per node), every
@@ -92,6 +93,9 @@ class Facts:
     route_error: str = ""
     detail: str = ""  # why python is missing, as the node said it
     held: tuple[str, ...] = ()  # live fleet runs on this machine ("run-id/node"), where asked
+    home: str = ""  # $HOME, and the login shell ($SHELL), as the node says them
+    shell: str = ""
+    node_time: str = ""  # the node's clock, the script's last act (date +%s.%N)
 
     def versions(self) -> dict[str, str]:
         """What a run's manifest keeps of this node's software ("" where absent)."""
@@ -102,14 +106,16 @@ class Facts:
 
 def probe_script(python: str, workdir: str, master: str | None = None,
                  create: bool = True, held: bool = False) -> str:
-    """One round trip: name, SSH address, python facts, and the workdir's storage id, which is
-    created (atomically, NFS-safe: a hard link fails if it exists) unless `create` is false;
-    with `held`, also the fleet runs still alive on the node (remote.held_script)."""
-    wd = quote(workdir)
+    """One round trip: name, home and login shell, SSH address, python facts, and the workdir's
+    storage id, which is created (atomically, NFS-safe: a hard link fails if it exists) unless
+    `create` is false; with `held`, also the fleet runs still alive on the node
+    (remote.held_script); last, the node's clock. Paths may start with ~ (the node's home)."""
+    wd = home_word(workdir)
     lines = [
         'printf "hostname=%s\\n" "$(cat /proc/sys/kernel/hostname 2>/dev/null || hostname)"',
+        'printf "home=%s\\nshell=%s\\n" "$HOME" "${SHELL:-}"',
         'printf "ssh=%s\\n" "${SSH_CONNECTION:-}"',
-        f"{quote(python)} -c {quote(_PY)} {quote(master or '')} 2>&1",
+        f"{home_word(python)} -c {quote(_PY)} {quote(master or '')} 2>&1",
     ]
     f = f"{wd}/.fleet-storage"
     if create:
@@ -120,6 +126,7 @@ def probe_script(python: str, workdir: str, master: str | None = None,
     lines.append(f'printf "storage=%s\\n" "$(cat {f} 2>/dev/null)"')
     if held:
         lines.append(f"( {held_script(f'{workdir}/runs')} )")
+    lines.append('printf "now=%s\\n" "$(date +%s.%N)"')  # the last act: see clock_offset
     return "\n".join(lines)
 
 
@@ -128,7 +135,7 @@ def parse_probe(out: str) -> Facts:
     other: list[str] = []
     for line in out.splitlines():
         key, sep, value = line.partition("=")
-        if sep and key in ("hostname", "ssh", "py", "storage"):
+        if sep and key in ("hostname", "home", "shell", "ssh", "py", "storage", "now"):
             fields[key] = value
         elif sep and key in ("me", "run"):
             continue  # the held listing: parse_held reads it
@@ -152,16 +159,25 @@ def parse_probe(out: str) -> Facts:
                  storage=fields.get("storage", "").strip(),
                  route_src=str(py["route_src"]) if py.get("route_src") else None,
                  route_error=str(py.get("route_error", "")),
-                 detail="\n".join(other[-3:]), held=tuple(parse_held(out)))
+                 detail="\n".join(other[-3:]), held=tuple(parse_held(out)),
+                 home=fields.get("home", ""), shell=fields.get("shell", ""),
+                 node_time=fields.get("now", ""))
 
 
 def probe(t: Transport, master: str | None = None, create: bool = True,
           python: str | None = None, held: bool = False) -> Facts:
-    """The node's facts, its python's from `python` where given (a job's own interpreter)."""
-    r = t.run(probe_script(t.path(python) if python else t.host.python,
-                           t.path(t.host.workdir), master, create, held), timeout=60,
-              what="probe")
-    return parse_probe(r.out)
+    """The node's facts, its python's from `python` where given (a job's own interpreter). The
+    transport learns the node's home, login shell, rc noise and clock from it (the hello a
+    connection skipped)."""
+    sent = time.time()
+    r = t.run(probe_script(python or t.host.python, t.host.workdir, master, create, held),
+              timeout=60, what="probe")
+    if not r.ok:  # it always ends with a printf: the login shell could not run it at all
+        r.check(t.host.name)
+    facts = parse_probe(r.out)
+    if facts.home:
+        t.learnt(facts.home, facts.shell, r.noise, facts.node_time, sent, time.time())
+    return facts
 
 
 def python_problem(host: Host, facts: Facts, launcher: str = "torchrun",

@@ -12,7 +12,7 @@ from typing import TypeVar
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import JobFailed, RemoteCommandError, UsageError
 from fleet.group import each
-from fleet.shell import MACHINE_ID, quote, sh
+from fleet.shell import MACHINE_ID, home_word, quote, sh
 from fleet.state import NodeRecord, RunRecord
 from fleet.states import NodeStatus
 from fleet.transport import Transport, open_transport
@@ -152,7 +152,7 @@ def held_script(runs_dir: str) -> str:
     is alive here (which means something only where the machine is this one: a directory shared
     with other machines holds their runs too, and their pids mean nothing here)."""
     return "\n".join([
-        f"cd {quote(runs_dir)} 2>/dev/null || exit 0",
+        f"cd {home_word(runs_dir)} 2>/dev/null || exit 0",
         f'echo "me={MACHINE_ID}"',
         'for d in */*/; do d=${d%/}; [ -d "$d" ] || continue; [ -e "$d/exit_code" ] && continue',
         '  p=$(cat "$d/pid" 2>/dev/null) || continue',

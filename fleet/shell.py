@@ -18,6 +18,16 @@ def quote(value: object) -> str:
     return shlex.quote(str(value))
 
 
+def home_word(path: str) -> str:
+    """One shell word for a node's path, a leading ~ as that node's $HOME: a script can name
+    ~/fleet before fleet has learnt where the home is."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + quote(path[2:]) if path[2:] else '"$HOME"/'
+    return quote(path)
+
+
 def sh(*parts: object) -> str:
     """A command line: Raw parts as they are, everything else quoted as one word."""
     return " ".join(p if isinstance(p, Raw) else quote(p) for p in parts)

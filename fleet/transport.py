@@ -200,10 +200,14 @@ class Transport(ABC):
         t0 = time.time()
         r = self.run('printf "%s\\n%s\\n%s\\n" "$HOME" "${SHELL:-}" "$(date +%s.%N)"',
                      timeout=30, what="hello")
-        t1 = time.time()
         lines = r.check(self.host.name).out.splitlines() + ["", "", ""]
-        self.home, self.shell, self.noise = lines[0], lines[1], r.noise
-        self.clock_offset = clock_offset(lines[2], t0, t1)
+        self.learnt(lines[0], lines[1], r.noise, lines[2], t0, time.time())
+
+    def learnt(self, home: str, shell: str, noise: str, node_time: str, sent: float,
+               received: float) -> None:
+        """What a hello (or a probe, which says the same) told of the node."""
+        self.home, self.shell, self.noise = home, shell, noise
+        self.clock_offset = clock_offset(node_time, sent, received)
 
     def close(self) -> None:
         return None

@@ -341,3 +341,41 @@ def test_bundle_unpacks_code_and_run_files_with_modes_and_mtimes(tmp_path: Path)
     out = subprocess.run(["sh", "-c", listing_script([code])], capture_output=True, text=True,
                          check=True).stdout
     assert changed(local, parse_listing(out, 1)[0]) == []
+
+
+def test_probe_learns_home_shell_and_clock_where_a_hello_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection skips its hello: the probe, run for real by sh, says the home, the login
+    shell and the clock, and expands a leading ~ in the workdir and python itself (a hostile
+    directory name arrives literally)."""
+    import sys
+    import time
+
+    from fleet.probe import probe
+    from fleet.transport import LocalTransport
+
+    home = tmp_path / "home $(touch pwned) 'q'"
+    (home / "venv" / "bin").mkdir(parents=True)
+    py = home / "venv" / "bin" / "python"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SHELL", "/usr/bin/fish")
+    host = Host("n1", "localhost", transport="local", python="~/venv/bin/python",
+                workdir="~/fleet work")
+    t = LocalTransport(host)
+    t.connect(hello=False)
+    assert t.home == ""
+    f = probe(t, None, create=True)
+    assert (t.home, t.shell, f.home, f.shell) == (str(home), "/usr/bin/fish", str(home),
+                                                  "/usr/bin/fish")
+    assert f.python == "ok" and f.python_version == sys.version.split()[0]
+    assert len(f.storage) == 16 and (home / "fleet work" / ".fleet-storage").is_file()
+    assert abs(t.clock_offset) < 5 and abs(float(f.node_time) - time.time()) < 60
+    assert t.path("~/fleet work") == f"{home}/fleet work"
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_parse_probe_home_shell_and_clock() -> None:
+    f = parse_probe("home=/home/a b\nshell=/bin/tcsh\n" + probe_output() + "now=1700000000.5\n")
+    assert (f.home, f.shell, f.node_time) == ("/home/a b", "/bin/tcsh", "1700000000.5")
