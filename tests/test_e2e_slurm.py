@@ -156,12 +156,18 @@ def test_a_crashing_rank_ends_the_allocation(slurm: Slurm, tmp_path: Path) -> No
     print(f"\ncrash: fleet up ended in {took:.1f}s, the last process {after:.1f}s later")
 
 
-def test_stop_cancels_a_detached_run(slurm: Slurm, tmp_path: Path) -> None:
-    d = job_dir(slurm, "stop", SLEEP, 29624)
+def detached(slurm: Slurm, tmp_path: Path, name: str, script: str,
+             port: int) -> tuple[CLI, int, str]:
+    """`fleet up --detach` of a job: the CLI, Slurm's job id, fleet's run id."""
+    d = job_dir(slurm, name, script, port)
     cli = fleet(slurm, tmp_path)
     r = cli("up", str(d / "job.toml"), "--detach", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    job, run_id = job_id_of(r.stderr), run_id_of(r.stderr)
+    return cli, job_id_of(r.stderr), run_id_of(r.stderr)
+
+
+def test_stop_cancels_a_detached_run(slurm: Slurm, tmp_path: Path) -> None:
+    cli, job, run_id = detached(slurm, tmp_path, "stop", SLEEP, 29624)
     deadline = time.monotonic() + 60
     while not all(processes(slurm, job).values()):
         assert time.monotonic() < deadline, "the job never ran on both nodes"
@@ -202,11 +208,7 @@ def test_watchdog_takes_the_stacks_on_the_nodes_and_cancels(slurm: Slurm,
 
 
 def test_dump_of_a_running_job_leaves_it_running(slurm: Slurm, tmp_path: Path) -> None:
-    d = job_dir(slurm, "dump", HANG, 29626)
-    cli = fleet(slurm, tmp_path)
-    r = cli("up", str(d / "job.toml"), "--detach", timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    run_id, job = run_id_of(r.stderr), job_id_of(r.stderr)
+    cli, job, run_id = detached(slurm, tmp_path, "dump", HANG, 29626)
     deadline = time.monotonic() + 90
     while True:  # until every rank is in place (torch's import, the rendezvous)
         dumped = cli("dump", run_id, timeout=120)
