@@ -241,3 +241,38 @@ def test_a_node_without_torch_fails_the_preflight_before_anything_starts(
     assert slurm.job(job)["JobState"] == "FAILED"
     assert "torch.distributed.run" not in r.stdout
     assert_gone(slurm, job)
+
+
+def test_fleet_up_through_an_ssh_login_node(slurm: Slurm, tmp_path: Path) -> None:
+    """The login node reached over SSH, as on a real cluster (node1 here): this machine has no
+    Slurm settings of its own; the login shell's rc file gives the Slurm clients theirs (as a
+    `module load slurm` would), and sync, submit, streaming, logs and status all go through it."""
+    login = slurm.tb.hosts[0]
+    rc = login.home / ".bashrc"
+    before = rc.read_text() if rc.exists() else None
+    rc.write_text((before or "") + f"export SLURM_CONF={slurm.conf}\n")
+    try:
+        d = job_dir(slurm, "ssh-login", ALL_REDUCE, 29628)
+        tb = slurm.tb
+        (d / "cluster.toml").write_text(
+            f'[slurm]\nlogin = "{login.addr}"\nuser = "{tb.user}"\nidentity = "{tb.key}"\n'
+            f'known_hosts = "{tb.known_hosts}"\nnodes = 2\npartition = "{slurm.partition}"\n'
+            f'time = 10\nworkdir = "~/fleet-slurm"\npython = "{sys.executable}"\n')
+        cli = CLI(tmp_path)
+        assert "SLURM_CONF" not in cli.env
+        r = cli("up", str(d / "job.toml"), timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"through {login.addr}" in r.stderr and \
+            f"({login.home}/fleet-slurm/code/" in r.stderr, r.stderr
+        for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+            assert f"{host} r{rank} | rank {rank}/4 on {host} sum 10" in r.stdout, r.stdout
+        run_id = run_id_of(r.stderr)
+        logs = cli("logs", run_id, "--rank", "2")
+        assert logs.returncode == 0 and "node2 r2 | rank 2/4 on node2 sum 10" in logs.stdout
+        s = cli("status", run_id)
+        assert s.returncode == 0 and "succeeded" in s.stdout, s.stdout + s.stderr
+    finally:
+        if before is None:
+            rc.unlink()
+        else:
+            rc.write_text(before)
