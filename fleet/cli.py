@@ -31,7 +31,7 @@ from fleet import trust as fleet_trust
 from fleet.console import Console
 from fleet.errors import DamagedRecord, FleetError, Interrupted, UsageError
 from fleet.group import each, reason
-from fleet.inventory import Host, load_inventory
+from fleet.inventory import Host, Inventory, load_inventory
 from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id
 from fleet.shell import join
@@ -237,7 +237,15 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
     """Show each host's key fingerprint, and with --accept record the new ones."""
     if to not in ("known_hosts", "inventory"):
         raise UsageError("--to must be known_hosts or inventory")
-    inv = load_inventory(inventory_path)
+    cluster = slurm.is_cluster(inventory_path)
+    if cluster:  # a Slurm cluster: its login node, the one host fleet connects to
+        login = slurm.load_cluster(inventory_path).login
+        inv = Inventory(inventory_path, (login,) if login is not None else ())
+        if login is None or login.transport != "ssh":
+            print("the login node is this machine: no host key to trust")
+            return
+    else:
+        inv = load_inventory(inventory_path)
     statuses = fleet_trust.survey(inv)
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:
@@ -246,7 +254,7 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
     new = [s for s in statuses if s.state == "new"]
     if accept and new:
         if to == "inventory":
-            n = fleet_trust.record_inventory(statuses, inventory_path)
+            n = fleet_trust.record_inventory(statuses, inventory_path, cluster)
             print(f"pinned {n} key(s) in {inventory_path}")
         else:
             for path, n in fleet_trust.record_known_hosts(statuses).items():

@@ -128,8 +128,8 @@ def load_inventory(path: Path) -> Inventory:
     root = Table(path, load_toml(path, "inventory"))
     if root.has("slurm"):
         raise root.error("slurm", "this inventory is a Slurm cluster, not a host list: "
-                                  "`fleet up`, `fleet export slurm` and the run commands "
-                                  "take it; plan, check and trust work on host lists")
+                                  "`fleet up`, `fleet export slurm`, `fleet trust` and the "
+                                  "run commands take it; plan and check work on host lists")
     defaults = root.table("defaults")
     base = _settings(defaults, {})
     defaults.done()

@@ -76,14 +76,16 @@ def _after(pin: str) -> Callable[[re.Match[str]], str]:
     return lambda m: f"{m.group(1)}\n{pin}"
 
 
-def record_inventory(statuses: list[KeyStatus], path: Path) -> int:
-    """Pin new keys in the inventory, as `host_key = "..."` under each host's name line."""
+def record_inventory(statuses: list[KeyStatus], path: Path, cluster: bool = False) -> int:
+    """Pin new keys in the inventory, as `host_key = "..."` under each host's name line (a
+    Slurm cluster's login node: under its `[slurm]` line)."""
     text = path.read_text()
     count = 0
     for s in statuses:
         if s.state != "new" or s.key is None or s.detail:  # never pin a ProxyJump hop's key
             continue
-        line = re.compile(rf'^(\s*name\s*=\s*"{re.escape(s.host)}"\s*)$', re.M)
+        line = re.compile(r"^(\s*\[slurm\][ \t]*(?:#.*)?)$" if cluster else
+                          rf'^(\s*name\s*=\s*"{re.escape(s.host)}"\s*)$', re.M)
         pin = f'host_key = "{s.key.get_name()} {s.key.get_base64()}"'
         text, n = line.subn(_after(pin), text, count=1)
         count += n

@@ -61,6 +61,42 @@ def test_trust_shows_fingerprints_and_records_accepted_keys(cli: CLI, tb2: Testb
     assert cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv)).returncode == 0
 
 
+def test_trust_a_slurm_clusters_login_node(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    """A [slurm] inventory's login node over SSH: the unknown key stops `fleet up` with the
+    command that trusts it, and that command takes the cluster's inventory: recorded in
+    known_hosts, or pinned under [slurm]."""
+    from fleet.slurm import load_cluster
+
+    login = tb2.hosts[0]
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(f'[slurm]  # the lab cluster\nlogin = "{login.addr}"\n'
+                       f'user = "{tb2.user}"\nidentity = "{tb2.key}"\n'
+                       f'known_hosts = "{known}"\nnodes = 2\n')
+    up = cli("up", str(JOBS / "allreduce.toml"), "-i", str(cluster))
+    assert up.returncode == 3 and "unknown host key" in up.stderr, up.stdout + up.stderr
+    assert "fleet trust INVENTORY --accept" in up.stderr
+    shown = cli("trust", str(cluster))
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert re.search(r"^login\s+NEW\s+ssh-ed25519 SHA256:\S+", shown.stdout, re.M), shown.stdout
+    accepted = cli("trust", str(cluster), "--accept")
+    assert accepted.returncode == 0 and f"recorded 1 key(s) in {known}" in accepted.stdout
+    again = cli("trust", str(cluster))
+    assert again.returncode == 0 and re.search(r"^login\s+KNOWN", again.stdout, re.M)
+    # Pinned in the inventory instead: under its [slurm] line, where fleet reads it.
+    known.write_text("")
+    pinned = cli("trust", str(cluster), "--accept", "--to", "inventory")
+    assert pinned.returncode == 0 and "pinned 1 key(s)" in pinned.stdout, pinned.stdout
+    c = load_cluster(cluster)
+    assert c.login is not None and c.login.host_key == f"ssh-ed25519 {login.host_key_pub}"
+    assert re.search(r"^login\s+KNOWN", cli("trust", str(cluster)).stdout, re.M)
+    local = tmp_path / "local.toml"
+    local.write_text('[slurm]\nlogin = "localhost"\n')
+    here = cli("trust", str(local))
+    assert here.returncode == 0 and "the login node is this machine" in here.stdout
+
+
 def test_trust_records_where_ssh_config_says_fleet_reads(cli: CLI, tb2: Testbed,
                                                           tmp_path: Path) -> None:
     """ssh_config's UserKnownHostsFile replaces ~/.ssh/known_hosts: an accepted key goes there,
