@@ -230,7 +230,7 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
             if isinstance(r, Exception):
                 checks.append(Check(name, "ssh", FAIL, reason(r), _ssh_fix(hosts[name])))
             else:
-                checks += _connection_checks(r)
+                checks += connection_checks(r)
         master = inventory.hosts[0]
         if master.name not in session:
             return checks
@@ -288,7 +288,7 @@ def run_checks(inventory: Inventory, job: Job) -> list[Check]:
     return checks
 
 
-def _connection_checks(t: Transport) -> list[Check]:
+def connection_checks(t: Transport) -> list[Check]:
     """How the node takes commands and files: login shell, rc files that print, SFTP."""
     name = t.host.name
     out = [Check(name, "ssh", PASS, f"{t.host.transport} {t.host.address}"

@@ -209,10 +209,18 @@ def check(job_path: JobArg, inventory: InvOpt = None,
           collective: Annotated[bool, typer.Option(
               "--collective", help="Also run a short all_reduce and print bandwidth per size.")
           ] = False) -> None:
-    """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk."""
+    """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk (on a
+    Slurm cluster: the login node, Slurm's clients, and whether Slurm would take the job)."""
     job = load_job(job_path, inventory)
-    inv = load_inventory(job.inventory)
-    checks = fleet_check.run_checks(inv, job)
+    on_slurm = slurm.is_cluster(job.inventory)
+    if on_slurm and collective:
+        raise UsageError("--collective runs on host lists only; on Slurm, submit a job that "
+                         "runs it")
+    if on_slurm:
+        checks = slurm_run.checks(slurm.load_cluster(job.inventory), job)
+    else:
+        inv = load_inventory(job.inventory)
+        checks = fleet_check.run_checks(inv, job)
     print(fleet_check.table(checks))
     failed = [c for c in checks if c.status == fleet_check.FAIL]
     warned = [c for c in checks if c.status == fleet_check.WARN]

@@ -128,8 +128,9 @@ def load_inventory(path: Path) -> Inventory:
     root = Table(path, load_toml(path, "inventory"))
     if root.has("slurm"):
         raise root.error("slurm", "this inventory is a Slurm cluster, not a host list: "
-                                  "`fleet up`, `fleet export slurm`, `fleet trust` and the "
-                                  "run commands take it; plan and check work on host lists")
+                                  "`fleet up`, `check`, `export slurm`, `trust` and the run "
+                                  "commands take it; `plan` works on host lists (see `fleet "
+                                  "export slurm` for what would be submitted)")
     defaults = root.table("defaults")
     base = _settings(defaults, {})
     defaults.done()

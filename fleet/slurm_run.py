@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from types import TracebackType
 
 from fleet import failure, hang, stacks, state
 from fleet import slurmjob as sj
+from fleet.check import FAIL, PASS, WARN, Check, connection_checks
 from fleet.console import Console
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import (
@@ -34,6 +36,7 @@ from fleet.inventory import Host
 from fleet.job import Job
 from fleet.logs import Tagger
 from fleet.plan import SITE, new_run_id
+from fleet.probe import probe, python_problem
 from fleet.render import NODESIDE
 from fleet.shell import quote, sh
 from fleet.signals import SignalGuard
@@ -265,20 +268,75 @@ class Guard(SignalGuard):
 
 
 # ---- fleet up -----------------------------------------------------------------------------
-def preflight(t: Transport, run_dir: str, console: Console) -> None:
-    """What can be checked before submitting: the Slurm clients on the login node, and
-    whether Slurm would accept the request (sbatch --test-only: partition, nodes, time)."""
-    r = t.run("for c in sbatch squeue scontrol scancel; do command -v $c >/dev/null || "
+def missing_clients(t: Transport) -> str | None:
+    """Why the login node cannot run Slurm's clients, or None."""
+    r = t.run("for c in sbatch squeue scontrol scancel srun; do command -v $c >/dev/null || "
               "echo \"missing $c\"; done; true", timeout=30, what="find the Slurm clients")
     missing = [line.split()[1] for line in r.out.splitlines() if line.startswith("missing ")]
-    if missing:
-        raise UsageError(f"login node {t.host.address}: no {', '.join(missing)} on PATH: is it "
-                         "a Slurm login node?")
+    return f"login node {t.host.address}: no {', '.join(missing)} on PATH: is it a Slurm " \
+        "login node?" if missing else None
+
+
+def test_only(t: Transport, run_dir: str) -> tuple[bool, str]:
+    """Would Slurm run the script in run_dir (sbatch --test-only: partition, nodes, time,
+    account)? And what it said (its last line)."""
     r = t.run(sj.test_script(run_dir, "job.sbatch"), timeout=60, what="sbatch --test-only")
-    if not r.ok:
-        raise UsageError("Slurm would not run the job: "
-                         + (r.out.strip().splitlines() or ["sbatch --test-only failed"])[-1])
+    return r.ok, (r.out.strip().splitlines() or ["sbatch --test-only said nothing"])[-1]
+
+
+def preflight(t: Transport, run_dir: str, console: Console) -> None:
+    """What can be checked before submitting: the Slurm clients on the login node, and
+    whether Slurm would accept the request. (On the nodes the script checks python and torch
+    itself, before anything starts.)"""
+    why = missing_clients(t)
+    if why:
+        raise UsageError(why)
+    ok, said = test_only(t, run_dir)
+    if not ok:
+        raise UsageError(f"Slurm would not run the job: {said}")
     console.phase("slurm", "preflight: sbatch --test-only accepts the request")
+
+
+def checks(cluster: Cluster, job: Job) -> list[Check]:
+    """`fleet check` on a Slurm cluster: the login node (connection, shell, Slurm's clients,
+    the workdir), Slurm's answer to the request, and the python there. Nothing is submitted:
+    the script goes to a scratch directory, removed at the end."""
+    assert cluster.login is not None and cluster.workdir is not None
+    try:
+        t = open_transport(cluster.login)
+    except FleetError as e:
+        return [Check("login", "ssh", FAIL, reason(e))]
+    with t:
+        out = connection_checks(t)
+        why = missing_clients(t)
+        out.append(Check("login", "slurm clients", FAIL if why else PASS,
+                         why or "sbatch, squeue, scontrol, scancel, srun"))
+        scratch = f"{t.path(cluster.workdir).rstrip('/')}/runs/.check-{secrets.token_hex(4)}"
+        s = Script(code_dir=f"{t.path(cluster.workdir).rstrip('/')}/code/{job.slot}",
+                   run_dir=scratch, run_id="check", env_file=f"{scratch}/env.sh")
+        try:
+            t.run(sh("mkdir", "-p", scratch), timeout=60, what="make a scratch directory"
+                  ).check(t.host.name)
+            t.write(f"{scratch}/job.sbatch", render(job, cluster, s).encode(), 0o700)
+            out.append(Check("login", "workdir", PASS, f"{t.path(cluster.workdir)} writable"))
+        except FleetError as e:
+            return [*out, Check("login", "workdir", FAIL, reason(e))]
+        try:
+            if not why:
+                ok, said = test_only(t, scratch)
+                out.append(Check("slurm", "request", PASS if ok else FAIL,
+                                 f"sbatch --test-only: {said}",
+                                 "" if ok else "the [slurm] partition, nodes, time or account"))
+        finally:
+            t.run(sh("rm", "-rf", scratch), timeout=60)
+        facts = probe(t, None, create=False, python=cluster.python)
+        problem = python_problem(dataclasses.replace(t.host, python=cluster.python), facts)
+        out.append(Check("login", "python", WARN if problem else PASS,
+                         f"{problem} (on the login node; the job checks every node itself "
+                         "before it starts)" if problem else
+                         f"{cluster.python}: python {facts.python_version}, torch "
+                         f"{facts.torch_version} (on the login node)"))
+    return out
 
 
 def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,

@@ -276,3 +276,23 @@ def test_fleet_up_through_an_ssh_login_node(slurm: Slurm, tmp_path: Path) -> Non
             rc.unlink()
         else:
             rc.write_text(before)
+
+
+def test_check_asks_slurm_without_submitting(slurm: Slurm, tmp_path: Path) -> None:
+    d = job_dir(slurm, "check", ALL_REDUCE, 29629)
+    cli = fleet(slurm, tmp_path)
+    r = cli("check", str(d / "job.toml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^login\s+slurm clients\s+PASS", r.stdout, re.M), r.stdout
+    assert re.search(r"^slurm\s+request\s+PASS\s+sbatch --test-only: sbatch: Job \d+ to start",
+                     r.stdout, re.M), r.stdout
+    assert re.search(r"^login\s+python\s+PASS\s+.*torch", r.stdout, re.M), r.stdout
+    assert slurm.run("squeue", "-h", check=False).stdout.strip() == ""  # nothing submitted
+    assert not list((slurm.tb.dir / "fleet" / "runs").glob(".check-*"))  # scratch removed
+    text = (d / "cluster.toml").read_text()
+    (d / "cluster.toml").write_text(text.replace(f'partition = "{slurm.partition}"',
+                                                 'partition = "nope"'))
+    bad = cli("check", str(d / "job.toml"))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert re.search(r"^slurm\s+request\s+FAIL\s+sbatch --test-only: .*[Pp]artition",
+                     bad.stdout, re.M), bad.stdout
