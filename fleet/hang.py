@@ -25,9 +25,7 @@ def take(nodes: dict[str, tuple[Transport, str]], run_id: str,
         t, run_dir = pair
         d = stacks.dump(t, run_dir, run_id)
         if keep is not None:
-            for name, size in d.flight_records:
-                if size <= FR_MAX_BYTES:
-                    fetch(t, f"{run_dir}/{name}", keep / "flight-recorder" / t.host.name / name)
+            keep_records(t, d, run_dir, keep)
         return d
 
     results = each(nodes.items(), one)
@@ -35,6 +33,14 @@ def take(nodes: dict[str, tuple[Transport, str]], run_id: str,
     problems = [f"{name}: could not take its stacks: {reason(r)}"
                 for name, r in results.items() if isinstance(r, Exception)]
     return stacks.report(dumps), problems
+
+
+def keep_records(t: Transport, d: stacks.NodeDump, run_dir: str, keep: Path) -> None:
+    """Copy a node's NCCL flight recorder dumps (those not too large) from its run dir, read
+    through `t`, to keep/flight-recorder/<node>/."""
+    for name, size in d.flight_records:
+        if size <= FR_MAX_BYTES:
+            fetch(t, f"{run_dir}/{name}", keep / "flight-recorder" / d.host / name)
 
 
 def fetch(t: Transport, path: str, to: Path) -> None:

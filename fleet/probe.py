@@ -172,9 +172,8 @@ def probe(t: Transport, master: str | None = None, create: bool = True,
     sent = time.time()
     r = t.run(probe_script(python or t.host.python, t.host.workdir, master, create, held),
               timeout=60, what="probe")
-    if not r.ok:  # it always ends with a printf: the login shell could not run it at all
-        r.check(t.host.name)
-    facts = parse_probe(r.out)
+    # It ends with a printf: a failure means the login shell could not run it at all.
+    facts = parse_probe(r.check(t.host.name).out)
     if facts.home:
         t.learnt(facts.home, facts.shell, r.noise, facts.node_time, sent, time.time())
     return facts

@@ -452,11 +452,9 @@ def take_stacks(t: Transport, rec: SlurmRecord, keep: Path | None
         return [], [f"no node of Slurm job {rec.job_id} could be asked (srun exit {r.code}): "
                     + (" / ".join(other[-3:]) or "it printed nothing")]
     dumps = [stacks.parse_dump(name, out) for name, out in sorted(outs.items())]
-    for d in dumps:
-        for name, size in d.flight_records:
-            if keep is not None and size <= hang.FR_MAX_BYTES:
-                hang.fetch(t, f"{rec.run_dir}/{d.host}/{name}",
-                           keep / "flight-recorder" / d.host / name)
+    if keep is not None:
+        for d in dumps:
+            hang.keep_records(t, d, f"{rec.run_dir}/{d.host}", keep)
     return stacks.report(dumps), []
 
 
