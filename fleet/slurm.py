@@ -256,6 +256,10 @@ def check_job(job: Job, cluster: Cluster) -> None:
         raise ConfigError(job.path, "launcher", f'launcher = "{job.launcher}" is not supported '
                           'on Slurm yet: only "torchrun" (the task starts torchrun with the node '
                           "rank from SLURM_NODEID); run it on a host list instead")
+    if job.watchdog.nccl_flight_recorder:
+        raise ConfigError(job.path, "watchdog.nccl_flight_recorder", "the NCCL flight recorder "
+                          "is not wired on Slurm yet (its dump files are per node there); "
+                          "leave it out, or run the job on a host list")
     if cluster.login is None:
         inv = load_inventory(cluster.path)
         counts = {h.name: node_nproc(job, h) for h in inv.hosts}

@@ -427,7 +427,7 @@ def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Co
     limit = job.watchdog.hang_timeout
     console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
                  f"{limit:g}s); taking every rank's stack")
-    lines, problems = take_stacks(t, rec, _record_dir(rec.run_id))
+    lines, problems = take_stacks(t, rec)
     for line in lines + problems:
         console.info(f"  {line}")
     saved = hang.save(_record_dir(rec.run_id), f"hang of run {rec.run_id}: no output for "
@@ -439,11 +439,10 @@ def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Co
     return f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
 
 
-def take_stacks(t: Transport, rec: SlurmRecord, keep: Path | None
-                ) -> tuple[list[str], list[str]]:
+def take_stacks(t: Transport, rec: SlurmRecord) -> tuple[list[str], list[str]]:
     """Every rank's stack on every node of the running job, through a job step on each node
-    (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.stacks);
-    NCCL flight recorder dumps are copied under `keep`. (the report's lines, problems)"""
+    (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.stacks).
+    (the report's lines, problems) The NCCL flight recorder is refused on Slurm (check_job)."""
     assert rec.job_id is not None
     r = t.run(sj.step_script(rec.job_id, rec.run_dir, stacks.dump_script(".", rec.run_id)),
               timeout=sj.STEP_TIMEOUT_S + 30, what="take the stacks (srun --overlap)")
@@ -451,11 +450,7 @@ def take_stacks(t: Transport, rec: SlurmRecord, keep: Path | None
     if not outs:
         return [], [f"no node of Slurm job {rec.job_id} could be asked (srun exit {r.code}): "
                     + (" / ".join(other[-3:]) or "it printed nothing")]
-    dumps = [stacks.parse_dump(name, out) for name, out in sorted(outs.items())]
-    if keep is not None:
-        for d in dumps:
-            hang.keep_records(t, d, f"{rec.run_dir}/{d.host}", keep)
-    return stacks.report(dumps), []
+    return stacks.report([stacks.parse_dump(name, out) for name, out in sorted(outs.items())]), []
 
 
 def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:
@@ -468,7 +463,7 @@ def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:
             # as on hosts: said, not an error
             return [f"the run is not running (Slurm job {rec.job_id} is "
                     f"{info.state if info else 'gone'}): no stack to take"], []
-        return take_stacks(t, rec, _record_dir(rec.run_id))
+        return take_stacks(t, rec)
 
 
 def wait_started(t: Transport, job_id: str, timeout: float = 600) -> sj.JobInfo | None:

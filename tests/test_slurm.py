@@ -446,3 +446,12 @@ def test_parse_preflight() -> None:
         "gpu-b": "/x/python has no torch",
         "gpu-a": "python /x/python not found or not runnable (exit 127)"}
     assert sj.parse_preflight("srun: error: gpu-a: task 0: Exited with exit code 1\n") == {}
+
+
+def test_flight_recorder_is_refused_not_ignored(tmp_path: Path) -> None:
+    cluster_inv(tmp_path)
+    job = load_job(job_file(tmp_path, "[watchdog]\nnccl_flight_recorder = true\n"))
+    with pytest.raises(ConfigError) as e:
+        slurm.export_script(job, slurm.cluster_for(job.inventory))
+    assert e.value.key == "watchdog.nccl_flight_recorder"
+    assert e.value.path == str(tmp_path / "job.toml") and "not wired on Slurm" in str(e.value)
