@@ -12,7 +12,11 @@ import fleet.templates
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.shell import MACHINE_ID, join, quote
 
-SHIPPED = Path(fleet.templates.__file__).parent
+# A source checkout's own templates/ (what its users read and edit, and what a git worktree
+# changes) win over the copy an editable install maps to one checkout; installed, the package's.
+_CHECKOUT = Path(fleet.nodeside.__file__).parent.parent.parent / "templates"
+SHIPPED = (_CHECKOUT if (_CHECKOUT / "run.sh.j2").is_file()
+           else Path(fleet.templates.__file__).parent)
 NODESIDE = Path(fleet.nodeside.__file__).parent
 SITE_FILES = ("sitecustomize.py", "fleet_local_rank.py")
 STOP_GRACE_S = 10
