@@ -297,19 +297,25 @@ def connection_checks(t: Transport) -> list[Check]:
     if noise:
         out.append(Check(name, "rc files", WARN,
                          f"the login shell prints {len(noise)} line(s) for every command: "
-                         f"{noise[0][:60]!r} (fleet ignores them)",
-                         "scp, rsync and an external sftp-server break on such output: print "
-                         "only in interactive shells (bash: `[[ $- == *i* ]] || return` at the "
-                         "top of ~/.bashrc; fish: `status is-interactive`; tcsh: `if ($?prompt)`)"))
+                         f"{noise[0][:60]!r} (fleet ignores them)", RC_FIX))
     if isinstance(t, SSHTransport):
         if t.sftp_available():
             out.append(Check(name, "sftp", PASS, "available"))
+        elif t.sftp_garbled:
+            out.append(Check(name, "sftp", WARN, f"not usable ({t.sftp_problem}): fleet sends "
+                             "files over the exec channel (verified, a little slower)", RC_FIX))
         else:
             out.append(Check(name, "sftp", WARN, f"not available ({t.sftp_problem}): fleet sends "
                              "files over the exec channel (verified, a little slower)",
-                             "nothing to do; `Subsystem sftp internal-sftp` in sshd_config "
-                             "makes large syncs faster"))
+                             "nothing to do; a `Subsystem sftp` line in sshd_config makes large "
+                             "syncs faster"))
     return out
+
+
+RC_FIX = ("scp, rsync and sshd's external sftp-server (Debian's default) break on such output: "
+          "print only in interactive shells (bash: `[[ $- == *i* ]] || return` at the top of "
+          "~/.bashrc; zsh: move it from ~/.zshenv to ~/.zshrc; fish: `status is-interactive; or "
+          "exit`; tcsh: `if ($?prompt) then ... endif`)")
 
 
 def _storage_checks(facts: dict[str, Facts]) -> list[Check]:

@@ -156,6 +156,7 @@ class Transport(ABC):
         self.shell = ""  # the login shell, as the node reports $SHELL
         self.noise = ""  # what the node's rc files print for every command
         self.sftp_problem: str | None = None  # why SFTP is not used, once tried
+        self.sftp_garbled = False  # the server has SFTP, but rc-file output garbles it
         self.clock_offset = 0.0  # the node's clock minus this machine's, in seconds
 
     @abstractmethod
@@ -453,6 +454,11 @@ class SSHTransport(Transport):
                 f.chmod(mode)
                 f.set_pipelined(True)
                 f.write(data)
+        except paramiko.SFTPError as e:
+            # The subsystem spoke garbage mid-way (an rc file that prints only sometimes):
+            # not a problem of the file; the exec channel carries this and every later one.
+            self._drop_sftp(e)
+            return self._exec_put(path, data, mode)
         except (paramiko.SSHException, OSError, EOFError) as e:
             return f"SFTP: {e}"
         return ""
@@ -472,15 +478,30 @@ class SSHTransport(Transport):
         return problem
 
     def _sftp_client(self) -> paramiko.SFTPClient | None:
-        """The SFTP session, opened once; None where the server has none (or a chatty rc file
-        garbles it), and then the exec channel carries files."""
+        """The SFTP session, opened once; None where the server has none, or where it does not
+        speak SFTP: Debian's stock `Subsystem sftp /usr/lib/openssh/sftp-server` is started
+        through the login shell, so an rc file that prints puts its text before the protocol
+        (paramiko: SFTPError "Garbage packet received"). The exec channel then carries files."""
         with self._lock:
             if self._sftp is None and self.sftp_problem is None:
                 try:
                     self._sftp = self._client.open_sftp()  # type: ignore[union-attr]
+                except paramiko.SFTPError as e:
+                    self.sftp_garbled = True
+                    self.sftp_problem = f"the sftp-server's output is garbled ({e}): the login " \
+                        "shell's rc files print before it starts"
                 except (paramiko.SSHException, OSError, EOFError) as e:
                     self.sftp_problem = str(e) or type(e).__name__
             return self._sftp
+
+    def _drop_sftp(self, e: Exception) -> None:
+        with self._lock:
+            sftp, self._sftp = self._sftp, None
+            self.sftp_garbled = True
+            self.sftp_problem = f"the sftp-server's output is garbled ({e})"
+        with contextlib.suppress(Exception):
+            if sftp is not None:
+                sftp.close()
 
     def sftp_available(self) -> bool:
         return self._sftp_client() is not None

@@ -27,10 +27,12 @@ BANNER_WORDS = ("Welcome to the lab", "quota:")
 
 @pytest.fixture(scope="module")
 def mixed() -> Iterator[Testbed]:
-    """bash, fish and tcsh logins, every rc file noisy, SFTP only on node1, one shared home."""
+    """bash, fish and tcsh logins, every rc file noisy, one shared home; node1 and node2 run
+    Debian's stock external sftp-server (started through the noisy login shell, so it speaks
+    garbage), node3 has no SFTP at all."""
     _need_testbed()
-    with Testbed(3, shell=["bash", "fish", "tcsh"], noisy=True, sftp=[True, False, False],  # noqa: S604
-                 shared_home=True) as tb:
+    with Testbed(3, shell=["bash", "fish", "tcsh"], noisy=True,  # noqa: S604
+                 sftp=["external", "external", "none"], shared_home=True) as tb:
         yield tb
 
 
@@ -129,9 +131,15 @@ def test_shared_home_syncs_once_and_check_says_so(cli: CLI, mixed: Testbed,
     assert chk.returncode == 0, chk.stdout + chk.stderr
     assert re.search(r"^node2\s+storage\s+PASS\s+workdir shared with node1, node3", chk.stdout,
                      re.M), chk.stdout
-    assert re.search(r"^node2\s+sftp\s+WARN\s+not available", chk.stdout, re.M), chk.stdout
+    # Debian's sftp-server behind a printing rc file: named, with the rc file's fix, no crash.
+    for host in ("node1", "node2"):
+        assert re.search(rf"^{host}\s+sftp\s+WARN\s+not usable \(the sftp-server's output is "
+                         "garbled", chk.stdout, re.M), chk.stdout
+    assert re.search(r"^node3\s+sftp\s+WARN\s+not available", chk.stdout, re.M), chk.stdout
     assert re.search(r"^node2\s+rc files\s+WARN\s+the login shell prints 2 line", chk.stdout,
                      re.M), chk.stdout
+    assert "[[ $- == *i* ]] || return" in chk.stdout and "status is-interactive" in chk.stdout
+    assert "internal error" not in chk.stdout + chk.stderr
     assert re.search(r"^node2\s+ssh\s+PASS\s+.*login shell /usr/bin/fish", chk.stdout, re.M), \
         chk.stdout
     plan = cli("plan", "--probe", str(job), "-i", str(inv))

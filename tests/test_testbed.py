@@ -14,7 +14,7 @@ import paramiko
 import pytest
 
 from tests.conftest import _need_testbed
-from tests.testbed import NOISE_STDERR, NOISE_STDOUT, USER_ID, TbHost, Testbed
+from tests.testbed import NOISE_STDERR, NOISE_STDOUT, SSHD, USER_ID, TbHost, Testbed
 
 pytestmark = pytest.mark.e2e
 
@@ -25,9 +25,9 @@ WHICH_SHELL = "sh -c 'cat /proc/$PPID/comm'; true"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Testbed]:
-    """bash and zsh, both noisy, one home for both, sftp only on node1."""
+    """bash and zsh, both noisy, one home for both, internal-sftp on node1, no sftp on node2."""
     _need_testbed()
-    with Testbed(2, shell=["bash", "zsh"], noisy=True, sftp=[True, False],  # noqa: S604
+    with Testbed(2, shell=["bash", "zsh"], noisy=True, sftp=["internal", "none"],  # noqa: S604
                  shared_home=True) as tb:
         yield tb
 
@@ -99,6 +99,37 @@ def test_sftp_subsystem_present_and_absent(lab: Testbed) -> None:
                     client.open_sftp()
         finally:
             client.close()
+
+
+def test_stock_sshd_config_garbles_sftp_behind_a_noisy_rc_file() -> None:
+    """By default a host runs Debian's sshd_config as shipped: PAM, StrictModes, 10 sessions a
+    connection, and the external sftp-server, which a printing ~/.bashrc garbles (as on every
+    stock Debian host with such an rc file); on a quiet host the same server works."""
+    _need_testbed()
+    with Testbed(2, noisy=[True, False]) as tb:  # noqa: S604
+        h = tb.hosts[0]
+        assert h.sshd_config is not None
+        seen = subprocess.run([SSHD, "-T", "-f", str(h.sshd_config)], capture_output=True,
+                              text=True, timeout=30)
+        assert seen.returncode == 0, seen.stderr
+        settings = set(seen.stdout.splitlines())
+        for stock in ("usepam yes", "strictmodes yes", "maxsessions 10",
+                      "maxstartups 10:30:100", "permitrootlogin without-password",
+                      "subsystem sftp /usr/lib/openssh/sftp-server"):
+            assert stock in settings, stock
+        for host, garbled in zip(tb.hosts, (True, False), strict=True):
+            client = paramiko.SSHClient()
+            client.load_host_keys(str(tb.known_hosts))
+            client.connect(host.addr, username="root", key_filename=str(tb.key), timeout=10,
+                           allow_agent=False, look_for_keys=False)
+            try:
+                if garbled:
+                    with pytest.raises(paramiko.SFTPError, match="Garbage packet"):
+                        client.open_sftp()
+                else:
+                    client.open_sftp().close()
+            finally:
+                client.close()
 
 
 def test_shared_home(lab: Testbed) -> None:

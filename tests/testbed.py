@@ -11,9 +11,17 @@ Host profiles, combinable (per host: one value for all, or a list with one entry
   noisy   the shell's rc file prints NOISE_STDOUT on stdout and NOISE_STDERR on stderr for every
           ssh command (~/.bashrc, ~/.zshenv, ~/.config/fish/config.fish, ~/.tcshrc; dash reads no
           rc file for a non-interactive command, so a noisy dash host is quiet)
-  sftp    False: no sftp subsystem in sshd (paramiko's open_sftp() fails: "Channel closed.")
+  sftp    "external" (default): Debian's own `Subsystem sftp /usr/lib/openssh/sftp-server`,
+          which sshd starts through the login shell (so a noisy rc file garbles it);
+          "internal": `internal-sftp` (inside sshd, never through the shell: a kinder host);
+          "none" (or False): no sftp subsystem (paramiko's open_sftp() fails: "Channel closed.")
 and testbed-wide: shared_home (one home directory for every host, like an NFS home), ipv6
 (IPv6-only hosts, TbHost.addr is then a v6 literal) and user (log in as a non-root user).
+
+Every host's sshd runs Debian's sshd_config as the package ships it (STOCK_SSHD_CONFIG: PAM,
+StrictModes, MaxSessions 10, MaxStartups 10:30:100, the external sftp-server) with only what a
+testbed needs put before it (its address, its host key, no pid file): a host kinder than a
+stock one is a profile a test asks for, never the default.
 
 Everything it creates carries a random tag (namespaces, bridge, veths, subnet, /etc/netns
 entries, a temp dir) and is removed on exit, even after a failure: processes by PID first.
@@ -40,6 +48,10 @@ from pathlib import Path
 from typing import IO, Any
 
 SSHD = "/usr/sbin/sshd"
+# Debian's sshd_config exactly as the openssh-server package ships it (what /etc/ssh/sshd_config
+# is on a host nobody edited).
+STOCK_SSHD_CONFIG = Path("/usr/share/openssh/sshd_config")
+SFTP_PROFILES = ("external", "internal", "none")
 SHELLS = {"bash": "/bin/bash", "zsh": "/usr/bin/zsh", "dash": "/bin/dash",
           "fish": "/usr/bin/fish", "tcsh": "/usr/bin/tcsh"}
 NOISE_STDOUT = "Welcome to the lab cluster; module load cuda/12"
@@ -67,8 +79,8 @@ def available() -> str | None:
     """Why the testbed cannot run here, or None if it can."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in (SSHD, shutil.which("ip"), shutil.which("ssh-keygen"), shutil.which("unshare"),
-                 shutil.which("nsenter")):
+    for tool in (SSHD, str(STOCK_SSHD_CONFIG), shutil.which("ip"), shutil.which("ssh-keygen"),
+                 shutil.which("unshare"), shutil.which("nsenter")):
         if not tool or not os.path.exists(tool):
             return f"missing {tool or 'a tool'}: run .ci/setup"
     return None
@@ -92,7 +104,7 @@ class TbHost:
     host_key_pub: str = ""
     shell: str = "bash"
     noisy: bool = False
-    sftp: bool = True
+    sftp: str = "external"  # see SFTP_PROFILES
     user: str = "root"
     proc: subprocess.Popen[bytes] | None = None  # the host's launcher: its death kills the host
     init_pid: int = 0  # global PID (root PID namespace) of the host's PID 1
@@ -127,7 +139,7 @@ class Testbed:
     bastion: bool = False  # hosts on an inner network that only a bastion host reaches
     shell: str | list[str] = "bash"  # login shell per host (see SHELLS)
     noisy: bool | list[bool] = False  # rc files that print on stdout and stderr
-    sftp: bool | list[bool] = True  # sshd offers the sftp subsystem
+    sftp: str | bool | list[str | bool] = "external"  # the sftp subsystem (see SFTP_PROFILES)
     shared_home: bool = False  # one home directory for every host
     ipv6: bool = False  # IPv6-only hosts
     user: str = "root"  # the login user (another name: a non-root user, uid USER_ID)
@@ -138,7 +150,7 @@ class Testbed:
         for i in range(self.n):
             shell = _per_host(self.shell, i, self.n, "shell")
             _per_host(self.noisy, i, self.n, "noisy")
-            _per_host(self.sftp, i, self.n, "sftp")
+            _sftp_profile(_per_host(self.sftp, i, self.n, "sftp"))
             if shell not in SHELLS:
                 raise ValueError(f"unknown shell {shell!r}: one of {sorted(SHELLS)}")
             if not os.access(SHELLS[shell], os.X_OK):
@@ -231,7 +243,7 @@ class Testbed:
                        veth=f"fl{self.tag}v{i}", home=home, user=self.user,
                        shell=_per_host(self.shell, i - 1, self.n, "shell"),
                        noisy=bool(_per_host(self.noisy, i - 1, self.n, "noisy")),
-                       sftp=bool(_per_host(self.sftp, i - 1, self.n, "sftp")))
+                       sftp=_sftp_profile(_per_host(self.sftp, i - 1, self.n, "sftp")))
             self.hosts.append(h)
         if self.bastion:
             self.bastion_host = TbHost(
@@ -340,12 +352,7 @@ class Testbed:
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(hostkey))
         h.host_key_pub = Path(f"{hostkey}.pub").read_text().split()[1]
         h.sshd_config = self.dir / f"sshd_{h.name}.conf"
-        h.sshd_config.write_text(
-            f"Port 22\nListenAddress {h.addr}\nHostKey {hostkey}\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-            "StrictModes no\nUsePAM no\nPidFile none\n"
-            + ("Subsystem sftp internal-sftp\n" if h.sftp else "")
-            + "MaxStartups 100:30:200\nMaxSessions 100\n")
+        h.sshd_config.write_text(sshd_config(h.addr, hostkey, h.sftp))
         h.log = self.dir / f"sshd_{h.name}.log"
         log = open(h.log, "wb")  # noqa: SIM115 - kept for the process, closed by close()
         self._logs.append(log)
@@ -624,6 +631,36 @@ class Testbed:
         return path
 
 
+def _sftp_profile(value: object) -> str:
+    profile = {True: "external", False: "none"}.get(value, value)  # type: ignore[call-overload]
+    if profile not in SFTP_PROFILES:
+        raise ValueError(f"unknown sftp profile {value!r}: one of {SFTP_PROFILES}")
+    return str(profile)
+
+
+def sshd_config(addr: str, hostkey: Path, sftp: str = "external") -> str:
+    """A host's sshd_config: what only a testbed needs (its own address and host key, no pid
+    file), then Debian's shipped config unchanged but for the sftp profile asked for. sshd keeps
+    the first value it reads of a keyword, so nothing below can undo the lines above, and the
+    stock file decides everything else (PAM, StrictModes, MaxSessions, MaxStartups...)."""
+    stock = STOCK_SSHD_CONFIG.read_text()
+    lines = []
+    for line in stock.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0].lower() == "subsystem" and words[1] == "sftp":
+            if sftp == "internal":
+                line = "Subsystem\tsftp\tinternal-sftp"
+            elif sftp == "none":
+                line = "# (testbed profile sftp=none) " + line
+        lines.append(line)
+    if sftp == "external" and not any(
+            ln.split()[:2] == ["Subsystem", "sftp"] for ln in lines if ln.strip()):
+        raise RuntimeError(f"{STOCK_SSHD_CONFIG} has no `Subsystem sftp` line to keep")
+    head = (f"# fleet testbed: this host's own settings, then {STOCK_SSHD_CONFIG} as shipped\n"
+            f"ListenAddress {addr}\nHostKey {hostkey}\nPidFile none\n\n")
+    return head + "\n".join(lines) + "\n"
+
+
 def _with(passwd_line: str, home: Path, shell: str | None) -> str:
     fields = passwd_line.split(":")
     fields[5] = str(home)
@@ -694,7 +731,7 @@ def _toml(value: object) -> str:
 
 
 if __name__ == "__main__":
-    # A manual session: `python tests/testbed.py 2 [--shell zsh] [--noisy] [--no-sftp]
+    # A manual session: `python tests/testbed.py 2 [--shell zsh] [--noisy] [--sftp none]
     # [--shared-home] [--ipv6] [--user lab]` keeps a testbed up until Enter.
     import argparse
 
@@ -702,12 +739,12 @@ if __name__ == "__main__":
     ap.add_argument("n", type=int, nargs="?", default=2)
     ap.add_argument("--shell", default="bash", choices=sorted(SHELLS))
     ap.add_argument("--noisy", action="store_true")
-    ap.add_argument("--no-sftp", action="store_true")
+    ap.add_argument("--sftp", default="external", choices=SFTP_PROFILES)
     ap.add_argument("--shared-home", action="store_true")
     ap.add_argument("--ipv6", action="store_true")
     ap.add_argument("--user", default="root")
     a = ap.parse_args()
-    with Testbed(a.n, shell=a.shell, noisy=a.noisy, sftp=not a.no_sftp,  # noqa: S604
+    with Testbed(a.n, shell=a.shell, noisy=a.noisy, sftp=a.sftp,  # noqa: S604
                  shared_home=a.shared_home, ipv6=a.ipv6, user=a.user) as tb:
         inv = tb.inventory(tb.dir / "inventory.toml")
         cfg = tb.ssh_config(tb.dir / "ssh_config")
