@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet import faults
 from fleet.errors import FleetError
 from fleet.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.group import each, reason
@@ -25,6 +27,7 @@ DISK_WARN_BYTES = 10 << 30
 DISK_FAIL_BYTES = 1 << 30
 REVERSE_DNS_WARN_S = 1.0
 LISTEN_S = 20  # a check listener lives at most this long on a node
+LISTENER_MARK = "fleet-preflight-listener"  # in its command line: how stop_listener knows it
 
 # Runs on each node with its python: versions, GPUs, name resolution, clock, disk. Prints JSON.
 _FACTS = r'''
@@ -131,7 +134,7 @@ def start_listener(t: Transport, port: int, expect: int,
     """Start a listener on the node (port 0: any free one) that lives until `expect` connections
     came or `seconds` passed. Returns (listening?, the port or why not, its pid)."""
     listen = sh("timeout", str(seconds + 5), t.host.python, "-I", "-S", "-c", _LISTEN, str(port),
-                str(seconds), str(expect))
+                str(seconds), str(expect), LISTENER_MARK)
     script = "\n".join([
         'f=$(mktemp "${TMPDIR:-/tmp}/fleet-listen.XXXXXX") || exit 1',
         f'{listen} > "$f" 2>&1 < /dev/null &',
@@ -150,9 +153,50 @@ def parse_listener(out: str) -> tuple[bool, str, str]:
 
 
 def stop_listener(t: Transport, pid: str) -> None:
-    """Free the port at once (a worker that could not connect leaves the listener waiting)."""
+    """Free the port at once (a worker that could not connect leaves the listener waiting).
+    Only a process that is still a listener of fleet's is signalled: the pid came from the
+    node, and once the listener ended by itself it may name anything."""
     if pid.isdigit():
-        t.run(sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")
+        proc = f"/proc/{pid}/cmdline"
+        t.run(sh("grep", "-qzxF", LISTENER_MARK, proc) + " 2>/dev/null && "
+              + sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")
+
+
+class Cancelled(Exception):
+    """The port checks were given up (the upload beside them failed): no new listener."""
+
+
+class Listeners:
+    """The test listeners one round of port checks starts on the nodes, so that whoever gives
+    up on the checks can end them at once: none may outlive a launch that failed."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._started: list[tuple[Transport, str]] = []
+
+    def start(self, t: Transport, port: int, expect: int) -> tuple[bool, str, str]:
+        if self.cancelled.is_set():
+            raise Cancelled("the port checks were given up")
+        ok, info, pid = start_listener(t, port, expect)
+        with self._lock:
+            late = self.cancelled.is_set()  # given up while it started: stop_all missed it
+            if ok and not late:
+                self._started.append((t, pid))
+        if ok and late:
+            stop_listener(t, pid)
+            raise Cancelled("the port checks were given up")
+        faults.point("preflight-listening")
+        return ok, info, pid
+
+    def stop_all(self) -> None:
+        """Cancel what has not started; end every listener started (those that ended by
+        themselves are left alone: stop_listener checks)."""
+        self.cancelled.set()
+        with self._lock:
+            started, self._started = self._started, []
+        each(((t.host.name + "/" + pid, (t, pid)) for t, pid in started),
+             lambda tp: stop_listener(*tp))
 
 
 def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
@@ -168,12 +212,14 @@ def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
 
 
 def port_checks(session: dict[str, Transport], master: Host, master_ip: str, port: int,
-                addrs: dict[str, str]) -> list[Check]:
+                addrs: dict[str, str], listeners: Listeners | None = None) -> list[Check]:
     """The master's rendezvous port is free there and every worker reaches it over TCP; and the
-    master reaches a port on every worker (torchrun's collectives connect both ways)."""
+    master reaches a port on every worker (torchrun's collectives connect both ways). The test
+    listeners are started through `listeners`, where the caller may have to end them early."""
+    listeners = listeners or Listeners()
     tm = session[master.name]
     workers = [(n, t) for n, t in session.items() if n != master.name]
-    ok, info, pid = start_listener(tm, port, len(workers))
+    ok, info, pid = listeners.start(tm, port, len(workers))
     if not ok:
         return [Check(master.name, "rendezvous port", FAIL,
                       f"port {port} is taken on the master: {info}",
@@ -191,7 +237,7 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
                      f"TCP {port} (and the ephemeral ports Gloo/NCCL use) from the other nodes")
 
     def back(t: Transport) -> Check:
-        good, info, lpid = start_listener(t, 0, 1)
+        good, info, lpid = listeners.start(t, 0, 1)
         if not good:
             return Check(t.host.name, "reached by master", WARN, f"no test listener: {info}")
         own = addrs.get(t.host.name) or t.host.address

@@ -46,13 +46,15 @@ class CommandTimedOut(FleetError):
 class WriteError(FleetError):
     """A file could not be written on a node in full (a full disk or quota, permissions)."""
 
-    exit_code = 3
+    exit_code = 5
 
 
 class HostError(FleetError):
-    """One or more hosts could not be reached, authenticated or prepared; nothing was started."""
+    """One or more hosts answered but are not ready for the job (python or torch missing or
+    different, a port taken or blocked, a full disk, absent GPUs, a step of fleet's refused);
+    nothing was started. Where a host could not be reached, see HostsUnreachable."""
 
-    exit_code = 3
+    exit_code = 5
     consequence = "; nothing was started"
 
     def __init__(self, action: str, failures: dict[str, str]) -> None:
@@ -60,6 +62,33 @@ class HostError(FleetError):
         lines = [f"{action} failed on {len(failures)} host(s){self.consequence}:"]
         lines += [f"  {host}: {reason}" for host, reason in failures.items()]
         super().__init__("\n".join(lines))
+
+
+class HostsUnreachable(HostError):
+    """One or more hosts could not be reached or authenticated, or stopped answering."""
+
+    exit_code = 3
+
+
+class HostsBusy(HostError):
+    """Another fleet run still holds the hosts (`--force` shares them); nothing was started."""
+
+    exit_code = 6
+
+
+def host_error(action: str, errors: dict[str, Exception],
+               kind: type[HostError] = HostError) -> HostError:
+    """The error for hosts that failed `action`: HostsUnreachable where any of them could not
+    be reached (what else is wrong there cannot be known), else `kind`."""
+    lines = {name: str(e) if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+             for name, e in errors.items()}
+    if not any(isinstance(e, TransportError | CommandTimedOut) for e in errors.values()):
+        return kind(action, lines)
+    if kind is HostError:
+        return HostsUnreachable(action, lines)
+    err = kind(action, lines)  # its own words (a start: others may have started), exit 3
+    err.exit_code = HostsUnreachable.exit_code
+    return err
 
 
 class StartError(HostError):
@@ -81,9 +110,9 @@ class SetupFailed(FleetError):
 
 
 class RemoteCommandError(FleetError):
-    """A command fleet ran on a node exited non-zero."""
+    """A command fleet ran on a node exited non-zero (the node answered: not a lost link)."""
 
-    exit_code = 3
+    exit_code = 5
 
     def __init__(self, host: str, command: str, code: int, output: str) -> None:
         self.host, self.command, self.code = host, command, code

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from fleet.errors import FleetError, HostError
+from fleet.errors import FleetError, host_error
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -54,7 +54,7 @@ def failures(results: dict[str, R | Exception]) -> dict[str, str]:
 
 def all_ok(action: str, results: dict[str, R | Exception]) -> dict[str, R]:
     """The results, or a HostError naming every host that failed and why."""
-    bad = failures(results)
+    bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
     if bad:
-        raise HostError(action, bad)
+        raise host_error(action, bad)
     return {name: r for name, r in results.items() if not isinstance(r, Exception)}

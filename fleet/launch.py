@@ -7,9 +7,9 @@ import dataclasses
 import threading
 import time
 
-from fleet.check import FAIL, port_checks
+from fleet.check import FAIL, Listeners, port_checks
 from fleet.console import Console
-from fleet.errors import HostError
+from fleet.errors import HostError, HostsBusy, host_error
 from fleet.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.group import all_ok, each, failures
 from fleet.inventory import Host, Inventory
@@ -59,12 +59,12 @@ def connect(inventory: Inventory, console: Console) -> Session:
         return t
 
     results = each(((h.name, h) for h in inventory.hosts), one)
-    bad = failures(results)
+    bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
     if bad:
         for r in results.values():
             if isinstance(r, Transport):
                 r.close()
-        raise HostError("connect", bad)
+        raise host_error("connect", bad)
     return Session({n: r for n, r in results.items() if isinstance(r, Transport)})
 
 
@@ -186,14 +186,16 @@ def refuse_held(session: Session) -> None:
                   f"stop {f.held[0].split('/')[0]}`) or pass --force"
             for name, f in session.facts.items() if f.held}
     if busy:
-        raise HostError("preflight", busy)
+        raise HostsBusy("preflight", busy)
 
 
-def preflight(session: Session, plan: Plan, console: Console) -> None:
+def preflight(session: Session, plan: Plan, console: Console,
+              listeners: Listeners | None = None) -> None:
     """The network part of `fleet check`: the master's port is free and reachable both ways."""
     m = plan.master
     checks = port_checks(session.t, m.host, m.master_addr, m.master_port,
-                         {n.host.name: n.net.address or n.host.address for n in plan.nodes})
+                         {n.host.name: n.net.address or n.host.address for n in plan.nodes},
+                         listeners)
     bad = {c.host: f"{c.detail}; fix: {c.fix}" for c in checks if c.status == FAIL}
     if bad:
         raise HostError("preflight (skip with --skip-checks)", bad)
@@ -273,16 +275,32 @@ def upload_checked(session: Session, plan: Plan, console: Console, checks: bool)
         upload(session, plan, console)
         return
     problem: list[BaseException] = []
+    listeners = Listeners()
 
     def check() -> None:
         try:
-            preflight(session, plan, console)
+            preflight(session, plan, console, listeners)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             problem.append(e)
+            listeners.stop_all()  # a check that failed half-way leaves no listener behind
 
     th = threading.Thread(target=check, daemon=True)
     th.start()
-    upload(session, plan, console)
+    try:
+        upload(session, plan, console)
+    except BaseException:
+        # Nothing may outlive a failed launch on a node: no new test listener starts, a
+        # round trip under way may finish, and every listener started ends now instead of
+        # waiting 20 s for connections that will never come.
+        listeners.cancelled.set()
+        try:
+            th.join(CHECKS_GIVE_UP_S)
+        finally:
+            listeners.stop_all()
+        raise
     th.join()
     if problem:
         raise problem[0]
+
+
+CHECKS_GIVE_UP_S = 5.0  # how long a failed upload waits for a port check's round trip under way

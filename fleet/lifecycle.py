@@ -26,6 +26,7 @@ from fleet.errors import (
     RunStopped,
     StartError,
     TransportError,
+    host_error,
 )
 from fleet.group import each, failures, reason
 from fleet.inventory import Inventory
@@ -185,9 +186,9 @@ def start_all(guard: Guard, wait_port: bool = False) -> dict[str, int]:
     guard.may_run.update(n.host.name for n in others)
     results = each(((n.host.name, n) for n in others), lambda n: remote.start(
         session.t[n.host.name], n.run_dir, plan.run_id))
-    bad = failures(results)
+    bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
     if bad:
-        raise StartError("starting the job", bad)
+        raise host_error("starting the job", bad, StartError)
     started = {name: pid for name, pid in results.items() if isinstance(pid, int)}
     for name, pid in started.items():
         console.phase(name, f"started (pid {pid})")

@@ -176,7 +176,7 @@ def test_full_filesystem_names_host_cause_and_fix(cli: CLI, v6lab: Testbed,
     job = allreduce_job(tmp_path, 29579)
     r = cli("up", str(job))
     out = r.stdout + r.stderr
-    assert r.returncode == 3, out
+    assert r.returncode == 5, out
     assert re.search(rf"node3: cannot write {small}/.* on node3: 0 of \d+ bytes arrived; the "
                      rf"disk or your quota is full \(0 KiB free on {small}\)\. Free space there, "
                      "or set `workdir`", r.stderr), out
@@ -205,6 +205,6 @@ def test_different_torch_is_refused_unless_allowed(cli: CLI, mixed: Testbed,
     mixed.inventory(tmp_path / "inv.toml", per_host={"node3": {"python": str(wrapper)}})
     job = allreduce_job(tmp_path, 29583)
     r = cli("up", str(job))
-    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.returncode == 5, r.stdout + r.stderr
     assert re.search(r"node3: torch 2\.0\.0 here, [\w.+]+ on node1", r.stderr), r.stderr
     assert "--allow-version-mismatch" in r.stderr

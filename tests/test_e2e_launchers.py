@@ -255,7 +255,7 @@ def test_chosen_gpus_that_do_not_exist_stop_the_launch_and_busy_ones_are_named(
     job = job_file(tmp_path, 'script = "ranks.py"\n[rendezvous]\nport = 29549\n',
                    ("ranks.py", RANKS))
     r = cli("up", str(job))
-    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.returncode == 5, r.stdout + r.stderr  # a node not ready for the job
     assert ("choosing GPUs failed on 1 host(s); nothing was started:\n  node2: gpus = 1,2 in "
             "the inventory, but GPU(s) 2 do not exist here (this node has GPUs 0-1)") \
         in r.stderr, r.stderr

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import CLI, JOBS, _need_testbed
 from tests.test_e2e_lifetime import long_job, wait_for
-from tests.test_e2e_up import assert_nothing_left, run_id_of
+from tests.test_e2e_up import assert_no_strays, assert_nothing_left, run_id_of
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -251,14 +251,14 @@ def test_second_run_on_held_hosts_is_refused_unless_forced(cli: CLI, tb2: Testbe
         tb2.inventory(other / "inv.toml")
         job2 = long_job(other, 29542, TICKS=1)
         second = cli("up", str(job2))
-        assert second.returncode == 3, second.stdout + second.stderr
+        assert second.returncode == 6, second.stdout + second.stderr  # hosts busy
         assert re.search(rf"node1: held by run {held} \(still running\)", second.stderr), \
             second.stderr
         clash = tmp_path / "clash"
         clash.mkdir()
         tb2.inventory(clash / "inv.toml")
         same_port = cli("up", str(long_job(clash, 29541, TICKS=1)), "--force")
-        assert same_port.returncode == 3 and "port 29541 is taken" in same_port.stderr
+        assert same_port.returncode == 5 and "port 29541 is taken" in same_port.stderr
         forced = cli("up", str(job2), "--force")
         assert forced.returncode == 0, forced.stdout + forced.stderr
     finally:
@@ -279,14 +279,14 @@ def test_auth_refused_and_python_missing_fail_before_anything_starts(cli: CLI, t
     inv = tb2.inventory(tmp_path / "inv.toml")
     inv.write_text(inv.read_text() + 'python = "/nonexistent/python3"\n')
     r = cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv))
-    assert r.returncode == 3
+    assert r.returncode == 5
     assert "node2: python '/nonexistent/python3' not found" in r.stderr, r.stderr
     assert not (tb2.hosts[0].home / "fleet" / "runs" / run_id_of(r.stderr)).exists()
     bare = Path(sys.base_prefix) / "bin" / "python3"  # the interpreter under the venv: no torch
     inv = tb2.inventory(tmp_path / "inv.toml")
     inv.write_text(inv.read_text() + f'python = "{bare}"\n')
     r = cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv))
-    assert r.returncode == 3
+    assert r.returncode == 5
     assert f"node2: {bare} has no torch" in r.stderr, r.stderr
 
 
@@ -297,12 +297,18 @@ def test_full_disk_in_the_run_directory(cli: CLI, tb2: Testbed, tmp_path: Path) 
     try:
         inv = tb2.inventory(tmp_path / "inv.toml")
         inv.write_text(inv.read_text() + f'workdir = "{small}"\n')
+        # The port checks beside the upload hold a listener on the master when it fails.
+        cli.env.update(FLEET_FAULT="preflight-listening:pause",
+                       FLEET_FAULT_RESUME=str(tmp_path / "never"))
         r = cli("up", str(JOBS / "mnist.toml"), "-i", str(inv))
-        assert r.returncode == 3, r.stdout + r.stderr
+        del cli.env["FLEET_FAULT"], cli.env["FLEET_FAULT_RESUME"]
+        assert r.returncode == 5, r.stdout + r.stderr
         assert re.search(r"node2: .*(No space left on device|disk)", r.stderr), r.stderr
         assert "started master" not in r.stderr
         runs = tb2.hosts[0].home / "fleet" / "runs" / run_id_of(r.stderr)
         assert not runs.exists(), "node1 kept a half-prepared run"
+        assert "fault point preflight-listening reached" in r.stderr, r.stderr
+        assert_no_strays(tb2)  # the port checks ran beside the upload: their listeners too
     finally:
         tb2.umount("node2", small)
 

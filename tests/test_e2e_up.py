@@ -31,6 +31,18 @@ def assert_nothing_left(tb: Testbed, run_id: str, timeout: float = 20) -> None:
         time.sleep(0.5)
 
 
+def assert_no_strays(tb: Testbed, timeout: float = 5) -> None:
+    """No process of fleet's (nor anything else) on any host but its init and sshd: nothing
+    left after a launch that failed before it started (a preflight listener would live 20 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {h.name: tb.stray_processes(h.name) for h in tb.hosts}
+        if not any(left.values()):
+            return
+        assert time.monotonic() < deadline, f"left on the hosts: {left}"
+        time.sleep(0.2)
+
+
 def test_allreduce_across_two_hosts(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
     inv = tb2.inventory(tmp_path / "inv.toml")
     r = cli("up", str(JOBS / "allreduce.toml"), "-i", str(inv))

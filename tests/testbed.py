@@ -607,6 +607,24 @@ class Testbed:
                 found.append(pid)
         return found
 
+    def stray_processes(self, name: str) -> list[str]:
+        """Every process on the host but its init and sshd (the listener, and sessions still
+        closing): what anything run there left behind, as "pid command line"."""
+        h = self.host(name)
+        left = []
+        for pid in self.pids(h.ns):
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue  # gone meanwhile
+            if pid in (h.init_pid, h.proc.pid if h.proc else 0) or exe == os.path.realpath(SSHD):
+                continue
+            if cmd.startswith(("ip netns exec", "unshare ", "nsenter ")):
+                continue  # this machine's own launcher of the host, or a look inside it
+            left.append(f"{pid} {cmd.strip()}")
+        return left
+
     def exec(self, name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """Run argv as root inside the host: its network, UTS, mount and PID namespaces (its
         own /proc, /tmp and mounts), with this process's environment."""
