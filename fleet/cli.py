@@ -34,7 +34,7 @@ from fleet.errors import DamagedRecord, FleetError, Interrupted, UsageError
 from fleet.group import each, reason
 from fleet.inventory import Host, Inventory, load_inventory
 from fleet.job import load_job, with_extra_args
-from fleet.plan import Plan, make_plan, masked, new_run_id
+from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.shell import join
 from fleet.state import NodeRecord
 from fleet.states import NodeStatus, overall
@@ -135,11 +135,10 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
               f"{(h.user + '@') if h.user else ''}{h.address}"
               f"{':' + str(h.port) if h.port else ''}")
         print(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
-        ranks = (f", ranks {n.rank_base}-{n.rank_base + n.nproc - 1}"
-                 if n.rank_base is not None and isinstance(n.nproc, int) else "")
+        span = rank_span(n.rank_base, n.nproc)
         gpus = f" on GPU(s) {','.join(map(str, h.gpus))}" if h.gpus else ""
-        print(f"  processes: {n.nproc}{gpus}{ranks}"
-              + (f" of {n.world_size}" if n.world_size else ""))
+        world = f" of world size {n.world_size}" if n.world_size else ""
+        print(f"  processes: {n.nproc}{gpus}" + (f", {span}{world}" if span else world))
         print(f"  code dir:  {n.code_dir}")
         if job.setup:
             print(f"  setup:     {setups[h.name]}")
@@ -351,17 +350,17 @@ def status(run_id: RunArg = None) -> None:
     print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
     for n in rec.nodes:
         r = results[n.host.name]
+        where = f"  {n.host.name:<16} {n.ranks()}"
         if isinstance(r, Exception):
-            print(f"  {n.host.name:<16} rank {n.node_rank}  unreachable (may still be running): "
-                  f"{reason(r)}")
+            print(f"{where}  unreachable (may still be running): {reason(r)}")
             continue
         if r.status is NodeStatus.MISSING:
-            print(f"  {n.host.name:<16} rank {n.node_rank}  missing (no run directory there)")
+            print(f"{where}  missing (no run directory there)")
             continue
         code = f" (exit {r.code})" if r.code is not None else ""
         by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else ""
         took = f"  {r.elapsed}s" if r.elapsed is not None else ""
-        print(f"  {n.host.name:<16} rank {n.node_rank}  {r.status.value}{code}{by}{took}")
+        print(f"{where}  {r.status.value}{code}{by}{took}")
     if final.exit_code:
         raise typer.Exit(final.exit_code)
 

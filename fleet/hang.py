@@ -17,9 +17,10 @@ FR_MAX_BYTES = 64 << 20  # a flight recorder dump larger than this stays on its 
 
 
 def take(nodes: dict[str, tuple[Transport, str]], run_id: str,
-         keep: Path | None = None) -> tuple[list[str], list[str]]:
+         keep: Path | None = None, hung: bool = False) -> tuple[list[str], list[str]]:
     """(the report's lines, per node that could not be asked a line) for the nodes: name ->
-    (transport, run dir), in order. NCCL flight recorder dumps are copied under `keep`."""
+    (transport, run dir), in order. NCCL flight recorder dumps are copied under `keep`. `hung`:
+    the watchdog saw silence (the verdict's words depend on it)."""
 
     def one(pair: tuple[Transport, str]) -> stacks.NodeDump:
         t, run_dir = pair
@@ -32,7 +33,7 @@ def take(nodes: dict[str, tuple[Transport, str]], run_id: str,
     dumps = [r for r in results.values() if isinstance(r, stacks.NodeDump)]
     problems = [f"{name}: could not take its stacks: {reason(r)}"
                 for name, r in results.items() if isinstance(r, Exception)]
-    return stacks.report(dumps), problems
+    return stacks.report(dumps, hung), problems
 
 
 def keep_records(t: Transport, d: stacks.NodeDump, run_dir: str, keep: Path) -> None:

@@ -296,7 +296,7 @@ def on_hang(guard: Guard, silent: float, skip: set[str]) -> None:
                  f"{limit:g}s); taking every rank's stack")
     live = {n.host.name: (session.t[n.host.name], n.run_dir) for n in plan.nodes
             if n.host.name not in skip}
-    lines, problems = hang.take(live, plan.run_id, guard.record_dir)
+    lines, problems = hang.take(live, plan.run_id, guard.record_dir, hung=True)
     for line in lines + problems:
         console.info(f"  {line}")
     saved = hang.save(guard.record_dir, f"hang of run {plan.run_id}: no output for "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 import time
@@ -86,6 +87,22 @@ def node_nproc(job: Job, host: Host) -> int | str:
     return job.nproc_per_node
 
 
+def rank_span(base: int | None, nproc: int | str | None) -> str:
+    """The global ranks of a node's processes, "rank 2" or "ranks 2-3"; "" where not known
+    before launch."""
+    if base is None or not isinstance(nproc, int) or nproc < 1:
+        return ""
+    return f"rank {base}" if nproc == 1 else f"ranks {base}-{base + nproc - 1}"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str | None = None,
               nets: dict[str, NodeNet] | None = None,
               homes: dict[str, str] | None = None,
@@ -101,6 +118,12 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     addr = master_addr or master.address
     if master.transport == "local" and len(hosts) == 1:
         addr = "127.0.0.1"
+    unknown_master = master_addr is None and addr != "127.0.0.1" and not _is_ip(addr)
+    if unknown_master:
+        # A dry run must not show a name as the nodes' master address: an ssh alias means
+        # nothing to them, and a hostname may resolve to 127.0.x.x there. fleet uses the IP the
+        # master is reached at, which only a connection tells.
+        addr = f"<IP of {master.name}>"
     counts = [node_nproc(job, h) for h in hosts]
     _check_launcher(inventory, job, counts, has_gpus)
     sizes = [c for c in counts if isinstance(c, int)]
@@ -111,6 +134,10 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     # the order they join); a command's script numbers them itself.
     bases = firsts if static else [None] * len(hosts)
     notes = []
+    if unknown_master:
+        notes.append(f"the master address is {addr}: {master.address!r} is a name, and fleet "
+                     f"hands the nodes the IP {master.name} is reached at, found when it "
+                     "connects (`fleet plan --probe` shows it)")
     if any(b is None for b in bases):
         notes.append("global ranks are known only at launch (c10d numbers nodes as they join; "
                      "a count like \"gpu\" is resolved on the node; a command's script numbers "

@@ -427,7 +427,7 @@ def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Co
     limit = job.watchdog.hang_timeout
     console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
                  f"{limit:g}s); taking every rank's stack")
-    lines, problems = take_stacks(t, rec)
+    lines, problems = take_stacks(t, rec, hung=True)
     for line in lines + problems:
         console.info(f"  {line}")
     saved = hang.save(_record_dir(rec.run_id), f"hang of run {rec.run_id}: no output for "
@@ -439,7 +439,8 @@ def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Co
     return f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
 
 
-def take_stacks(t: Transport, rec: SlurmRecord) -> tuple[list[str], list[str]]:
+def take_stacks(t: Transport, rec: SlurmRecord,
+                hung: bool = False) -> tuple[list[str], list[str]]:
     """Every rank's stack on every node of the running job, through a job step on each node
     (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.stacks).
     (the report's lines, problems) The NCCL flight recorder is refused on Slurm (check_job)."""
@@ -450,7 +451,8 @@ def take_stacks(t: Transport, rec: SlurmRecord) -> tuple[list[str], list[str]]:
     if not outs:
         return [], [f"no node of Slurm job {rec.job_id} could be asked (srun exit {r.code}): "
                     + (" / ".join(other[-3:]) or "it printed nothing")]
-    return stacks.report([stacks.parse_dump(name, out) for name, out in sorted(outs.items())]), []
+    return stacks.report([stacks.parse_dump(name, out) for name, out in sorted(outs.items())],
+                         hung), []
 
 
 def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:

@@ -251,8 +251,10 @@ def _who(members: list[RankStack]) -> str:
     return ", ".join(parts)
 
 
-def verdict(groups: list[Group]) -> str:
-    """One sentence naming the rank that is different, where one is."""
+def verdict(groups: list[Group], hung: bool = False) -> str:
+    """One sentence naming the rank that is different, where one is. Only `hung` (silence
+    measured by the watchdog) says the others wait: a dump of a healthy run is a snapshot,
+    where ranks are simply somewhere."""
     if not groups:
         return "no rank's stack could be taken"
     if len(groups) == 1:
@@ -265,7 +267,7 @@ def verdict(groups: list[Group]) -> str:
         others = "; ".join(f"{g.who()} is in {where(g.frames)}" for g in odd)
         n = len(main.members)
         rest = f"the other {n} rank(s)" if n > 1 else f"{main.who()}"
-        verb = "wait" if n > 1 else "waits"
+        verb = ("wait" if n > 1 else "waits") if hung else ("are" if n > 1 else "is")
         return f"{others}; {rest} {verb} in {where(main.frames)}"
     return "; ".join(f"{g.who()}: {where(g.frames)}" for g in groups)
 
@@ -305,14 +307,15 @@ def startup(dumps: list[NodeDump]) -> list[str]:
     return lines
 
 
-def report(dumps: list[NodeDump]) -> list[str]:
-    """The lines fleet prints: the verdict, each group's stack once with its ranks, and each
-    node's processes that gave no stack; where no rank has started, what each node is doing."""
+def report(dumps: list[NodeDump], hung: bool = False) -> list[str]:
+    """The lines fleet prints: the verdict (see verdict() for `hung`), each group's stack once
+    with its ranks, and each node's processes that gave no stack; where no rank has started,
+    what each node is doing."""
     stacks = [s for d in dumps for s in d.stacks]
     if not any(s.rank is not None for s in stacks):
         return startup(dumps)
     groups = group(stacks)
-    lines = [verdict(groups)]
+    lines = [verdict(groups, hung)]
     for g in groups:
         lines.append(f"{g.who()} ({len(g.members)} process(es)), most recent call first:")
         lines += [f"    {f.file}:{f.line} in {f.func}" for f in g.frames] or ["    (no frame)"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fleet.errors import DamagedRecord, RunNotFound, UsageError
 from fleet.inventory import Host
-from fleet.plan import Plan
+from fleet.plan import Plan, rank_span
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,13 @@ class NodeRecord:
     node_rank: int
     run_dir: str
     rank_base: int | None
+    nproc: int | None = None  # its process count, where known before launch
+
+    def ranks(self) -> str:
+        """`node rank 1 (ranks 2-3)`: the node's rank beside the global ranks its log tags
+        carry (`node2 r2`), which a bare "rank 1" would be confused with."""
+        span = rank_span(self.rank_base, self.nproc)
+        return f"node rank {self.node_rank}" + (f" ({span})" if span else "")
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,8 @@ def state_dir() -> Path:
 
 def save(plan: Plan) -> RunRecord:
     rec = RunRecord(run_id=plan.run_id, job=str(plan.job.path), started=time.time(),
-                    nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base)
+                    nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base,
+                                           n.nproc if isinstance(n.nproc, int) else None)
                                 for n in plan.nodes))
     d = state_dir() / plan.run_id
     try:
@@ -72,7 +80,7 @@ def parse_record(text: str) -> RunRecord:
     """A run record from its JSON; ValueError (or KeyError/TypeError) if it is damaged."""
     data = json.loads(text)
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
-                             n.get("rank_base"))
+                             n.get("rank_base"), n.get("nproc"))
                   for n in data["nodes"])
     return RunRecord(data["run_id"], data["job"], data["started"], nodes)
 

@@ -168,3 +168,19 @@ def test_plan_json_connects_to_nothing(cli: CLI) -> None:
     assert node["argv"][-3:] == ["--epochs", "1", "--resume"]
     assert node["env"]["FLEET_RUN_ID"] == plan["run_id"]
     assert "connected" not in r.stderr
+
+
+def test_plan_of_ssh_aliases_shows_no_name_as_master_address(cli: CLI, tmp_path: Path) -> None:
+    """Without --probe the master's IP is unknown: said as such, never the alias itself (which
+    means nothing on the nodes); each node's one rank is "rank 2", not "ranks 2-2"."""
+    (tmp_path / "train.py").write_text("")
+    write(tmp_path, "inv.toml", '[[hosts]]\nname = "gpu-a"\naddress = "gpu-a"\n'
+                                '[[hosts]]\nname = "gpu-b"\naddress = "gpu-b"\n')
+    job = write(tmp_path, "job.toml", 'inventory = "inv.toml"\nscript = "train.py"\n'
+                                      'nproc_per_node = 1\n')
+    r = cli("plan", str(job), timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert "--master-addr gpu-a" not in r.stdout and "at gpu-a:" not in r.stdout, r.stdout
+    assert "--master-addr '<IP of gpu-a>'" in r.stdout, r.stdout
+    assert "note: the master address is <IP of gpu-a>: 'gpu-a' is a name" in r.stdout
+    assert "processes: 1, rank 1 of world size 2" in r.stdout, r.stdout

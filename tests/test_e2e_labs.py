@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import CLI, JOBS, _need_testbed
 from tests.test_e2e_lifetime import long_job, wait_for
-from tests.test_e2e_up import assert_nothing_left, run_id_of
+from tests.test_e2e_up import assert_nothing_left, rows, run_id_of
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -92,20 +92,20 @@ def battery(cli: CLI, tb: Testbed, tmp_path: Path, port: int) -> None:
         assert re.search(rf"^{host} r{rank} \| tick 0 of rank {rank}$", logs.stdout, re.M), \
             logs.stdout
     status = cli("status", run_id)
-    assert len(re.findall(r"rank \d  running", status.stdout)) == 3, status.stdout
+    assert len(rows(r"running", status.stdout)) == 3, status.stdout
     # Every rank's stack, taken on these hosts too (their shells, their user), run untouched.
     dump = cli("dump", run_id)
     assert dump.returncode == 0, dump.stdout + dump.stderr
     assert sum(int(n) for n in re.findall(r"\((\d+) process\(es\)\)", dump.stdout)) == 3, \
         dump.stdout
     assert re.search(r"long\.py:\d+ in main$", dump.stdout, re.M), dump.stdout
-    assert len(re.findall(r"rank \d  running", cli("status", run_id).stdout)) == 3
+    assert len(rows(r"running", cli("status", run_id).stdout)) == 3
     no_banner(dump.stdout, dump.stderr)
     stop = cli("stop", run_id)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert_nothing_left(tb, run_id, timeout=5)
     status = cli("status", run_id)
-    assert len(re.findall(r"rank \d  stopped", status.stdout)) == 3, status.stdout
+    assert len(rows(r"stopped", status.stdout)) == 3, status.stdout
     no_banner(logs.stdout, logs.stderr, status.stdout, status.stderr, stop.stdout, stop.stderr)
 
 

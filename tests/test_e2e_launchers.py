@@ -191,8 +191,8 @@ def test_nodes_of_different_sizes_one_chosen_by_gpu_indices(cli: CLI, tb2: Testb
     assert re.search(r"node1  warning: gpus = 0,1, but nvidia-smi is not on this node's PATH",
                      r.stderr), r.stderr
     plan = cli("plan", str(job))
-    assert "processes: 2 on GPU(s) 0,1, ranks 0-1 of 3" in plan.stdout, plan.stdout
-    assert "processes: 1, ranks 2-2 of 3" in plan.stdout
+    assert "processes: 2 on GPU(s) 0,1, ranks 0-1 of world size 3" in plan.stdout, plan.stdout
+    assert "processes: 1, rank 2 of world size 3" in plan.stdout
     check = cli("check", str(job))
     assert re.search(r"node1\s+chosen gpus\s+WARN\s+gpus = 0,1: nvidia-smi is not on this "
                      r"node's PATH", check.stdout), check.stdout

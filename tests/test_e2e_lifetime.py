@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI
-from tests.test_e2e_up import assert_nothing_left, run_id_of
+from tests.test_e2e_up import assert_nothing_left, rows, run_id_of
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -116,7 +116,7 @@ def test_stop_from_another_process_touches_nothing_else(cli: CLI, tb2: Testbed,
             assert again.returncode == 0, again.stderr
             st = cli("status", run_id)
             assert st.returncode == 4, st.stdout
-            assert len(re.findall(r"rank \d  stopped \(exit \d+\) by fleet stop", st.stdout)) \
+            assert len(rows(r"stopped \(exit \d+\) by fleet stop", st.stdout)) \
                 == 2, st.stdout
             print(f"stop took {stop_s:.2f}s")
         finally:
@@ -147,7 +147,7 @@ def test_detach_then_logs_follow_and_status(cli: CLI, tb2: Testbed, tmp_path: Pa
     assert logs.returncode == 0, logs.stderr
     check_ticks(logs.stdout, 2, 20)
     st = cli("status", run_id)
-    assert len(re.findall(r"rank \d  succeeded \(exit 0\)", st.stdout)) == 2, st.stdout
+    assert len(rows(r"succeeded \(exit 0\)", st.stdout)) == 2, st.stdout
     one = cli("logs", run_id, "--node", "node2")
     assert "rank 1 finished" in one.stdout and "rank 0 finished" not in one.stdout
     by_rank = cli("logs", run_id, "--rank", "0")

@@ -31,6 +31,12 @@ def assert_nothing_left(tb: Testbed, run_id: str, timeout: float = 20) -> None:
         time.sleep(0.5)
 
 
+def rows(state: str, status: str) -> list[str]:
+    """`fleet status` rows in that state (`node rank 1 (ranks 2-3)  running`); `state` is a
+    regex."""
+    return re.findall(rf"node rank \d+ \(ranks? [\d-]+\)  {state}", status)
+
+
 def assert_no_strays(tb: Testbed, timeout: float = 5) -> None:
     """No process of fleet's (nor anything else) on any host but its init and sshd: nothing
     left after a launch that failed before it started (a preflight listener would live 20 s)."""

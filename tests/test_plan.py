@@ -10,8 +10,9 @@ import pytest
 
 from fleet.inventory import Host, Inventory
 from fleet.job import Job, Rendezvous
-from fleet.plan import NodeNet, make_plan
+from fleet.plan import NodeNet, make_plan, rank_span
 from fleet.render import render_node
+from fleet.state import NodeRecord
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -147,3 +148,25 @@ def test_legacy_launcher_is_torchrun_with_the_local_rank_as_an_argument() -> Non
                     master_addr="10.0.0.11").nodes[0].argv
     assert old[shim + 1] == "--local_rank"
     assert "--tee" in argv
+
+
+def test_rank_span_says_one_rank_as_one() -> None:
+    assert rank_span(2, 1) == "rank 2"
+    assert rank_span(0, 2) == "ranks 0-1"
+    assert rank_span(None, 2) == rank_span(3, "gpu") == ""
+    rec = NodeRecord(Host("n2", "10.0.0.12"), 1, "/r", 2, 2)
+    assert rec.ranks() == "node rank 1 (ranks 2-3)"
+    assert NodeRecord(Host("n2", "10.0.0.12"), 1, "/r", None).ranks() == "node rank 1"
+
+
+def test_dry_run_never_hands_the_nodes_a_name_as_master_address() -> None:
+    named = Inventory(Path("/inv.toml"), (Host("gpu-a", "gpu-a"), Host("gpu-b", "gpu-b")))
+    p = make_plan(named, job(), "j-1")
+    assert p.master.master_addr == "<IP of gpu-a>"
+    assert "--master-addr" in p.nodes[1].argv
+    assert p.nodes[1].argv[p.nodes[1].argv.index("--master-addr") + 1] == "<IP of gpu-a>"
+    assert any("'gpu-a' is a name" in note and "--probe" in note for note in p.notes)
+    # An IP in the inventory is the address itself; a probe's answer wins over the name.
+    assert make_plan(inventory(), job(), "j-1").master.master_addr == "10.0.0.11"
+    assert make_plan(named, job(), "j-1", master_addr="10.0.0.7").master.master_addr == \
+        "10.0.0.7"

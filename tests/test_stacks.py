@@ -91,8 +91,12 @@ def test_identical_stacks_collapse_and_the_odd_rank_is_named() -> None:
     groups = group(four_ranks())
     assert [len(g.members) for g in groups] == [3, 1]
     assert groups[0].who() == "ranks 0-1 on node1, rank 2 on node2"
+    assert verdict(groups, hung=True) == (
+        "rank 3 on node2 is in stuck_here() (train.py:6); the other 3 rank(s) wait in "
+        "all_reduce() (distributed_c10d.py:3913)")
+    # A dump of a run nobody called hung is a snapshot: no rank "waits".
     assert verdict(groups) == ("rank 3 on node2 is in stuck_here() (train.py:6); the other 3 "
-                               "rank(s) wait in all_reduce() (distributed_c10d.py:3913)")
+                               "rank(s) are in all_reduce() (distributed_c10d.py:3913)")
 
 
 def test_same_place_everywhere_and_an_even_split() -> None:
