@@ -27,6 +27,12 @@ class UsageError(FleetError):
     exit_code = 2
 
 
+class WorkdirError(FleetError):
+    """A local file that a job's workdir or data would send cannot be read."""
+
+    exit_code = 2
+
+
 class TransportError(FleetError):
     """A node cannot be reached or authenticated, or its connection was lost."""
 

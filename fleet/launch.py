@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from dataclasses import dataclass
 
 from fleet.check import FAIL, Listeners, port_checks
 from fleet.console import Console
@@ -28,11 +29,12 @@ from fleet.render import render_node
 from fleet.shell import sh
 from fleet.sync import (
     Entry,
+    Scan,
     changed,
     code_entries,
     listing_script,
-    local_manifest,
     parse_listing,
+    scan,
 )
 from fleet.sync import send as send_bundle
 from fleet.transport import Transport, open_transport
@@ -206,21 +208,56 @@ def preflight(session: Session, plan: Plan, console: Console,
 SYNCED = ".fleet-synced"  # in a node's code directory: the run whose sync it holds
 
 
-def upload(session: Session, plan: Plan, console: Console) -> None:
+@dataclass(frozen=True)
+class Sources:
+    """What a launch sends, scanned on this machine before any host is touched (fleet.sync.scan:
+    an unreadable file stops it there), and, once sent, the sha256 of the bytes each node
+    received (`sent`: node -> destination path -> hash)."""
+
+    code: Scan
+    data: Scan | None
+    sent: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+
+def scan_sources(job: Job, console: Console) -> Sources:
+    """The job's workdir and data as fleet sends them; what is skipped, and why, said once."""
+    code = scan(job.workdir, job.exclude)
+    data = scan(job.data, ()) if job.data else None
+    for s in (code, data):
+        if s is None:
+            continue
+        for rel, why in s.skipped[:SKIPPED_SHOWN]:
+            console.info(f"not sent: {s.root / rel}: {why}")
+        if len(s.skipped) > SKIPPED_SHOWN:
+            console.info(f"not sent: {len(s.skipped) - SKIPPED_SHOWN} more file(s) under "
+                         f"{s.root} (links outside it, special files)")
+        for rel in s.sparse:
+            console.info(f"note: {s.root / rel} is sparse: it is sent whole and arrives dense")
+    return Sources(code, data)
+
+
+SKIPPED_SHOWN = 10
+
+
+def upload(session: Session, plan: Plan, console: Console,
+           sources: Sources | None = None) -> Sources:
     """Sync the code and data (once per shared filesystem) and write the rendered scripts on
     every node, in two round trips each: one listing (which also creates the directories), one
     verified bundle of everything that changed plus the run's files. Raises HostError naming
-    each node that failed (nothing has started yet)."""
-    code = local_manifest(plan.job.workdir, plan.job.exclude)
-    data = local_manifest(plan.job.data, ()) if plan.job.data else None
+    each node that failed (nothing has started yet). Returns the sources with what each node
+    received."""
+    sources = sources or scan_sources(plan.job, console)
+    code = sources.code
+    data = sources.data
     leader = {name: group[0] for group in plan.storage for name in group}
     nodes = {n.host.name: n for n in plan.nodes}
+    lock = threading.Lock()
 
     def send(node: NodePlan, syncs: bool, run_files: bool) -> None:
         t = session.t[node.host.name]
-        dirs = [(plan.job.workdir, node.code_dir, code, "code")] if syncs else []
-        if syncs and plan.job.data and node.data_dir and data is not None:
-            dirs.append((plan.job.data, node.data_dir, data, "data"))
+        dirs = [(code, node.code_dir, code.manifest, "code")] if syncs else []
+        if syncs and node.data_dir and data is not None:
+            dirs.append((data, node.data_dir, data.manifest, "data"))
         private = (node.run_dir, f"{node.run_dir}/{SITE}") if run_files else ()
         t0 = time.monotonic()
         r = t.run(listing_script([d[1] for d in dirs], private, (node.code_dir,)),
@@ -240,7 +277,9 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
             entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
                         for name, (text, mode) in render_node(plan, node).files.items()]
         if entries:
-            send_bundle(t, entries, plan.run_id)
+            got = send_bundle(t, entries, plan.run_id)
+            with lock:
+                sources.sent.setdefault(node.host.name, {}).update(got)
         took = time.monotonic() - t0
         for label, files, size, unchanged in sent:
             console.phase(node.host.name, f"{label}: sent {files} file(s), {size} bytes "
@@ -265,15 +304,16 @@ def upload(session: Session, plan: Plan, console: Console) -> None:
     if not failures(results):
         results = each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm)
     all_ok("prepare", results)  # the caller's guard removes what was written
+    return sources
 
 
-def upload_checked(session: Session, plan: Plan, console: Console, checks: bool) -> None:
+def upload_checked(session: Session, plan: Plan, console: Console, checks: bool,
+                   sources: Sources | None = None) -> Sources:
     """upload(), with the preflight's port checks (`checks`) beside it: they touch only the
     master's port and test listeners, and each costs a few round trips that would otherwise
     come first. Either one's error is raised, the upload's first."""
     if not checks:
-        upload(session, plan, console)
-        return
+        return upload(session, plan, console, sources)
     problem: list[BaseException] = []
     listeners = Listeners()
 
@@ -287,7 +327,7 @@ def upload_checked(session: Session, plan: Plan, console: Console, checks: bool)
     th = threading.Thread(target=check, daemon=True)
     th.start()
     try:
-        upload(session, plan, console)
+        sent = upload(session, plan, console, sources)
     except BaseException:
         # Nothing may outlive a failed launch on a node: no new test listener starts, a
         # round trip under way may finish, and every listener started ends now instead of
@@ -301,6 +341,7 @@ def upload_checked(session: Session, plan: Plan, console: Console, checks: bool)
     th.join()
     if problem:
         raise problem[0]
+    return sent
 
 
 CHECKS_GIVE_UP_S = 5.0  # how long a failed upload waits for a port check's round trip under way

@@ -37,6 +37,7 @@ from fleet.launch import (
     connect,
     prepare_plan,
     refuse_held,
+    scan_sources,
     upload_checked,
 )
 from fleet.logs import Tagger
@@ -366,6 +367,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
     run_id = new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
     console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
+    sources = scan_sources(job, console)  # an unreadable file stops it before any connection
     try:
         faults.point(Phase.CONNECT.value)
         session = connect(inventory, console)
@@ -384,13 +386,13 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
             raise Interrupted(e.signame, "nothing had been started on any node") from None
         with Guard(session, plan, console, record.dir) as guard:
             faults.point(Phase.UPLOAD.value)
-            upload_checked(session, plan, console, checks)  # with the port checks beside it
+            sent = upload_checked(session, plan, console, checks, sources)  # port checks beside
             if job.setup is not None:
                 guard.setting_up.update(n.host.name for n in plan.nodes)
             hashes = setup.run(session.t, plan, console, force_setup)
             if job.python is not None:
                 plan = guard.plan = check_job_python(session, plan, console, allow_mismatch)
-            m = manifest.record(plan, hashes, record.dir)
+            m = manifest.record(plan, hashes, record.dir, sent)
             session.t[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
                                                     manifest.dumps(m).encode(), 0o600)
             # A detached run is confirmed by the master's open port, where fleet knows torchrun

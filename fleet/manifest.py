@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from fleet.plan import Plan, masked
-from fleet.sync import local_manifest
+from fleet.sync import Scan, local_manifest
 
 DIFF_MAX = 256 << 10  # of a dirty tree's diff, kept in the manifest
 HASH_MAX = 256 << 20  # data beyond this total size is listed by size and mtime, not hashed
@@ -179,11 +180,85 @@ def _changes(what: str, a: dict[str, str], b: dict[str, str]) -> list[str]:
     return out
 
 
-def record(plan: Plan, setup_hashes: dict[str, str], record_dir: Path) -> dict[str, Any]:
-    """Build the run's manifest from the plan and this machine's files, and keep it in the
-    run's local record (the caller writes it to the master too)."""
+def received(scan: Scan, dests: dict[str, str], sent: dict[str, dict[str, str]],
+             cache: Path | None = None) -> dict[str, str]:
+    """sha256 per file of what the nodes hold after a sync: for a file sent in this launch, of
+    the very bytes sent (`sent`: node -> destination -> hash; `dests`: node -> the directory
+    it synced into); for one not sent (the node had it: same size and mtime), of the local file,
+    from `cache` where it was hashed before unchanged. Nodes that were sent different bytes
+    (the file changed between two nodes' reads) are named."""
+    memo = _load_cache(cache)
+    out = {}
+    for rel, path in sorted(scan.files.items()):
+        seen = {n: h for n, d in dests.items() if (h := sent.get(n, {}).get(f"{d}/{rel}"))}
+        if len(set(seen.values())) > 1:
+            out[rel] = "differs: " + ", ".join(f"{n} {h}" for n, h in sorted(seen.items()))
+        elif seen:
+            out[rel] = next(iter(seen.values()))
+        else:
+            out[rel] = _hash(path, memo)
+    _save_cache(cache, memo)
+    return out
+
+
+CACHE_MAX = 200_000  # entries kept in the local hash cache
+
+
+def _key(path: Path) -> str:
+    st = path.stat()  # ctime changes with any write: an equal key means the same bytes
+    return f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
+
+
+def _hash(path: Path, memo: dict[str, str]) -> str:
+    key = _key(path)
+    if key not in memo:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        memo[key] = h.hexdigest()
+    return memo[key]
+
+
+def _load_cache(path: Path | None) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(data, dict) else {}
+
+
+def _save_cache(path: Path | None, memo: dict[str, str]) -> None:
+    if path is None:
+        return
+    keep = dict(list(memo.items())[-CACHE_MAX:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(keep))
+        os.replace(tmp, path)
+    except OSError:
+        return  # a cache: the next launch hashes again
+
+
+def record(plan: Plan, setup_hashes: dict[str, str], record_dir: Path,
+           sources: Any = None) -> dict[str, Any]:
+    """Build the run's manifest from the plan and what was sent (`sources`, a
+    fleet.launch.Sources: the files' hashes as the nodes received them; without it, this
+    machine's files as they are now), and keep it in the run's local record (the caller
+    writes it to the master too)."""
     job = plan.job
-    m = build(plan, setup_hashes, git_info(job.workdir), file_hashes(job.workdir, job.exclude),
-              file_hashes(job.data, ()) if job.data else None)
+    if sources is not None:
+        cache = record_dir.parent.parent / "hashes.json"
+        code_dests = {n.host.name: n.code_dir for n in plan.nodes}
+        data_dests = {n.host.name: n.data_dir for n in plan.nodes if n.data_dir}
+        code_files = received(sources.code, code_dests, sources.sent, cache)
+        data_files = (received(sources.data, data_dests, sources.sent, cache)
+                      if sources.data is not None else None)
+    else:
+        code_files = file_hashes(job.workdir, job.exclude)
+        data_files = file_hashes(job.data, ()) if job.data else None
+    m = build(plan, setup_hashes, git_info(job.workdir), code_files, data_files)
     (record_dir / "manifest.json").write_text(dumps(m))
     return m

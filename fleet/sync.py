@@ -4,15 +4,17 @@ tar that the node verifies and unpacks in one command."""
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import io
 import os
 import posixpath
+import stat
 import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.errors import RemoteCommandError
+from fleet.errors import RemoteCommandError, WorkdirError
 from fleet.shell import AND, quote, sh
 from fleet.transport import Transport
 
@@ -37,19 +39,105 @@ def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
     return False
 
 
-def local_manifest(root: Path, exclude: tuple[str, ...]) -> Manifest:
-    out: Manifest = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        dirnames[:] = [d for d in dirnames
-                       if not excluded(d if rel_dir == "." else f"{rel_dir}/{d}", exclude)]
-        for name in filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+SPARSE_MIN = 1 << 20  # a file this large, with under half of it on disk, is called sparse
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a local directory sends, by the rules in scan(): per relative path the file read
+    (a link's target) with its size and mtime, and what is not sent, with why."""
+
+    root: Path
+    files: dict[str, Path]
+    manifest: Manifest
+    skipped: tuple[tuple[str, str], ...] = ()
+    sparse: tuple[str, ...] = ()
+
+
+def scan(root: Path, exclude: tuple[str, ...]) -> Scan:
+    """The files of a directory fleet sends, by one rule per kind (README: "What is synced"):
+    regular files are sent; a link to a file or directory inside `root` is followed (its content
+    is sent under the link's name); a link pointing outside `root`, a dangling link, a link back
+    to a directory already walked (a loop), and special files (FIFOs, sockets, devices) are
+    skipped, each named in `skipped`; a sparse file is sent whole (named in `sparse`); a file
+    that cannot be read stops everything before any host is touched (WorkdirError)."""
+    top = os.path.realpath(root)
+    files: dict[str, Path] = {}
+    meta: Manifest = {}
+    skipped: list[tuple[str, str]] = []
+    sparse: list[str] = []
+    unreadable: list[str] = []
+
+    def inside(real: str) -> bool:
+        return real == top or real.startswith(top.rstrip("/") + "/")
+
+    def walk(real_dir: str, rel_dir: str) -> None:
+        try:
+            entries = sorted(os.scandir(real_dir), key=lambda e: e.name)
+        except OSError as e:
+            unreadable.append(f"{rel_dir or '.'}/ ({e.strerror})")
+            return
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             if excluded(rel, exclude):
                 continue
-            st = os.stat(os.path.join(dirpath, name))
-            out[rel] = (st.st_size, int(st.st_mtime))
-    return out
+            path = os.path.join(real_dir, entry.name)
+            try:
+                st = os.lstat(path)
+            except OSError as e:
+                unreadable.append(f"{rel} ({e.strerror})")
+                continue
+            link = stat.S_ISLNK(st.st_mode)
+            if link:
+                target = os.path.realpath(path)
+                if not os.path.exists(target):
+                    skipped.append((rel, f"a dangling link (to {os.readlink(path)})"))
+                    continue
+                if not inside(target):
+                    skipped.append((rel, f"a link to {target}, outside {root}"))
+                    continue
+                try:
+                    st = os.stat(target)
+                except OSError as e:
+                    unreadable.append(f"{rel} ({e.strerror})")
+                    continue
+                path = target
+            if stat.S_ISDIR(st.st_mode):
+                real = os.path.realpath(path)
+                if link and (real_dir == real or real_dir.startswith(real.rstrip("/") + "/")):
+                    skipped.append((rel, "a link to a directory that holds it (a loop)"))
+                    continue
+                walk(real, rel)
+            elif stat.S_ISREG(st.st_mode):
+                if not os.access(path, os.R_OK):
+                    unreadable.append(f"{rel} (permission denied)")
+                    continue
+                files[rel] = Path(path)
+                meta[rel] = (st.st_size, int(st.st_mtime))
+                if st.st_size >= SPARSE_MIN and st.st_blocks * 512 < st.st_size // 2:
+                    sparse.append(rel)
+            else:
+                skipped.append((rel, f"{_kind(st.st_mode)}: only regular files are sent"))
+
+    walk(top, "")
+    if unreadable:
+        shown = ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more"
+                                             if len(unreadable) > 5 else "")
+        raise WorkdirError(f"{root}: cannot read {shown}; make them readable, or leave them "
+                           "out with `exclude = [...]` in the job (nothing was started)")
+    return Scan(root, files, meta, tuple(skipped), tuple(sparse))
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def local_manifest(root: Path, exclude: tuple[str, ...]) -> Manifest:
+    return scan(root, exclude).manifest
 
 
 def manifest_script(dest: str) -> str:
@@ -116,42 +204,76 @@ def bundle_root(entries: list[Entry]) -> str:
     return posixpath.commonpath([posixpath.dirname(e.dest) for e in entries])
 
 
-def bundle(entries: list[Entry], root: str) -> bytes:
+class _Hashing(io.RawIOBase):
+    """A file read once: what tar takes from it is hashed on the way (the manifest records the
+    bytes sent, not the file as it is later)."""
+
+    def __init__(self, f: io.BufferedReader) -> None:
+        self.f, self.h = f, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.h.update(data)
+        return data
+
+
+def bundle(entries: list[Entry], root: str) -> tuple[bytes, dict[str, str]]:
     """A gzip tar of the entries, paths relative to root; local files keep their mtime (the
-    next listing compares it), made ones get now."""
+    next listing compares it), made ones get now. With it, the sha256 of each local file's
+    bytes as they went in, by destination. A file that shrank while it was read stops the
+    launch (WorkdirError); one that grew is sent as long as it was when its header was
+    written, and its hash is of exactly those bytes."""
     buf = io.BytesIO()
     now = int(time.time())
+    sent: dict[str, str] = {}
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for e in entries:
             name = posixpath.relpath(e.dest, root)
             if e.source is not None:
-                info = tar.gettarinfo(str(e.source), arcname=name)
-                info.mode = e.mode if e.mode else info.mode
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
                 with open(e.source, "rb") as f:
-                    tar.addfile(info, f)
+                    info = tar.gettarinfo(arcname=name, fileobj=f)
+                    info.mode = e.mode if e.mode else info.mode
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    reader = _Hashing(f)
+                    try:
+                        tar.addfile(info, reader)
+                    except OSError as err:
+                        raise WorkdirError(
+                            f"{e.source}: changed while fleet read it ({err}); start again "
+                            "once it is written") from err
+                    sent[e.dest] = reader.h.hexdigest()
             else:
                 info = tarfile.TarInfo(name)
                 info.size, info.mode, info.mtime = len(e.data), e.mode, now
                 tar.addfile(info, io.BytesIO(e.data))
-    return buf.getvalue()
+    return buf.getvalue(), sent
 
 
-def code_entries(root: Path, dest: str, rels: list[str]) -> list[Entry]:
-    """The changed files of a synced directory, with their local modes."""
-    return [Entry(f"{dest}/{rel}", os.stat(root / rel).st_mode & 0o7777, source=root / rel)
+def code_entries(root: Path | Scan, dest: str, rels: list[str]) -> list[Entry]:
+    """The changed files of a synced directory (or of a scan of it: links followed), with
+    their local modes."""
+    def source(rel: str) -> Path:
+        return root.files[rel] if isinstance(root, Scan) else root / rel
+
+    return [Entry(f"{dest}/{rel}", os.stat(source(rel)).st_mode & 0o7777, source=source(rel))
             for rel in rels]
 
 
-def send(t: Transport, entries: list[Entry], tag: str) -> None:
+def send(t: Transport, entries: list[Entry], tag: str) -> dict[str, str]:
     """The entries to the node in one verified bundle, unpacked in place: two round trips (the
-    file, then one command that checks it whole and unpacks it), whatever their number."""
+    file, then one command that checks it whole and unpacks it), whatever their number. The
+    sha256 of every local file's bytes as sent, by destination."""
     root = bundle_root(entries)
     name = f"{root}/.fleet-bundle-{tag}.tar.gz"
-    t.write(name, bundle(entries, root), 0o600, what=f"unpack into {root}",
+    data, sent = bundle(entries, root)
+    t.write(name, data, 0o600, what=f"unpack into {root}",
             then=f"tar -xzpf {quote(name)} --no-same-owner -C {quote(root)}; s=$?; "
                  f"rm -f {quote(name)}; exit $s")
+    return sent
 
 
 def sync_dir(t: Transport, root: Path, dest: str, exclude: tuple[str, ...],

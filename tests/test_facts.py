@@ -332,7 +332,7 @@ def test_bundle_unpacks_code_and_run_files_with_modes_and_mtimes(tmp_path: Path)
     assert root == str(node)
     node.mkdir()  # the listing made it
     tar = tmp_path / "b.tar.gz"
-    tar.write_bytes(bundle(entries, root))
+    tar.write_bytes(bundle(entries, root)[0])
     subprocess.run(["tar", "-xzpf", str(tar), "--no-same-owner", "-C", root], check=True)
     assert Path(code, "train.py").read_text() == "print('hi')\n"
     assert Path(code, "pkg", "run").stat().st_mode & 0o777 == 0o755
