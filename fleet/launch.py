@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from fleet.check import FAIL, Listeners, port_checks
+from fleet.claim import Claims
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
 from fleet.gpus import GpuFacts, absent, busy, gpu_facts
@@ -46,8 +47,16 @@ class Session:
     def __init__(self, transports: dict[str, Transport]) -> None:
         self.t = transports
         self.facts: dict[str, Facts] = {}  # what the probe learnt, once prepare_plan ran
+        self.claims: Claims | None = None  # held from before the first write to the start
+
+    def release(self) -> None:
+        """Let other launches prepare these hosts (this one's nodes run, or it gave up)."""
+        if self.claims is not None:
+            self.claims.release()
+            self.claims = None
 
     def close(self) -> None:
+        self.release()
         each(self.t.items(), lambda t: t.close())
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from fleet import failure, faults, hang, manifest, remote, setup, state
+from fleet.claim import claim_all
 from fleet.console import Console
 from fleet.errors import (
     FleetError,
@@ -375,6 +376,8 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
         raise Interrupted(e.signame, "nothing had been started on any node") from None
     try:
         try:
+            # Before anything is written: another launch preparing these hosts stops this one.
+            session.claims = claim_all(session.t, inventory.hosts, run_id, console)
             faults.point(Phase.PROBE.value)
             plan = prepare_plan(session, inventory, job, run_id, console,
                                 allow_mismatch=allow_mismatch, held=checks and not force)
@@ -398,6 +401,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
             # A detached run is confirmed by the master's open port, where fleet knows torchrun
             # opens one (a `command` may not).
             pids = start_all(guard, wait_port=detach and job.launcher != "command")
+            session.release()  # its nodes run: the next launch sees them (refuse_held)
             if detach:
                 guard.released = True
                 console.info(f"run {run_id} started; follow it with `fleet logs -f {run_id}`")

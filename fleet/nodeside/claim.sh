@@ -1,0 +1,22 @@
+# fleet's claim on a host: while this script lives, no other `fleet up` prepares this machine.
+# $1: fleet's workdir on the node, $2: the run id. Prints one status line ("claimed", "busy
+# <run id of the holder>", or "unsupported" where flock is missing), then a "." every second:
+# when fleet closes the channel (or its connection dies) the next write fails, the shell dies
+# of SIGPIPE and the lock (fd 9, held by this shell alone) is released.
+set -u
+mkdir -p "$1" && cd "$1" || exit 1
+me=".fleet-claim.$(uname -n)"
+if ! command -v flock >/dev/null 2>&1; then
+  echo unsupported
+  exit 0
+fi
+exec 9>>"$me" || exit 1
+if ! flock -n 9; then
+  echo "busy $(head -c 200 "$me.who" 2>/dev/null | tr -cd 'A-Za-z0-9._-')"
+  exit 0
+fi
+printf '%s\n' "$2" > "$me.who"
+echo claimed
+while sleep 1 9>&-; do
+  echo . || exit 0
+done

@@ -1,0 +1,52 @@
+"""The claim script under a real sh (two claimants of one directory, a holder that dies) and the
+parser of its answer."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from fleet.claim import Answer, ClaimState, claim_script, parse_answer
+
+
+def start(workdir: Path, run_id: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["sh", "-c", claim_script(str(workdir), run_id)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_one_claimant_at_a_time_and_a_dead_holder_lets_go(tmp_path: Path) -> None:
+    first = start(tmp_path / "fleet", "run-a")
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().strip() == "claimed"
+        second = start(tmp_path / "fleet", "run-b")
+        out, _ = second.communicate(timeout=10)
+        assert out.splitlines() == ["busy run-a"]
+        assert second.returncode == 0
+        assert first.stdout.readline().strip() == "."  # still holding, saying so each second
+    finally:
+        first.kill()  # as a dropped connection: its shell dies
+        first.wait(10)
+    third = start(tmp_path / "fleet", "run-c")
+    try:
+        assert third.stdout is not None
+        assert third.stdout.readline().strip() == "claimed"
+    finally:
+        third.kill()
+        third.wait(10)
+
+
+def test_a_closed_channel_ends_the_holder(tmp_path: Path) -> None:
+    """fleet closing the channel is a write to a closed pipe: SIGPIPE ends the holder."""
+    holder = start(tmp_path / "fleet", "run-a")
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "claimed"
+    holder.stdout.close()
+    assert holder.wait(10) != 0
+
+
+def test_parse_answer_takes_only_its_words_and_a_clean_holder() -> None:
+    assert parse_answer("claimed") == Answer(ClaimState.CLAIMED)
+    assert parse_answer("busy run-1\x1b]52;c;x\x07") == Answer(ClaimState.BUSY, "run-152cx")
+    assert parse_answer("unsupported\n") == Answer(ClaimState.UNSUPPORTED)
+    assert parse_answer(".") is None and parse_answer("Welcome to the lab") is None
