@@ -37,7 +37,7 @@ from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.shell import join
 from fleet.state import NodeRecord
-from fleet.states import NodeStatus, overall
+from fleet.states import NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -345,6 +345,12 @@ def status(run_id: RunArg = None) -> None:
         if word.exit_code:
             raise typer.Exit(word.exit_code)
         return
+    if rec.never_started():
+        print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
+              f"{RunStatus.NEVER_STARTED.value}\n  the `fleet up` that prepared it ended (it was "
+              "killed, or its machine stopped) before it started any node: nothing of it runs; "
+              f"`fleet rm {rec.run_id}` removes what it left on the nodes")
+        raise typer.Exit(RunStatus.NEVER_STARTED.exit_code)
     results = _states(rec)
     final = overall(_status(r) for r in results.values())
     print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
@@ -384,6 +390,8 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         r = results[rec.run_id]
         word = overall(_status(s) for s in r.values()).value if isinstance(r, dict) else \
             f"unknown ({reason(r)})"
+        if rec.never_started():
+            word = RunStatus.NEVER_STARTED.value
         if isinstance(r, dict) and not r and (on_slurm := slurm_run.load(rec)) is not None:
             try:
                 word = f"{slurm_run.status(on_slurm, rec.started)[0].value} (slurm)"

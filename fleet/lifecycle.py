@@ -180,6 +180,7 @@ def start_all(guard: Guard, wait_port: bool = False) -> dict[str, int]:
     plan, session, console = guard.plan, guard.session, guard.console
     m = plan.master
     tm = session.t[m.host.name]
+    state.mark_launched(guard.record_dir)
     guard.may_run.add(m.host.name)
     pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
     console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")

@@ -35,10 +35,62 @@ class RunRecord:
     job: str
     started: float
     nodes: tuple[NodeRecord, ...]
+    controller: str = ""  # the `fleet up` that made it (controller_id); "" in older records
 
     @property
     def dir(self) -> Path:
         return state_dir() / self.run_id
+
+    @property
+    def launched(self) -> bool:
+        """Whether its `fleet up` got as far as starting a node (mark_launched)."""
+        return (self.dir / LAUNCHED).exists()
+
+    def never_started(self) -> bool:
+        """Its `fleet up` ended (killed, say) before it started any node: nothing of the run
+        can be running, whatever directories it left on the nodes."""
+        return not self.launched and controller_alive(self.controller) is False
+
+
+LAUNCHED = "launched"
+
+
+def mark_launched(record_dir: Path) -> None:
+    """Before the first start on any node: from now on the nodes say what runs."""
+    (record_dir / LAUNCHED).touch()
+
+
+def controller_id() -> str:
+    """This process as `<machine>:<pid>:<start>`, its start time (clock ticks after boot,
+    /proc/self/stat) telling it apart from a later process given the same pid."""
+    return f"{_machine()}:{os.getpid()}:{_started(os.getpid())}"
+
+
+def controller_alive(controller: str) -> bool | None:
+    """Whether the process a controller_id names still runs; None where it cannot be told
+    (another machine, an older record)."""
+    machine, _, rest = controller.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if not controller or machine != _machine() or not pid_text.isdigit():
+        return None
+    return _started(int(pid_text)) == start
+
+
+def _machine() -> str:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename}/{boot}"
+
+
+def _started(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""
 
 
 def state_dir() -> Path:
@@ -55,7 +107,7 @@ def save(plan: Plan) -> RunRecord:
     rec = RunRecord(run_id=plan.run_id, job=str(plan.job.path), started=time.time(),
                     nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base,
                                            n.nproc if isinstance(n.nproc, int) else None)
-                                for n in plan.nodes))
+                                for n in plan.nodes), controller=controller_id())
     d = state_dir() / plan.run_id
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -82,7 +134,8 @@ def parse_record(text: str) -> RunRecord:
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
                              n.get("rank_base"), n.get("nproc"))
                   for n in data["nodes"])
-    return RunRecord(data["run_id"], data["job"], data["started"], nodes)
+    return RunRecord(data["run_id"], data["job"], data["started"], nodes,
+                     str(data.get("controller", "")))
 
 
 def load(run_id: str | None = None) -> RunRecord:

@@ -29,15 +29,18 @@ class RunStatus(Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     UNKNOWN = "unknown"  # some node could not be asked, and none is known to have failed
+    NEVER_STARTED = "never started"  # its `fleet up` ended before it started any node
 
     @property
     def is_terminal(self) -> bool:
-        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED)
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED,
+                        RunStatus.NEVER_STARTED)
 
     @property
     def exit_code(self) -> int:
         """What `fleet status` (and an attached `fleet up`) exits with for a run in this state."""
-        return {RunStatus.FAILED: 1, RunStatus.UNKNOWN: 3, RunStatus.STOPPED: 4}.get(self, 0)
+        return {RunStatus.FAILED: 1, RunStatus.NEVER_STARTED: 1, RunStatus.UNKNOWN: 3,
+                RunStatus.STOPPED: 4}.get(self, 0)
 
 
 def overall(nodes: Iterable[NodeStatus]) -> RunStatus:

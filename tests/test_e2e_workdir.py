@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -150,3 +151,35 @@ def test_manifest_records_the_bytes_sent_not_a_later_edit(cli: CLI, tb2: Testbed
             " seen train_cfg.py " in line]
     assert node and node[0].split()[-1] == sent, out  # what the node ran
     assert shown["files"]["train_cfg.py"] == sent != sha(code / "train_cfg.py")
+
+
+def test_fifo_workdir_interrupted_and_killed_before_any_start(cli: CLI, tb2: Testbed,
+                                                              tmp_path: Path) -> None:
+    """A FIFO in the workdir no longer blocks a thread (it is skipped), so Ctrl-C ends the
+    launch at once; a fleet killed before it started any node leaves a run that says so
+    (`never started`, exit 1), and its claim on the hosts went with its connection."""
+    tb2.inventory(tmp_path / "inv.toml")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "list.py").write_text(LIST)
+    os.mkfifo(code / "pipe")
+    path = job(tmp_path, code, 29724)
+    t0 = time.monotonic()
+    cli.env["FLEET_FAULT"] = "upload:int"
+    r = cli("up", str(path), timeout=120)
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert "nothing had been started on any node" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 60
+    assert_no_strays(tb2)
+    cli.env["FLEET_FAULT"] = "upload:kill"
+    killed = cli("up", str(path), timeout=120)
+    del cli.env["FLEET_FAULT"]
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    run_id = run_id_of(killed.stderr)
+    st = cli("status", run_id)
+    assert st.returncode == 1, st.stdout + st.stderr
+    assert f"run {run_id} " in st.stdout and ": never started" in st.stdout, st.stdout
+    assert "ended (it was killed, or its machine stopped) before it started any node" in st.stdout
+    assert re.search(rf"^{run_id}\s+never started", cli("ps").stdout, re.M)
+    again = cli("up", str(path), timeout=180)  # the killed launch's claim is gone
+    assert again.returncode == 0, again.stdout + again.stderr

@@ -45,3 +45,38 @@ def test_busy_is_6_and_all_ok_classifies() -> None:
         assert e.failures == {"b": "refused"}
     else:
         raise AssertionError("no error")
+
+
+def test_an_interrupt_never_waits_on_a_blocked_call() -> None:
+    """A call blocked for good (open() of a FIFO nobody writes) holds neither the interrupt
+    (it returns within the grace) nor the process's exit (the thread is a daemon)."""
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    import pytest
+
+    from fleet import group
+
+    fifo = os.path.join(tempfile.mkdtemp(), "fifo")
+    os.mkfifo(fifo)
+
+    def blocked(path: str) -> bytes:
+        with open(path, "rb") as f:  # no writer: blocks
+            return f.read()
+
+    def interrupt() -> None:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        group.each([("node1", fifo), ("node2", fifo)], blocked)
+    assert time.monotonic() - t0 < group.INTERRUPT_GRACE_S + 5
+    stuck = [th for th in threading.enumerate() if th.name.startswith("fleet-node")]
+    assert stuck and all(th.daemon for th in stuck)
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # let the threads go
+    os.close(fd)
