@@ -1,6 +1,7 @@
 """Fault points for the end-to-end fault tests: `FLEET_FAULT=<phase>:<action>` makes fleet hurt
 itself at that phase boundary of `fleet up` (or, for `preflight-listening`, in the port checks
-once a test listener runs). Without the variable, a point does nothing.
+once a test listener runs; for `upload-listed`, in each node's upload between its listing and
+its bundle). Without the variable, a point does nothing.
 
 Actions: kill (SIGKILL itself), int (one SIGINT), int2 (two SIGINTs 5 ms apart, as `timeout` or
 a terminal multiplexer sends them), term (SIGTERM), raise (an unexpected exception), pause (say

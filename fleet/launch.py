@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fleet import faults
 from fleet.check import FAIL, Listeners, port_checks
 from fleet.claim import Claims
 from fleet.console import Console
@@ -272,6 +273,7 @@ def upload(session: Session, plan: Plan, console: Console,
         r = t.run(listing_script([d[1] for d in dirs], private, (node.code_dir,)),
                   what=f"create {node.run_dir}")
         r.check(node.host.name)
+        faults.point("upload-listed")
         entries: list[Entry] = []
         sent = []
         for (src, dest, local, label), there in zip(dirs, parse_listing(r.out, len(dirs)),

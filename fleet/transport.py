@@ -34,6 +34,7 @@ from fleet.shell import quote
 # What the login shell runs: no quotes, no operators, the same in every shell.
 BOOT = "/bin/sh -s"
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
+PUT_CHUNK = 1 << 20  # bytes per SFTP write call: the unit of progress a stalled write is seen by
 
 
 @dataclass(frozen=True)
@@ -343,10 +344,45 @@ class _Lines:
                 self.on_lines(out)
 
 
+class _Progress:
+    """A deadline that moves with progress: if nothing moved for `limit` seconds, `give_up` is
+    called (closing the connection, so that whatever waits on it fails at once) and `stalled`
+    says so. A transfer as long as it likes, as long as it goes on."""
+
+    def __init__(self, limit: float, give_up: Callable[[], None]) -> None:
+        self.limit, self.give_up = limit, give_up
+        self.last = time.monotonic()
+        self.count = 0
+        self.stalled = False
+        self.done = threading.Event()
+
+    def moved(self) -> None:
+        self.last = time.monotonic()
+        self.count += 1
+
+    def sent(self, total: int) -> str:
+        return f"{min(self.count * PUT_CHUNK, total)} of {total} bytes sent"
+
+    def _watch(self) -> None:
+        while not self.done.wait(min(1.0, self.limit / 4)):
+            if time.monotonic() - self.last > self.limit:
+                self.stalled = True
+                self.give_up()
+                return
+
+    def __enter__(self) -> _Progress:
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+
 class SSHTransport(Transport):
     """A node over SSH (paramiko via Fabric's config), host keys verified, never auto-added."""
 
     KEEPALIVE_S = 5
+    STALL_S = 20.0  # a file write that moves no byte for this long: the node is lost
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
@@ -446,21 +482,30 @@ class SSHTransport(Transport):
         return Result(what, code, o, er, noise + enoise)
 
     def _put(self, path: str, data: bytes, mode: int) -> str:
-        sftp = self._sftp_client()
-        if sftp is None:
-            return self._exec_put(path, data, mode)
+        progress = _Progress(self.STALL_S, self._abort)
         try:
-            with sftp.open(path, "wb") as f:
-                f.chmod(mode)
-                f.set_pipelined(True)
-                f.write(data)
-        except paramiko.SFTPError as e:
+            with progress:
+                sftp = self._sftp_client()
+                if sftp is None:
+                    return self._exec_put(path, data, mode)
+                with sftp.open(path, "wb") as f:
+                    f.chmod(mode)
+                    f.set_pipelined(True)
+                    for off in range(0, len(data), PUT_CHUNK):
+                        f.write(data[off:off + PUT_CHUNK])
+                        progress.moved()
+        except (paramiko.SFTPError, paramiko.SSHException, OSError, EOFError) as e:
+            if progress.stalled:
+                done = progress.sent(len(data))
+                raise TransportError(
+                    f"no progress writing {path} for {self.STALL_S:.0f}s ({done}); "
+                    f"{self.host.name} stopped answering (a cut link, a frozen host?)") from e
+            if not isinstance(e, paramiko.SFTPError):
+                return f"SFTP: {e}"
             # The subsystem spoke garbage mid-way (an rc file that prints only sometimes):
             # not a problem of the file; the exec channel carries this and every later one.
             self._drop_sftp(e)
             return self._exec_put(path, data, mode)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            return f"SFTP: {e}"
         return ""
 
     def _exec_put(self, path: str, data: bytes, mode: int) -> str:
@@ -485,7 +530,11 @@ class SSHTransport(Transport):
         with self._lock:
             if self._sftp is None and self.sftp_problem is None:
                 try:
-                    self._sftp = self._client.open_sftp()  # type: ignore[union-attr]
+                    self._sftp = self._open_sftp()
+                except TimeoutError as e:  # not a missing subsystem: a node not answering
+                    raise TransportError(f"no answer opening SFTP in {self.STALL_S:.0f}s: "
+                                         f"{self.host.name} stopped answering (a cut link, a "
+                                         "frozen host?)") from e
                 except paramiko.SFTPError as e:
                     self.sftp_garbled = True
                     self.sftp_problem = f"the sftp-server's output is garbled ({e}): the login " \
@@ -493,6 +542,29 @@ class SSHTransport(Transport):
                 except (paramiko.SSHException, OSError, EOFError) as e:
                     self.sftp_problem = str(e) or type(e).__name__
             return self._sftp
+
+    def _open_sftp(self) -> paramiko.SFTPClient:
+        """paramiko's open_sftp with deadlines: a node that stopped answering fails the opening
+        in seconds instead of paramiko's hour."""
+        try:
+            chan = self._transport().open_session(timeout=10)
+        except paramiko.SSHException as e:
+            if "Timeout" in str(e):
+                raise TimeoutError(str(e)) from e
+            raise
+        chan.settimeout(self.STALL_S)  # the subsystem's start and its version answer
+        chan.invoke_subsystem("sftp")
+        sftp = paramiko.SFTPClient(chan)
+        chan.settimeout(None)  # from here each write's progress is watched (_Progress)
+        return sftp
+
+    def _abort(self) -> None:
+        """Drop the connection at once, from any thread: whatever waits on it (a write stuck on
+        a dead link holds the transport's write lock) fails now. A polite close() would queue
+        a message behind that stuck write and wait with it."""
+        t = self._client.get_transport() if self._client is not None else None
+        if t is not None:
+            t.close()
 
     def _drop_sftp(self, e: Exception) -> None:
         with self._lock:

@@ -183,3 +183,56 @@ def test_fifo_workdir_interrupted_and_killed_before_any_start(cli: CLI, tb2: Tes
     assert re.search(rf"^{run_id}\s+never started", cli("ps").stdout, re.M)
     again = cli("up", str(path), timeout=180)  # the killed launch's claim is gone
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_partition_during_the_upload_is_named_within_the_deadline(cli: CLI,
+                                                                    tmp_path: Path) -> None:
+    """node2's link is cut while its bundle is on the way (TCP alone would wait ~15 min): the
+    write stops moving, fleet names node2 after its stall limit, and nothing is left."""
+    from tests.conftest import _need_testbed
+
+    _need_testbed()
+    with Testbed(2) as tb:
+        tb.inventory(tmp_path / "inv.toml")
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "list.py").write_text(LIST)
+        (code / "weights.bin").write_bytes(os.urandom(64 << 20))  # more than the pipes hold
+        resume = tmp_path / "resume"
+        cli.env.update(FLEET_FAULT="upload-listed:pause", FLEET_FAULT_RESUME=str(resume))
+        proc = cli.popen("up", str(job(tmp_path, code, 29725)))
+        node2 = tb.host("node2")
+        try:
+            assert proc.stderr is not None
+            seen, head = 0, []
+            deadline = time.monotonic() + 120
+            for line in proc.stderr:
+                head.append(line)
+                seen += "fault point upload-listed reached" in line
+                if seen == 2 or time.monotonic() > deadline:
+                    break
+            t0 = time.monotonic()
+            resume.touch()
+            # Cut once node2's bundle has begun to arrive: mid-write.
+            partial = node2.home / "fleet"  # the bundle goes to the root of what it holds
+            while not any(p.stat().st_size > 0 for p in partial.glob(".fleet-bundle-*")):
+                assert time.monotonic() - t0 < 120 and proc.poll() is None, "no write began"
+                time.sleep(0.05)
+            subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)
+            t0 = time.monotonic()
+            out, err = proc.communicate(timeout=200)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            subprocess.run(["ip", "link", "set", node2.veth, "master", tb.bridge, "up"],
+                           check=True)
+            del cli.env["FLEET_FAULT"], cli.env["FLEET_FAULT_RESUME"]
+        assert proc.returncode == 3, out + err
+        assert re.search(r"node2: no progress writing \S+ for 20s \(\d+ of \d+ bytes sent\); "
+                         r"node2 stopped answering", err), err
+        assert "nothing was started" in err and "started master" not in err, err
+        assert took < 120, f"named after {took:.0f}s"  # TCP alone: about 15 minutes
+        assert_no_strays(tb, timeout=30)
+        run_id = run_id_of("".join(head))
+        assert not (tb.hosts[0].home / "fleet" / "runs" / run_id).exists()
