@@ -40,7 +40,8 @@ def dump_script(run_dir: str, run_id: str) -> str:
     return "\n".join([
         f"cd {quote(run_dir)} 2>/dev/null || {{ echo missing; exit 0; }}",
         f"id={quote(run_id)}",
-        "[ -e exit_code ] && echo \"=== ended $(head -c 12 exit_code | tr -cd '0-9-')\"",
+        "[ -e exit_code ] && "
+        "echo \"=== ended $(head -n 1 exit_code | head -c 12 | tr -cd '0-9-')\"",
         "mine=$(grep -lzxF -- \"FLEET_RUN_ID=$id\" /proc/[0-9]*/environ 2>/dev/null "
         "| cut -d/ -f3 | grep -vx \"$$\")",
         "sent=''",
