@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from fleet import stacks
+from fleet.console import printable
 from fleet.errors import FleetError
 from fleet.group import each, reason
 from fleet.plan import FR_TRACE
@@ -63,7 +64,8 @@ def keep_records(t: Transport, d: stacks.NodeDump, run_dir: str, keep: Path) -> 
             except (FleetError, OSError, ValueError) as e:
                 why = str(e) if isinstance(e, ValueError) else reason(e)
         if why is not None:
-            said.append(f"{d.host}: flight recorder file \"{r.name}\" not kept: {why}")
+            # The name on one line: a newline in it must not start a line of its own.
+            said.append(f"{d.host}: flight recorder file \"{printable(r.name)}\" not kept: {why}")
     return said
 
 
