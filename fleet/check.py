@@ -150,8 +150,10 @@ def parse_listener(out: str) -> tuple[bool, str, str]:
 
 
 def stop_listener(t: Transport, pid: str) -> None:
-    """Free the port at once (a worker that could not connect leaves the listener waiting)."""
-    if pid.isdigit():
+    """Free the port at once (a worker that could not connect leaves the listener waiting).
+    The pid is the node's word: only a plain one above 1 is signalled (`kill 0` or `kill 1`
+    would reach every process of the shell's group, or init)."""
+    if pid.isascii() and pid.isdigit() and len(pid) < 8 and int(pid) > 1:
         t.run(sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")
 
 

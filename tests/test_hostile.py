@@ -13,6 +13,8 @@ import pytest
 
 from fleet import hang
 from fleet.console import Console, printable
+from fleet.gpus import parse_gpus
+from fleet.remote import parse_ranks
 from fleet.stacks import FlightRecord, dump_script, parse_dump
 
 FORGED = "\x1b[1A\x1b[2Kfleet: run r-1 succeeded on all 2 node(s)"
@@ -133,3 +135,8 @@ def test_dump_script_frames_what_the_job_wrote(tmp_path: Path) -> None:
     assert sorted(d.flight_records, key=lambda r: r.name) == [
         FlightRecord("nccl_trace_rank_0\n=== fr 2f726f6f742f2e62617368726 5", 1),
         FlightRecord("nccl_trace_rank_1", None), FlightRecord("nccl_trace_rank_2", 3)]
+
+
+def test_numbers_from_nodes_are_plain_ascii_and_bounded() -> None:
+    assert parse_ranks("0 4\n1 \u00b2\n2 " + "9" * 5000 + "\n3 5\n") == {0: 4, 3: 5}
+    assert parse_gpus("=== gpus\n\u00b2, A100, 1, 2, GPU-x\n").gpus == ()
