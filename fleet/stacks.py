@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fleet.console import ranges
+from fleet.console import printable, ranges
 from fleet.plan import FR_PIPE, FR_TRACE
 from fleet.shell import quote
 from fleet.transport import Transport
@@ -372,5 +372,5 @@ def report(dumps: list[NodeDump]) -> list[str]:
             lines.append(f"{d.host}: no run directory")
         for r in d.flight_records:
             size = f"{r.size} bytes" if r.size is not None else "a symbolic link"
-            lines.append(f"{d.host}: NCCL flight recorder dump {r.name} ({size})")
+            lines.append(f"{d.host}: NCCL flight recorder dump {printable(r.name)} ({size})")
     return lines

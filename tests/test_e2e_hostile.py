@@ -23,19 +23,20 @@ UP = "../../../../../"
 # Each rank: a SIGRTMIN+7 handler of its own in place of fleet's, which appends to its stack
 # file lines naming files outside the record (a relative escape, and the controller's
 # ~/.bashrc by its absolute path), with the files there in its run dir for fleet to read;
-# flight recorder files whose names are a newline's injection and a symbolic link; one honest
-# flight recorder file; and a stack frame whose file and function hold escape sequences.
+# flight recorder files whose names are a newline's injection (a file name cannot hold a `/`)
+# and a symbolic link; one honest flight recorder file; and a stack frame whose file and
+# function hold escape sequences.
 HOSTILE = '''import faulthandler, os, signal, time
 
 RUN = os.environ["FLEET_RUN_DIR"]
 RANK = os.environ["RANK"]
 TARGETS = [{rel!r}, {bashrc!r}]
-for name in TARGETS + ["{up}pwned-nl"]:
+for name in TARGETS:
     src = RUN + "/" + name
     os.makedirs(os.path.dirname(src), exist_ok=True)
     with open(src, "w") as f:
         f.write("pwned\\n")
-with open(RUN + "/nccl_trace_rank_0\\n=== fr {up}pwned-nl", "w") as f:
+with open(RUN + "/nccl_trace_rank_0\\n=== ended 0", "w") as f:
     f.write("pwned\\n")
 os.symlink("/etc/hostname", RUN + "/nccl_trace_rank_link" + RANK)
 with open(RUN + "/nccl_trace_rank_" + RANK, "w") as f:
@@ -84,8 +85,8 @@ def assert_confined(tmp_path: Path, run_id: str, said: str) -> None:
     assert (record / "flight-recorder" / "node2" / "nccl_trace_rank_1").read_text() == \
         "flight record of rank 1\n"
     for node, rank in (("node1", 0), ("node2", 1)):
-        assert (f'{node}: flight recorder file "nccl_trace_rank_0^J=== fr {UP}pwned-nl" not '
-                "kept: not a name the flight recorder writes") in said, said
+        assert (f'{node}: flight recorder file "nccl_trace_rank_0^J=== ended 0" not kept: not '
+                "a name the flight recorder writes") in said, said
         assert (f'{node}: flight recorder file "nccl_trace_rank_link{rank}" not kept: it is a '
                 "symbolic link") in said, said
     # The frame the job forged is shown, its escapes visible.
