@@ -148,7 +148,8 @@ def write_inside(root: Path, parts: tuple[str, ...], data: bytes) -> Path:
 
 
 def save(record_dir: Path, title: str, lines: list[str]) -> Path:
-    """Keep a dump in the run's record: stacks-<time>.txt."""
+    """Keep a dump in the run's record: stacks-<time>.txt, as it was printed (what a node said
+    made printable: the file is read in a terminal too)."""
     path = record_dir / f"stacks-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-    path.write_text(title + "\n" + "\n".join(lines) + "\n")
+    path.write_text(printable(title + "\n" + "\n".join(lines) + "\n", lines=True))
     return path
