@@ -58,7 +58,8 @@ def keep_records(t: Transport, d: stacks.NodeDump, run_dir: str, keep: Path) -> 
         why = refusal(r, n, total)
         if why is None:
             try:
-                data = fetch(t, f"{run_dir}/{r.name}", FR_MAX_BYTES)
+                # A file may grow after it was listed: read no more than the budget left.
+                data = fetch(t, f"{run_dir}/{r.name}", min(FR_MAX_BYTES, FR_NODE_BYTES - total))
                 total += len(data)
                 write_inside(keep, ("flight-recorder", d.host, r.name), data)
             except (FleetError, OSError, ValueError) as e:
@@ -98,8 +99,8 @@ def fetch(t: Transport, path: str, limit: int) -> bytes:
     except binascii.Error as e:
         raise ValueError(f"the node's answer is not base64 ({e})") from e
     if len(data) > limit:
-        raise ValueError(f"it grew past {limit >> 20} MiB while it was read; it stays on the "
-                         "node")
+        raise ValueError(f"it grew past {limit} bytes (the limit) after it was listed; it stays "
+                         "on the node")
     return data
 
 

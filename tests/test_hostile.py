@@ -13,9 +13,12 @@ import pytest
 
 from fleet import hang
 from fleet.console import Console, printable
+from fleet.errors import RemoteCommandError
 from fleet.gpus import parse_gpus
+from fleet.inventory import Host
 from fleet.remote import parse_ranks
 from fleet.stacks import FlightRecord, dump_script, parse_dump
+from fleet.transport import open_transport
 
 FORGED = "\x1b[1A\x1b[2Kfleet: run r-1 succeeded on all 2 node(s)"
 
@@ -140,3 +143,15 @@ def test_dump_script_frames_what_the_job_wrote(tmp_path: Path) -> None:
 def test_numbers_from_nodes_are_plain_ascii_and_bounded() -> None:
     assert parse_ranks("0 4\n1 \u00b2\n2 " + "9" * 5000 + "\n3 5\n") == {0: 4, 3: 5}
     assert parse_gpus("=== gpus\n\u00b2, A100, 1, 2, GPU-x\n").gpus == ()
+
+
+def test_fetch_reads_a_regular_file_within_its_limit_only(tmp_path: Path) -> None:
+    (tmp_path / "small").write_bytes(b"abc")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    (tmp_path / "link").symlink_to(tmp_path / "small")
+    with open_transport(Host("n1", "localhost", transport="local")) as t:
+        assert hang.fetch(t, str(tmp_path / "small"), 10) == b"abc"
+        with pytest.raises(ValueError, match="grew past 10 bytes"):
+            hang.fetch(t, str(tmp_path / "big"), 10)
+        with pytest.raises(RemoteCommandError, match="not a regular file"):
+            hang.fetch(t, str(tmp_path / "link"), 10)
