@@ -154,9 +154,10 @@ def parse_listener(out: str) -> tuple[bool, str, str]:
 
 def stop_listener(t: Transport, pid: str) -> None:
     """Free the port at once (a worker that could not connect leaves the listener waiting).
-    Only a process that is still a listener of fleet's is signalled: the pid came from the
-    node, and once the listener ended by itself it may name anything."""
-    if pid.isdigit():
+    The pid is the node's word: only a plain one above 1 (`kill 0` or `kill 1` would reach every
+    process of the shell's group, or init), and only while it is still a listener of fleet's
+    (once the listener ended by itself the pid may name anything)."""
+    if pid.isascii() and pid.isdigit() and len(pid) < 8 and int(pid) > 1:
         proc = f"/proc/{pid}/cmdline"
         t.run(sh("grep", "-qzxF", LISTENER_MARK, proc) + " 2>/dev/null && "
               + sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")

@@ -29,7 +29,7 @@ from fleet import logs as fleet_logs
 from fleet import manifest as fleet_manifest
 from fleet import setup as fleet_setup
 from fleet import trust as fleet_trust
-from fleet.console import Console
+from fleet.console import Console, printable
 from fleet.errors import DamagedRecord, FleetError, Interrupted, UsageError
 from fleet.group import each, reason
 from fleet.inventory import Host, Inventory, load_inventory
@@ -122,30 +122,30 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     if as_json:
         print(json.dumps(_plan_json(p), indent=2))
         return
-    print(f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
+    echo(f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
           f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}")
     for note in p.notes:
-        print(f"note: {note}")
+        echo(f"note: {note}")
     for group in p.storage:
         if len(group) > 1:
-            print(f"shared storage: {', '.join(group)} (one workdir; code and data synced once)")
+            echo(f"shared storage: {', '.join(group)} (one workdir; code and data synced once)")
     for n in p.nodes:
         h = n.host
-        print(f"\n[{h.name}] node rank {n.node_rank}, {h.transport} "
+        echo(f"\n[{h.name}] node rank {n.node_rank}, {h.transport} "
               f"{(h.user + '@') if h.user else ''}{h.address}"
               f"{':' + str(h.port) if h.port else ''}")
-        print(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
+        echo(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
         span = rank_span(n.rank_base, n.nproc)
         gpus = f" on GPU(s) {','.join(map(str, h.gpus))}" if h.gpus else ""
         world = f" of world size {n.world_size}" if n.world_size else ""
-        print(f"  processes: {n.nproc}{gpus}" + (f", {span}{world}" if span else world))
-        print(f"  code dir:  {n.code_dir}")
+        echo(f"  processes: {n.nproc}{gpus}" + (f", {span}{world}" if span else world))
+        echo(f"  code dir:  {n.code_dir}")
         if job.setup:
-            print(f"  setup:     {setups[h.name]}")
-        print(f"  run dir:   {n.run_dir}")
+            echo(f"  setup:     {setups[h.name]}")
+        echo(f"  run dir:   {n.run_dir}")
         for k, v in masked(n.env, job.secret_env).items():
-            print(f"  env {k}={v}")
-        print(f"  command:   {join(n.argv)}")
+            echo(f"  env {k}={v}")
+        echo(f"  command:   {join(n.argv)}")
 
 
 export_app = typer.Typer(no_args_is_help=True, help="Write the job for another scheduler.")
@@ -187,7 +187,7 @@ def export_slurm(
         output.chmod(0o755)
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e}") from e
-    print(f"fleet: wrote {output}; submit it with `sbatch {output}`", file=sys.stderr)
+    echo(f"fleet: wrote {output}; submit it with `sbatch {output}`", err=True)
 
 
 def _plan_json(p: Plan) -> dict[str, object]:
@@ -221,10 +221,10 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     else:
         inv = load_inventory(job.inventory)
         checks = fleet_check.run_checks(inv, job)
-    print(fleet_check.table(checks))
+    echo(fleet_check.table(checks))
     failed = [c for c in checks if c.status == fleet_check.FAIL]
     warned = [c for c in checks if c.status == fleet_check.WARN]
-    print(f"\n{len(failed)} failed, {len(warned)} warning(s), "
+    echo(f"\n{len(failed)} failed, {len(warned)} warning(s), "
           f"{len(checks) - len(failed) - len(warned)} passed")
     if failed:
         raise typer.Exit(1)
@@ -250,7 +250,7 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
         login = slurm.load_cluster(inventory_path).login
         inv = Inventory(inventory_path, (login,) if login is not None else ())
         if login is None or login.transport != "ssh":
-            print("the login node is this machine: no host key to trust")
+            echo("the login node is this machine: no host key to trust")
             return
     else:
         inv = load_inventory(inventory_path)
@@ -258,20 +258,20 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:
         fp = hostkeys.fingerprint(s.key) if s.key is not None else ""
-        print(f"{s.host:<{width}}  {s.state.upper():<11} {fp} {s.detail}".rstrip())
+        echo(f"{s.host:<{width}}  {s.state.upper():<11} {fp} {s.detail}".rstrip())
     new = [s for s in statuses if s.state == "new"]
     if accept and new:
         if to == "inventory":
             n = fleet_trust.record_inventory(statuses, inventory_path, cluster)
-            print(f"pinned {n} key(s) in {inventory_path}")
+            echo(f"pinned {n} key(s) in {inventory_path}")
         else:
             for path, n in fleet_trust.record_known_hosts(statuses).items():
-                print(f"recorded {n} key(s) in {path}")
+                echo(f"recorded {n} key(s) in {path}")
         new = []
     bad = [s for s in statuses if s.state in ("changed", "unreachable")]
     if bad or new:
         if new:
-            print("check the fingerprints above, then record them with --accept", file=sys.stderr)
+            echo("check the fingerprints above, then record them with --accept", err=True)
         raise typer.Exit(1)
 
 
@@ -341,32 +341,32 @@ def status(run_id: RunArg = None) -> None:
     on_slurm = slurm_run.load(rec)
     if on_slurm is not None:
         word, lines = slurm_run.status(on_slurm, rec.started)
-        print("\n".join(lines))
+        echo("\n".join(lines))
         if word.exit_code:
             raise typer.Exit(word.exit_code)
         return
     if rec.never_started():
-        print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
+        echo(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
               f"{RunStatus.NEVER_STARTED.value}\n  the `fleet up` that prepared it ended (it was "
               "killed, or its machine stopped) before it started any node: nothing of it runs; "
               f"`fleet rm {rec.run_id}` removes what it left on the nodes")
         raise typer.Exit(RunStatus.NEVER_STARTED.exit_code)
     results = _states(rec)
     final = overall(_status(r) for r in results.values())
-    print(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
+    echo(f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: {final.value}")
     for n in rec.nodes:
         r = results[n.host.name]
         where = f"  {n.host.name:<16} {n.ranks()}"
         if isinstance(r, Exception):
-            print(f"{where}  unreachable (may still be running): {reason(r)}")
+            echo(f"{where}  unreachable (may still be running): {reason(r)}")
             continue
         if r.status is NodeStatus.MISSING:
-            print(f"{where}  missing (no run directory there)")
+            echo(f"{where}  missing (no run directory there)")
             continue
         code = f" (exit {r.code})" if r.code is not None else ""
         by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else ""
         took = f"  {r.elapsed}s" if r.elapsed is not None else ""
-        print(f"{where}  {r.status.value}{code}{by}{took}")
+        echo(f"{where}  {r.status.value}{code}{by}{took}")
     if final.exit_code:
         raise typer.Exit(final.exit_code)
 
@@ -383,7 +383,7 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         return
     runs, damaged = state.all_runs()
     for path, why in damaged.items():
-        print(f"fleet: skipping a damaged run record {path} ({why})", file=sys.stderr)
+        echo(f"fleet: skipping a damaged run record {path} ({why})", err=True)
     runs = runs if all_runs else runs[-10:]
     results = each(((r.run_id, r) for r in runs), _states)
     for rec in runs:
@@ -399,7 +399,7 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
                 word = f"unknown ({reason(e)})"
         names = ",".join(n.host.name for n in rec.nodes)
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
-        print(f"{rec.run_id:<40} {word:<12} {started}  {names}")
+        echo(f"{rec.run_id:<40} {word:<12} {started}  {names}")
 
 
 def _ps_hosts(path: Path) -> None:
@@ -414,11 +414,11 @@ def _ps_hosts(path: Path) -> None:
     for name, r in results.items():
         if isinstance(r, Exception):
             bad += 1
-            print(f"{name}: unreachable: {reason(r)}", file=sys.stderr)
+            echo(f"{name}: unreachable: {reason(r)}", err=True)
             continue
         for held in r:
             run_id, _, node = held.partition("/")
-            print(f"{run_id:<40} running      {name} (as node {node})")
+            echo(f"{run_id:<40} running      {name} (as node {node})")
     if bad:
         raise typer.Exit(3)
 
@@ -464,7 +464,7 @@ def show(run_id: RunArg = None,
         print(fleet_manifest.dumps(m), end="")
         return
     for line in fleet_manifest.show(m):
-        print(line)
+        echo(line)
 
 
 @app.command("diff")
@@ -474,7 +474,7 @@ def diff_runs(run_a: Annotated[str, typer.Argument(help="The earlier run.")],
     a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
     changes = fleet_manifest.diff(a, b)
     for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
-        print(line)
+        echo(line)
 
 
 def _manifest(rec: state.RunRecord) -> dict[str, Any]:
@@ -499,9 +499,9 @@ def dump(run_id: RunArg = None) -> None:
     else:
         lines, problems = _dump_hosts(rec)
     for line in lines + problems:
-        print(line)
+        echo(line)
     saved = hang.save(rec.dir, f"fleet dump of run {rec.run_id}", lines + problems)
-    print(f"(kept in {saved})", file=sys.stderr)
+    echo(f"(kept in {saved})", err=True)
     if problems:
         raise typer.Exit(3)
 
@@ -523,6 +523,12 @@ def _dump_hosts(rec: state.RunRecord) -> tuple[list[str], list[str]]:
                    if isinstance(r, Exception)] + problems
 
 
+def echo(text: str, err: bool = False) -> None:
+    """Print for a person, on stdout (stderr with `err`): any text may hold what a node said (a
+    host key's error, a run state, a stack), so control characters are shown, never obeyed."""
+    print(printable(text, lines=True), file=sys.stderr if err else sys.stdout)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
@@ -541,16 +547,16 @@ def main() -> None:
         app()
     except Interrupted as e:
         _trace(debug)
-        print(f"fleet: {e}", file=sys.stderr)
+        echo(f"fleet: {e}", err=True)
         sys.exit(e.exit_code)
     except FleetError as e:
         _trace(debug)
-        print(f"fleet: error: {e}", file=sys.stderr)
+        echo(f"fleet: error: {e}", err=True)
         sys.exit(e.exit_code)
     except Exception as e:
         _trace(debug)
-        print(f"fleet: internal error: {type(e).__name__}: {e} (a bug in fleet; `fleet --debug "
-              "...` shows where)", file=sys.stderr)
+        echo(f"fleet: internal error: {type(e).__name__}: {e} (a bug in fleet; `fleet --debug "
+             "...` shows where)", err=True)
         sys.exit(70)
 
 

@@ -59,7 +59,7 @@ class GpuFacts:
 
 def _int(text: str) -> int | None:
     text = text.strip()
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
 def parse_gpus(out: str) -> GpuFacts:

@@ -137,7 +137,8 @@ def parse_ranks(out: str) -> dict[int, int]:
     ranks = {}
     for line in out.splitlines():
         words = line.split()
-        if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+        # ASCII digits only: a rank file is the job's to write, and int("²") raises.
+        if len(words) == 2 and all(w.isascii() and w.isdigit() and len(w) < 10 for w in words):
             ranks[int(words[0])] = int(words[1])
     return ranks
 

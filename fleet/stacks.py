@@ -16,22 +16,32 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fleet.console import ranges
+from fleet.console import printable, ranges
 from fleet.plan import FR_PIPE, FR_TRACE
 from fleet.shell import quote
 from fleet.transport import Transport
 
 WAIT_TICKS = 30  # tenths of a second a dump waits for the processes to write their stacks
+STACK_BYTES = 1 << 20  # of one process's stack file, read back
+PID_MAX = 1 << 22  # the kernel's largest pid (PID_MAX_LIMIT)
+# A process's stack is asked for only with a real-time signal (what fleet's sitecustomize
+# registers), whatever its .who file says: never one that stops or ends a process.
+SIG_RT = (34, 64)
 
 
 def dump_script(run_dir: str, run_id: str) -> str:
     """Signal every registered process of this run on this node, then print per process its
     identity and stack; then the run's other processes (pid and command line), with py-spy's
-    dump of those that are Python where py-spy exists."""
+    dump of those that are Python where py-spy exists.
+
+    Everything in the run directory is the job's to write, so what it prints is framed: only
+    the script's own headers start with `=== `, every line of a file or of py-spy's output
+    starts with `|`, a flight recorder file's name is given in hex, and sizes are bounded."""
     return "\n".join([
         f"cd {quote(run_dir)} 2>/dev/null || {{ echo missing; exit 0; }}",
         f"id={quote(run_id)}",
-        "[ -e exit_code ] && echo \"=== ended $(cat exit_code)\"",
+        "[ -e exit_code ] && "
+        "echo \"=== ended $(head -n 1 exit_code | head -c 12 | tr -cd '0-9-')\"",
         "mine=$(grep -lzxF -- \"FLEET_RUN_ID=$id\" /proc/[0-9]*/environ 2>/dev/null "
         "| cut -d/ -f3 | grep -vx \"$$\")",
         "sent=''",
@@ -44,9 +54,13 @@ def dump_script(run_dir: str, run_id: str) -> str:
         "[ -n \"$writers\" ] && { sleep 0.5; kill $writers 2>/dev/null; }",
         "for w in stacks/*.who; do",
         "  [ -f \"$w\" ] || continue; p=${w#stacks/}; p=${p%.who}",
+        "  case $p in ''|*[!0-9]*) continue;; esac",
         # Only a process of this run: a pid from the file may have been reused since.
         "  case \" $(echo $mine) \" in *\" $p \"*) ;; *) continue;; esac",
-        "  sig=$(sed -n 's/^sig=//p' \"$w\"); : > \"stacks/$p\"",
+        "  sig=$(sed -n 's/^sig=//p' \"$w\" | head -n 1)",
+        "  case $sig in ''|*[!0-9]*) continue;; esac",
+        f"  [ \"$sig\" -ge {SIG_RT[0]} ] && [ \"$sig\" -le {SIG_RT[1]} ] || continue",
+        "  : > \"stacks/$p\"",
         "  kill -\"$sig\" \"$p\" 2>/dev/null && sent=\"$sent $p\"",
         "done",
         "i=0; while [ $i -lt " + str(WAIT_TICKS) + " ]; do",
@@ -55,15 +69,22 @@ def dump_script(run_dir: str, run_id: str) -> str:
         "done",
         "sleep 0.1",  # a dump being written: let it finish
         "for p in $sent; do echo \"=== stack $p $(grep -v '^sig=' \"stacks/$p.who\" | "
-        "tr '\\n' ' ')\"; cat \"stacks/$p\"; done",
-        f"for f in {FR_TRACE}*; do [ -f \"$f\" ] && echo \"=== fr $f $(wc -c < \"$f\")\"; done",
+        "head -c 200 | tr -c 'A-Za-z0-9=_-' ' ')\"",
+        f"  head -c {STACK_BYTES} \"stacks/$p\" | sed 's/^/|/'; echo",
+        "done",
+        f"for f in {FR_TRACE}*; do",
+        "  n=$(printf %s \"$f\" | od -An -v -tx1 | tr -d ' \\n')",
+        "  if [ -L \"$f\" ]; then echo \"=== fr $n - link\"",
+        "  elif [ -f \"$f\" ]; then echo \"=== fr $n $(wc -c < \"$f\")\"; fi",
+        "done",
         "spy=$(command -v py-spy 2>/dev/null)",
         "for p in $mine; do",
         "  case \" $sent \" in *\" $p \"*) continue;; esac",
-        "  cmd=$(tr '\\0\\n' '  ' < /proc/$p/cmdline 2>/dev/null) || continue",
+        "  cmd=$(head -c 2000 /proc/$p/cmdline 2>/dev/null | tr '\\0\\n' '  ')",
+        "  [ -n \"$cmd\" ] || continue",
         "  echo \"=== proc $p $cmd\"",
         "  case \"$cmd\" in *python*) [ -n \"$spy\" ] && \"$spy\" dump --pid \"$p\" 2>&1 | "
-        "head -n 200;; esac",
+        "head -n 200 | sed 's/^/|/';; esac",
         "done",
         "true",
     ])
@@ -96,12 +117,21 @@ class RankStack:
 
 
 @dataclass(frozen=True)
+class FlightRecord:
+    """A flight recorder file the node listed in its run dir: its name as the node gave it
+    (to be checked before it names anything), and its size (None: a symbolic link)."""
+
+    name: str
+    size: int | None
+
+
+@dataclass(frozen=True)
 class NodeDump:
     host: str
     stacks: tuple[RankStack, ...] = ()
     others: tuple[tuple[int, str], ...] = ()  # (pid, command line) of the run's other processes
     missing: bool = False  # no run directory on this node
-    flight_records: tuple[tuple[str, int], ...] = ()  # (file in the run dir, bytes)
+    flight_records: tuple[FlightRecord, ...] = ()
     ended: int | None = None  # its part of the run ended, with this exit code
 
 
@@ -138,36 +168,48 @@ def main_thread(threads: list[tuple[Frame, ...]]) -> tuple[Frame, ...]:
 
 
 def parse_dump(host: str, out: str) -> NodeDump:
+    """What dump_script printed: a header per section (`=== `), each line of what the job
+    could write under one (`|`); pids, codes and sizes are taken only as plain numbers."""
     if out.strip() == "missing":
         return NodeDump(host, missing=True)
     stacks: list[RankStack] = []
     others: list[tuple[int, str]] = []
-    records: list[tuple[str, int]] = []
+    records: list[FlightRecord] = []
     ended = None
     for head, body in _sections(out):
         words = head.split()
+        pid = _number(words[1], PID_MAX) if len(words) >= 2 else None
         if len(words) == 2 and words[0] == "ended":
-            ended = int(words[1]) if words[1].lstrip("-").isdigit() else -1
-            continue
-        if len(words) == 3 and words[0] == "fr" and words[2].isdigit():
-            records.append((words[1], int(words[2])))
-            continue
-        if len(words) >= 2 and words[0] == "stack" and words[1].isdigit():
+            code = _number(words[1].removeprefix("-"), 1 << 31)
+            ended = -1 if code is None or words[1].startswith("-") else code
+        elif len(words) in (3, 4) and words[0] == "fr":
+            record = _record(words[1], words[2])
+            if record is not None:
+                records.append(record)
+        elif len(words) >= 2 and words[0] == "stack" and pid:
             fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
             threads = parse_threads(body)
-            stacks.append(RankStack(host, int(words[1]), _int(fields.get("rank")),
+            stacks.append(RankStack(host, pid, _int(fields.get("rank")),
                                     _int(fields.get("local")), main_thread(threads),
                                     len(threads)))
-        elif len(words) >= 2 and words[0] == "proc" and words[1].isdigit():
+        elif len(words) >= 2 and words[0] == "proc" and pid:
             threads = parse_threads(body)
             cmd = head.split(" ", 2)[2].strip() if len(words) > 2 else ""
             if threads:
-                stacks.append(RankStack(host, int(words[1]), None, None, main_thread(threads),
+                stacks.append(RankStack(host, pid, None, None, main_thread(threads),
                                         len(threads)))
             else:
-                others.append((int(words[1]), cmd))
+                others.append((pid, cmd))
     return NodeDump(host, tuple(stacks), tuple(others), flight_records=tuple(records),
                     ended=ended)
+
+
+def _record(hex_name: str, size: str) -> FlightRecord | None:
+    try:
+        name = bytes.fromhex(hex_name).decode("utf-8", "backslashreplace")
+    except ValueError:
+        return None
+    return FlightRecord(name, None if size == "-" else _number(size, 1 << 62))
 
 
 def _sections(out: str) -> list[tuple[str, str]]:
@@ -175,13 +217,22 @@ def _sections(out: str) -> list[tuple[str, str]]:
     for line in out.splitlines():
         if line.startswith("=== "):
             sections.append((line[4:], []))
-        elif sections:
-            sections[-1][1].append(line)
+        elif line.startswith("|") and sections:
+            sections[-1][1].append(line[1:])
     return [(h, "\n".join(b)) for h, b in sections]
 
 
+def _number(text: str | None, limit: int) -> int | None:
+    """A plain decimal number below `limit` (ASCII digits only: `"²".isdigit()` is true, and
+    int() of a few thousand digits raises), else None."""
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        return None
+    n = int(text)
+    return n if n < limit else None
+
+
 def _int(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+    return _number(text, 1 << 31)
 
 
 def dump(t: Transport, run_dir: str, run_id: str) -> NodeDump:
@@ -322,6 +373,7 @@ def report(dumps: list[NodeDump], hung: bool = False) -> list[str]:
     for d in dumps:
         if d.missing:
             lines.append(f"{d.host}: no run directory")
-        for name, size in d.flight_records:
-            lines.append(f"{d.host}: NCCL flight recorder dump {name} ({size} bytes)")
+        for r in d.flight_records:
+            size = f"{r.size} bytes" if r.size is not None else "a symbolic link"
+            lines.append(f"{d.host}: NCCL flight recorder dump {printable(r.name)} ({size})")
     return lines

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fleet.render import NODESIDE
 from fleet.stacks import (
+    FlightRecord,
     Frame,
     RankStack,
     dump_script,
@@ -52,7 +53,9 @@ Thread 4242 (idle): "MainThread"
 
 
 def node_out(*sections: tuple[str, str]) -> str:
-    return "".join(f"=== {head}\n{body}" for head, body in sections)
+    """As dump_script frames it: a header, then each line of the section's text after `|`."""
+    return "".join(f"=== {head}\n" + "".join(f"|{line}\n" for line in body.splitlines())
+                   for head, body in sections)
 
 
 def test_faulthandler_and_py_spy_dumps_parse_to_the_main_thread() -> None:
@@ -69,14 +72,16 @@ def test_a_node_dump_parses_ranks_processes_and_flight_records() -> None:
                    ("stack 102 rank=3 local=1 ", FH_STUCK),
                    ("proc 99 sh ./run.sh", ""),
                    ("proc 100 /venv/bin/python -m torch.distributed.run --nnodes 2", ""),
-                   ("fr nccl_trace_rank_3 2048", ""))
+                   (f"fr {b'nccl_trace_rank_3'.hex()} 2048", ""),
+                   (f"fr {b'nccl_trace_rank_4'.hex()} - link", ""))
     d = parse_dump("node2", out)
     assert [(s.pid, s.rank, s.local_rank, s.frames[0].func) for s in d.stacks] == [
         (101, 2, 0, "all_reduce"), (102, 3, 1, "stuck_here")]
     assert d.stacks[1].threads == 2
     assert d.others == ((99, "sh ./run.sh"), (100, "/venv/bin/python -m torch.distributed.run "
                                                    "--nnodes 2"))
-    assert d.flight_records == (("nccl_trace_rank_3", 2048),)
+    assert d.flight_records == (FlightRecord("nccl_trace_rank_3", 2048),
+                                FlightRecord("nccl_trace_rank_4", None))
     assert parse_dump("node3", "missing\n").missing
 
 
