@@ -49,6 +49,7 @@ from fleet.transport import Transport, open_transport
 RECORD = "slurm.json"  # beside run.json in the run's local record
 POLL_S = 1.0
 CANCEL_WAIT_S = 60.0
+DETACH_WAIT_S = 600.0  # how long `fleet up --detach` waits for every node to start
 
 
 @dataclass(frozen=True)
@@ -420,7 +421,7 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
             t.write(f"{run_dir}/manifest.json", manifest.dumps(m).encode(), 0o600)
             announce = Announcer(console, job_id)
             if detach:
-                info = wait_started(t, job_id, announce)
+                info, started_nodes = wait_started(t, rec, cluster.nodes, announce)
                 # A job that already ended is reported as an attached run's end, exit code too.
                 guard.ended = info is not None and info.status.is_terminal
                 guard.released = not guard.ended
@@ -440,10 +441,15 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
                 raise JobFailed(f"Slurm does not know job {job_id} (squeue, scontrol and sacct "
                                 f"do not list it): the run's state is unknown; see `fleet "
                                 f"status {run_id}`", exit_code=3)
-            waits = info.status is RunStatus.STARTING
-            console.info(f"run {run_id} submitted"
-                         + (f"; Slurm job {job_id} has not started yet" if waits else "")
-                         + f"; follow it with `fleet logs -f {run_id}`")
+            if info.status is RunStatus.STARTING:
+                where = f"Slurm job {job_id} had not started after {DETACH_WAIT_S:.0f}s"
+            elif started_nodes < cluster.nodes:
+                where = (f"{started_nodes} of {cluster.nodes} node(s) had started after "
+                         f"{DETACH_WAIT_S:.0f}s")
+            else:
+                where = f"every node ({cluster.nodes}) started"
+            console.info(f"run {run_id} submitted, {where}; follow it with `fleet logs -f "
+                         f"{run_id}`")
             return run_id
         assert info is not None
         save(dataclasses.replace(rec, final=info.state), started)
@@ -559,17 +565,23 @@ def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:
         return take_stacks(t, rec)
 
 
-def wait_started(t: Transport, job_id: str, announce: Callable[[sj.JobInfo | None], None],
-                 timeout: float = 600) -> sj.JobInfo | None:
-    """Until the job runs (or ended, or Slurm keeps it pending past `timeout`), `announce`
-    told of Slurm's every answer on the way."""
+def wait_started(t: Transport, rec: SlurmRecord, nodes: int,
+                 announce: Callable[[sj.JobInfo | None], None],
+                 timeout: float = DETACH_WAIT_S) -> tuple[sj.JobInfo | None, int]:
+    """Until every node has started its part of the job (its log's first line: the script's
+    preflight passed there), or the job ended, or `timeout` passed (Slurm keeping the job
+    pending, a node slow to start); `announce` told of Slurm's every answer on the way.
+    Returns Slurm's last word and how many nodes had started."""
+    assert rec.job_id is not None
     deadline = time.monotonic() + timeout
     while True:
-        info = job_info(t, job_id)
+        info = job_info(t, rec.job_id)
         announce(info)
-        if info is None or info.status is not RunStatus.STARTING or \
+        running = info is not None and info.status is RunStatus.RUNNING
+        started = len(node_infos(t, rec.run_dir)) if running else 0
+        if info is None or info.status.is_terminal or started >= nodes or \
                 time.monotonic() > deadline:
-            return info
+            return info, started
         time.sleep(0.5)
 
 
