@@ -435,7 +435,8 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
                 guard.ended = info is not None and info.status.is_terminal
                 if not guard.ended:
                     raise JobFailed(f"fleet lost sight of Slurm job {job_id}", exit_code=3)
-        keep_allocation(t, rec, info, console)
+        if info is not None:
+            keep_allocation(t, rec, info, console)
         if guard.released:
             if info is None:
                 raise JobFailed(f"Slurm does not know job {job_id} (squeue, scontrol and sacct "
@@ -481,7 +482,7 @@ def allocation(t: Transport, rec: SlurmRecord, m: dict[str, Any],
                                     info.state if info else rec.final, entries, complete)
 
 
-def keep_allocation(t: Transport, rec: SlurmRecord, info: sj.JobInfo | None,
+def keep_allocation(t: Transport, rec: SlurmRecord, info: sj.JobInfo,
                     console: Console) -> None:
     """Record in the manifest (here and beside the script) what allocation() knows now; a
     failure is said, never the run's end."""
@@ -513,6 +514,7 @@ def manifest_of(rec: state.RunRecord, on_slurm: SlurmRecord,
         with open_transport(on_slurm.login) as t:
             m = allocation(t, on_slurm, m, job_info(t, on_slurm.job_id))
             state.write_atomic(path, manifest.dumps(m))
+            t.write(f"{on_slurm.run_dir}/manifest.json", manifest.dumps(m).encode(), 0o600)
     except (FleetError, OSError) as e:
         console.info(f"run {rec.run_id}: the login node could not be asked for the job's "
                      f"nodes ({reason(e) if isinstance(e, FleetError) else e}); shown as "
