@@ -458,7 +458,8 @@ def show(run_id: RunArg = None,
          as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
          ) -> None:
     """What exactly ran: job and inventory, each node's env, command and versions, the code's
-    commit and diff, the synced files' hashes, setup."""
+    commit and diff, the synced files' hashes, setup (on Slurm: the job id, the script's env
+    and command, the nodes)."""
     m = _manifest(state.load(run_id))
     if as_json:
         print(fleet_manifest.dumps(m), end="")
@@ -479,6 +480,13 @@ def diff_runs(run_a: Annotated[str, typer.Argument(help="The earlier run.")],
 
 def _manifest(rec: state.RunRecord) -> dict[str, Any]:
     path = rec.dir / "manifest.json"
+    on_slurm = slurm_run.load(rec)
+    if on_slurm is not None:
+        m = slurm_run.manifest_of(rec, on_slurm, Console())
+        if m is None:
+            raise UsageError(f"run {rec.run_id} has no manifest ({path}): it was never "
+                             "submitted to Slurm, or an older fleet started it")
+        return m
     try:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
     except FileNotFoundError:

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-from fleet import failure, hang, stacks, state
+from fleet import failure, hang, manifest, stacks, state
 from fleet import slurmjob as sj
 from fleet.check import FAIL, PASS, WARN, Check, connection_checks
 from fleet.console import Console
@@ -40,7 +41,7 @@ from fleet.probe import probe, python_problem
 from fleet.render import NODESIDE
 from fleet.shell import quote, sh
 from fleet.signals import SignalGuard
-from fleet.slurm import Cluster, Script, env_file_text, nproc, render
+from fleet.slurm import Cluster, Script, argv, env_file_text, env_of, nproc, render
 from fleet.states import RunStatus
 from fleet.sync import sync_dir
 from fleet.transport import Transport, open_transport
@@ -48,6 +49,7 @@ from fleet.transport import Transport, open_transport
 RECORD = "slurm.json"  # beside run.json in the run's local record
 POLL_S = 1.0
 CANCEL_WAIT_S = 60.0
+DETACH_WAIT_S = 600.0  # how long `fleet up --detach` waits for every node to start
 
 
 @dataclass(frozen=True)
@@ -184,14 +186,34 @@ class TaggedSink:
             self.console.line(tagged.tag, self.index, tagged.text)
 
 
+class Announcer:
+    """Says where a job stands while it is not over (PENDING and Slurm's reason, RUNNING and
+    its nodes): at the first look, then only when it changes, never once per poll. The job's
+    end is for the report to say."""
+
+    def __init__(self, console: Console, job_id: str) -> None:
+        self.console, self.job_id = console, job_id
+        self.said = ""
+
+    def __call__(self, info: sj.JobInfo | None) -> None:
+        if info is None or info.status.is_terminal:
+            return
+        words = sj.state_words(info)
+        if words != self.said:
+            self.console.phase("slurm", f"job {self.job_id} is {words}")
+            self.said = words
+
+
 def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
           node: str | None = None, rank: int | None = None,
           on_silence: tuple[float, Callable[[float], None]] | None = None,
+          announce: Callable[[sj.JobInfo | None], None] | None = None,
           ) -> tuple[sj.JobInfo | None, int]:
     """Print every node's log (and Slurm's own output, tagged `slurm`) from the first line; with
-    `follow`, until the job ends. `on_silence` = (seconds, call): once the job has run that long
-    without a line from anywhere, call(silent seconds), once (the hang watchdog). Returns
-    Slurm's last word on the job and the lines shown."""
+    `follow`, until the job ends, `announce` told of Slurm's every answer on the way.
+    `on_silence` = (seconds, call): once the job has run that long without a line from anywhere,
+    call(silent seconds), once (the hang watchdog). Returns Slurm's last word on the job and the
+    lines shown."""
     followers: dict[str, Follower] = {}
     sinks: dict[str, TaggedSink] = {}
 
@@ -213,6 +235,8 @@ def watch(t: Transport, rec: SlurmRecord, console: Console, follow: bool = True,
                 add(name, f"{rec.run_dir}/{name}/node.log")
             if not follow or info is None or info.status.is_terminal:
                 break
+            if announce is not None:
+                announce(info)
             if on_silence is not None and info.status is RunStatus.RUNNING:
                 now = time.monotonic()
                 running_since = running_since or now
@@ -379,6 +403,7 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
         if job.data is not None and data_dir is not None:
             stats = sync_dir(t, job.data, data_dir, (), rec.run_id)
             console.phase("login", f"data: {stats.files} file(s) sent")
+        hung: list[str] = []
         with Guard(t, rec, console) as guard:
             r = t.run(sj.submit_script(run_dir, "job.sbatch"), timeout=60, what="sbatch")
             job_id = sj.parse_submit(r.out) if r.ok else None
@@ -389,22 +414,44 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
             save(rec, started)
             console.phase("slurm", f"submitted job {job_id} ({cluster.nodes} node(s), "
                                    "srun --kill-on-bad-exit=1)")
+            m = manifest.record_slurm(
+                job, cluster, run_id, job_id, f"{run_dir}/job.sbatch",
+                env_of(job, cluster, s.run_id, s.data_dir),
+                [w for group in argv(job, cluster, s) for w in group], _record_dir(run_id))
+            t.write(f"{run_dir}/manifest.json", manifest.dumps(m).encode(), 0o600)
+            announce = Announcer(console, job_id)
             if detach:
-                info = wait_started(t, job_id)
-                guard.released = True
-                console.phase("slurm", f"job {job_id} is {info.state if info else 'unknown'}"
-                              + (f" on {info.nodes}" if info and info.nodes else ""))
-                console.info(f"run {run_id} submitted; follow it with `fleet logs -f {run_id}`")
-                return run_id
-            hung: list[str] = []
-            watchdog = None
-            if job.watchdog.hang_timeout:
-                watchdog = (job.watchdog.hang_timeout,
-                            lambda silent: hung.append(on_hang(t, rec, job, silent, console)))
-            info, _ = watch(t, rec, console, on_silence=watchdog)
-            guard.ended = info is not None and info.status.is_terminal
-            if not guard.ended:
-                raise JobFailed(f"fleet lost sight of Slurm job {job_id}", exit_code=3)
+                info, started_nodes = wait_started(t, rec, cluster.nodes, announce)
+                # A job that already ended is reported as an attached run's end, exit code too.
+                guard.ended = info is not None and info.status.is_terminal
+                guard.released = not guard.ended
+            else:
+                watchdog = None
+                if job.watchdog.hang_timeout:
+                    watchdog = (job.watchdog.hang_timeout,
+                                lambda silent: hung.append(on_hang(t, rec, job, silent,
+                                                                   console)))
+                info, _ = watch(t, rec, console, on_silence=watchdog, announce=announce)
+                guard.ended = info is not None and info.status.is_terminal
+                if not guard.ended:
+                    raise JobFailed(f"fleet lost sight of Slurm job {job_id}", exit_code=3)
+        if info is not None:
+            keep_allocation(t, rec, info, console)
+        if guard.released:
+            if info is None:
+                raise JobFailed(f"Slurm does not know job {job_id} (squeue, scontrol and sacct "
+                                f"do not list it): the run's state is unknown; see `fleet "
+                                f"status {run_id}`", exit_code=3)
+            if info.status is RunStatus.STARTING:
+                where = f"Slurm job {job_id} had not started after {DETACH_WAIT_S:.0f}s"
+            elif started_nodes < cluster.nodes:
+                where = (f"{started_nodes} of {cluster.nodes} node(s) had started after "
+                         f"{DETACH_WAIT_S:.0f}s")
+            else:
+                where = f"every node ({cluster.nodes}) started"
+            console.info(f"run {run_id} submitted, {where}; follow it with `fleet logs -f "
+                         f"{run_id}`")
+            return run_id
         assert info is not None
         save(dataclasses.replace(rec, final=info.state), started)
         final = report(t, rec, info, console)
@@ -419,6 +466,60 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
     raise JobFailed(f"run {run_id} failed: Slurm job {job_id} {info.state}"
                     + (f" ({info.reason})" if info.reason and info.reason != "None" else "")
                     + f" (logs: `fleet logs {run_id}`)")
+
+
+# ---- the manifest: the nodes, once Slurm ran the job ---------------------------------------
+def allocation(t: Transport, rec: SlurmRecord, m: dict[str, Any],
+               info: sj.JobInfo | None) -> dict[str, Any]:
+    """The run's manifest with the nodes Slurm ran it on, each node's rank (its log's first
+    line) and versions (the script's preflight), as far as they are known now."""
+    log = t.run(sj.preflight_script(rec.run_dir), timeout=60,
+                what="read the preflight's lines").out
+    entries = sj.node_entries(node_infos(t, rec.run_dir), log, rec.nproc)
+    # Slurm forgetting the job (None) means it ended long ago: nothing more will come.
+    complete = info is None or info.status.is_terminal
+    return manifest.with_allocation(m, info.nodes if info else "",
+                                    info.state if info else rec.final, entries, complete)
+
+
+def keep_allocation(t: Transport, rec: SlurmRecord, info: sj.JobInfo,
+                    console: Console) -> None:
+    """Record in the manifest (here and beside the script) what allocation() knows now; a
+    failure is said, never the run's end."""
+    path = _record_dir(rec.run_id) / "manifest.json"
+    try:
+        m = allocation(t, rec, json.loads(path.read_text()), info)
+        state.write_atomic(path, manifest.dumps(m))
+        t.write(f"{rec.run_dir}/manifest.json", manifest.dumps(m).encode(), 0o600)
+    except (FleetError, OSError, ValueError) as e:
+        console.info(f"the manifest of run {rec.run_id} ({path}) lacks the job's nodes: "
+                     f"{reason(e) if isinstance(e, FleetError) else e}")
+
+
+def manifest_of(rec: state.RunRecord, on_slurm: SlurmRecord,
+                console: Console) -> dict[str, Any] | None:
+    """A Slurm run's manifest for `fleet show`/`fleet diff`; where it was recorded before the
+    job ended (a detached run), the nodes are asked for through the login node first. None
+    for a run never submitted."""
+    path = rec.dir / "manifest.json"
+    try:
+        m: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise DamagedRecord(f"{path}: cannot be read ({e})") from e
+    if m.get("slurm", {}).get("complete") or on_slurm.job_id is None:
+        return m
+    try:
+        with open_transport(on_slurm.login) as t:
+            m = allocation(t, on_slurm, m, job_info(t, on_slurm.job_id))
+            state.write_atomic(path, manifest.dumps(m))
+            t.write(f"{on_slurm.run_dir}/manifest.json", manifest.dumps(m).encode(), 0o600)
+    except (FleetError, OSError) as e:
+        console.info(f"run {rec.run_id}: the login node could not be asked for the job's "
+                     f"nodes ({reason(e) if isinstance(e, FleetError) else e}); shown as "
+                     "recorded")
+    return m
 
 
 def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Console) -> str:
@@ -468,14 +569,23 @@ def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:
         return take_stacks(t, rec)
 
 
-def wait_started(t: Transport, job_id: str, timeout: float = 600) -> sj.JobInfo | None:
-    """Until the job runs (or ended, or Slurm keeps it pending past `timeout`)."""
+def wait_started(t: Transport, rec: SlurmRecord, nodes: int,
+                 announce: Callable[[sj.JobInfo | None], None],
+                 timeout: float = DETACH_WAIT_S) -> tuple[sj.JobInfo | None, int]:
+    """Until every node has started its part of the job (its log's first line: the script's
+    preflight passed there), or the job ended, or `timeout` passed (Slurm keeping the job
+    pending, a node slow to start); `announce` told of Slurm's every answer on the way.
+    Returns Slurm's last word and how many nodes had started."""
+    assert rec.job_id is not None
     deadline = time.monotonic() + timeout
     while True:
-        info = job_info(t, job_id)
-        if info is None or info.status is not RunStatus.STARTING or \
+        info = job_info(t, rec.job_id)
+        announce(info)
+        running = info is not None and info.status is RunStatus.RUNNING
+        started = len(node_infos(t, rec.run_dir)) if running else 0
+        if info is None or info.status.is_terminal or started >= nodes or \
                 time.monotonic() > deadline:
-            return info
+            return info, started
         time.sleep(0.5)
 
 
@@ -578,7 +688,8 @@ def status(rec: SlurmRecord, started: float) -> tuple[RunStatus, list[str]]:
 def logs(rec: SlurmRecord, console: Console, follow: bool, node: str | None,
          rank: int | None) -> int:
     with open_transport(rec.login) as t:
-        _, shown = watch(t, rec, console, follow, node, rank)
+        announce = Announcer(console, rec.job_id) if follow and rec.job_id else None
+        _, shown = watch(t, rec, console, follow, node, rank, announce=announce)
     return shown
 
 

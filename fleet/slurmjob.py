@@ -47,6 +47,20 @@ class JobInfo:
         return status_of(self.state)
 
 
+def state_words(info: JobInfo) -> str:
+    """Where a job stands, as fleet says it while the job is not over: Slurm's state, and for a
+    job that waits, Slurm's reason (Resources, Priority, BeginTime, JobHeldUser...); for one
+    that runs, its nodes. The same words for the same facts, so that a caller says them again
+    only when they change."""
+    words = info.state
+    if info.status is RunStatus.STARTING:
+        if info.reason and info.reason not in ("None", "(null)"):
+            words += f" ({info.reason})"
+    elif info.nodes:
+        words += f" on {info.nodes}"
+    return words
+
+
 # ---- submit -------------------------------------------------------------------------------
 def submit_script(run_dir: str, script: str, extra: tuple[str, ...] = ()) -> str:
     """sbatch from the run directory, its output file there too; prints the job id."""
@@ -215,6 +229,43 @@ def parse_preflight(log: str) -> dict[str, str]:
     """Each node whose check failed before the job started (the script's fleet_check), why."""
     return {m.group(1): m.group(2) for line in log.splitlines()
             if (m := _PREFLIGHT.search(line))}
+
+
+# The script's preflight, where python and torch were found: "python=3.11.2 torch=2.3.0".
+_VERSIONS = re.compile(r"fleet: preflight on (\S+): python=(\S*) torch=(\S*)\s*$")
+
+
+def preflight_script(run_dir: str) -> str:
+    """The preflight's lines in the job's output (each node's versions, or why it failed)."""
+    return sh("grep", "-a", "^fleet: preflight ", f"{run_dir}/batch.log") + " 2>/dev/null; true"
+
+
+def parse_versions(log: str) -> dict[str, dict[str, str]]:
+    """Each node's python and torch versions as the script's preflight reported them on that
+    node (only what it printed: a version it could not read is absent)."""
+    found: dict[str, dict[str, str]] = {}
+    for line in log.splitlines():
+        m = _VERSIONS.search(line)
+        if m:
+            found[m.group(1)] = {k: v for k, v in (("python", m.group(2)),
+                                                   ("torch", m.group(3))) if v}
+    return found
+
+
+def node_entries(nodes: dict[str, NodeInfo], preflight_log: str,
+                 nproc: int | str) -> dict[str, dict[str, object]]:
+    """Each node that ran any of the job, for its manifest: its node rank (its log's first
+    line; None before it said it), processes, the versions its preflight reported, and why its
+    preflight failed where it did."""
+    versions, refused = parse_versions(preflight_log), parse_preflight(preflight_log)
+    out: dict[str, dict[str, object]] = {}
+    for name in sorted(set(nodes) | set(versions) | set(refused)):
+        n = nodes.get(name)
+        out[name] = {"node_rank": n.node_rank if n else None, "nproc": nproc,
+                     "versions": versions.get(name, {})}
+        if name in refused:
+            out[name]["preflight"] = refused[name]
+    return out
 
 
 def cancel_script(job_id: str) -> str:

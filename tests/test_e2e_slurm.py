@@ -4,8 +4,14 @@ on a [slurm] inventory whose login node is this machine."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import re
+import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -297,3 +303,175 @@ def test_check_asks_slurm_without_submitting(slurm: Slurm, tmp_path: Path) -> No
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert re.search(r"^slurm\s+request\s+FAIL\s+sbatch --test-only: .*[Pp]artition",
                      bad.stdout, re.M), bad.stdout
+
+
+def test_detach_of_a_job_that_fails_exits_as_an_attached_up(slurm: Slurm,
+                                                           tmp_path: Path) -> None:
+    """`fleet up --detach` waits until every node has started its part; a job that fails before
+    (here: the preflight, no torch on any node) is reported and exits 1, as `fleet up` and
+    `fleet status` do, never 0 after saying FAILED."""
+    d = job_dir(slurm, "detach-fail", ALL_REDUCE, 29630)
+    text = (d / "cluster.toml").read_text().replace(f'python = "{sys.executable}"',
+                                                      'python = "/usr/bin/python3"')
+    (d / "cluster.toml").write_text(text)
+    cli = fleet(slurm, tmp_path)
+    r = cli("up", str(d / "job.toml"), "--detach", timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr
+    run_id, job = run_id_of(r.stderr), job_id_of(r.stderr)
+    assert "preflight failed: nothing of the job started on any node" in r.stderr, r.stderr
+    assert f"slurm  job {job} FAILED, exit code 1" in r.stderr, r.stderr
+    assert f"error: run {run_id} failed: Slurm job {job} FAILED" in r.stderr, r.stderr
+    assert "follow it with" not in r.stderr, r.stderr
+    assert slurm.job(job)["JobState"] == "FAILED"
+    st = cli("status", run_id)
+    assert st.returncode == 1 and "failed" in st.stdout, st.stdout + st.stderr
+    assert_gone(slurm, job)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_show_and_diff_of_slurm_runs(slurm: Slurm, tmp_path: Path) -> None:
+    """Every Slurm run keeps a manifest: `fleet show` prints the job id, the nodes with the
+    versions the preflight read there, the script's env and command, the files' hashes;
+    `fleet diff` names what changed between two runs (a detached one's nodes asked for
+    through the login node once it ended), and where a host run differs in kind."""
+    torch = importlib.metadata.version("torch")  # as the preflight reads it: no import
+    d = job_dir(slurm, "manifests", ALL_REDUCE, 29631)
+    cli = fleet(slurm, tmp_path)
+    first = cli("up", str(d / "job.toml"), timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run1, job1 = run_id_of(first.stderr), job_id_of(first.stderr)
+    shown = cli("show", run1)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"run {run1}: job job ({d / 'job.toml'})", shown.stdout
+    assert re.match(rf"slurm: job {job1} through localhost \({d / 'cluster.toml'}: nodes 2, "
+                    rf"partition {slurm.partition}, time 10, .*\): COMPLETED on node\[1-2\]$",
+                    lines[2]), shown.stdout
+    python = ".".join(map(str, sys.version_info[:3]))
+    for rank, node in enumerate(("node1", "node2")):
+        assert f"[{node}] node rank {rank}, 2 process(es); python {python}, torch " \
+               f"{torch}" in lines, shown.stdout
+    assert f"  env FLEET_RUN_ID={run1}" in lines and "-m torch.distributed.run" in shown.stdout
+    js = cli("show", run1, "--json")
+    assert js.returncode == 0, js.stderr
+    m = json.loads(js.stdout)
+    assert m["slurm"]["job_id"] == str(job1) and m["slurm"]["complete"] is True
+    assert m["files"]["train.py"] == sha256(d / "train.py")
+    kept = slurm.tb.dir / "fleet" / "runs" / run1 / "manifest.json"
+    assert json.loads(kept.read_text())["nodes"] == m["nodes"]  # the copy beside the script
+
+    (d / "train.py").write_text(ALL_REDUCE + "# changed\n")
+    second = cli("up", str(d / "job.toml"), "--detach", timeout=240)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "every node (2) started" in second.stderr, second.stderr
+    run2, job2 = run_id_of(second.stderr), job_id_of(second.stderr)
+    assert cli("logs", "-f", run2, timeout=240).returncode == 0  # until the job ended
+    changed = cli("diff", run1, run2)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert changed.stdout.splitlines() == ["file train.py: changed"], changed.stdout
+    shown = cli("show", run2)
+    assert shown.returncode == 0 and f"slurm: job {job2} " in shown.stdout, shown.stderr
+    assert "COMPLETED on node[1-2]" in shown.stdout and \
+        f"[node2] node rank 1, 2 process(es); python {python}" in shown.stdout, shown.stdout
+    assert json.loads(cli("show", run2, "--json").stdout)["files"]["train.py"] == \
+        sha256(d / "train.py")
+
+    # The same job on a host list (this machine alone): a difference in kind, said as such.
+    hosts = tmp_path / "hosts.toml"  # outside the job's directory: not one of its files
+    hosts.write_text(f'[[hosts]]\nname = "here"\naddress = "localhost"\n'
+                                  f'transport = "local"\nworkdir = "{tmp_path}/hostruns"\n'
+                                  f'python = "{sys.executable}"\n')
+    on_hosts = cli("up", str(d / "job.toml"), "-i", str(hosts), timeout=240)
+    assert on_hosts.returncode == 0, on_hosts.stdout + on_hosts.stderr
+    run3 = run_id_of(on_hosts.stderr)
+    across = cli("diff", run2, run3)
+    assert across.returncode == 0, across.stdout + across.stderr
+    assert across.stdout.splitlines()[0] == (
+        f"ran on: Slurm ({d / 'cluster.toml'}: job {job2} on node[1-2]) -> hosts "
+        f"({hosts}: here)"), across.stdout
+    assert "file " not in across.stdout  # the same files
+
+
+def test_a_pending_job_says_why_it_waits(slurm: Slurm, tmp_path: Path) -> None:
+    """With every node taken by another job, `fleet up` says the job is PENDING and Slurm's
+    reason (once, not every poll); Ctrl-C then cancels it with nothing left; a second run
+    starts once the nodes are free and says so."""
+    blocker_script = slurm.tb.dir / "blocker.sh"
+    blocker_script.write_text("#!/bin/sh\nsleep 600\n")
+    blocker = slurm.sbatch(blocker_script, "-N2", "--exclusive", f"-p{slurm.partition}",
+                           f"--chdir={slurm.tb.dir}", "--output=/dev/null")
+    try:
+        deadline = time.monotonic() + 60
+        while slurm.job(blocker)["JobState"] != "RUNNING":
+            assert time.monotonic() < deadline, slurm.job(blocker)
+            time.sleep(0.2)
+        d = job_dir(slurm, "pending", ALL_REDUCE, 29632)
+        cli = fleet(slurm, tmp_path)
+        waiting = re.compile(r"slurm  job (\d+) is PENDING \((Resources|Priority)\)$", re.M)
+
+        first = Running(cli.popen("up", str(d / "job.toml")))
+        said = first.wait_for(waiting)
+        job = int(said.group(1))
+        print(f"\npending: fleet said {said.group(0)!r}")
+        assert slurm.job(job)["JobState"] == "PENDING"
+        first.p.send_signal(signal.SIGINT)
+        out, err = first.finish()
+        assert first.p.returncode == 130, out + err
+        assert f"Slurm job {job} was cancelled" in err, err
+        assert slurm.job(job)["JobState"].startswith("CANCELLED")
+        assert len(waiting.findall(err)) == 1, err  # said once, not every poll
+        assert_gone(slurm, job)
+
+        second = Running(cli.popen("up", str(d / "job.toml")))
+        job = int(second.wait_for(waiting).group(1))
+        slurm.run("scancel", str(blocker))
+        out, err = second.finish()
+        assert second.p.returncode == 0, out + err
+        said = err[err.index(" is PENDING ("):]
+        assert f"slurm  job {job} is RUNNING on node[1-2]" in said, err
+        assert "node2 r3 | rank 3/4 on node2 sum 10" in out, out
+        assert_gone(slurm, job)
+    finally:
+        slurm.run("scancel", str(blocker), check=False)
+
+
+class Running:
+    """A `fleet` process whose stderr is read as it comes."""
+
+    def __init__(self, p: subprocess.Popen[str]) -> None:
+        self.p = p
+        self.err: list[str] = []
+        self.out = ""
+        self.readers = [threading.Thread(target=self._err, daemon=True),
+                        threading.Thread(target=self._out, daemon=True)]
+        for r in self.readers:
+            r.start()
+
+    def _err(self) -> None:
+        assert self.p.stderr is not None
+        for line in self.p.stderr:
+            self.err.append(line)
+
+    def _out(self) -> None:
+        assert self.p.stdout is not None
+        self.out = self.p.stdout.read()
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float = 180) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while not (m := pattern.search("".join(self.err))):
+            if self.p.poll() is not None or time.monotonic() > deadline:
+                self.p.kill()
+                self.finish()
+                raise AssertionError(f"no {pattern.pattern!r} in fleet's output: "
+                                     f"{''.join(self.err)}")
+            time.sleep(0.2)
+        return m
+
+    def finish(self, timeout: float = 240) -> tuple[str, str]:
+        self.p.wait(timeout=timeout)
+        for r in self.readers:
+            r.join(timeout=10)
+        return self.out, "".join(self.err)

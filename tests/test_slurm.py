@@ -4,6 +4,8 @@ parsers of what squeue, scontrol and sacct print."""
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import os
 import stat
@@ -13,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet import slurm
+from fleet import manifest, slurm, slurm_run
 from fleet import slurmjob as sj
+from fleet.console import Console
 from fleet.errors import ConfigError
 from fleet.inventory import load_inventory
 from fleet.job import load_job
@@ -455,3 +458,144 @@ def test_flight_recorder_is_refused_not_ignored(tmp_path: Path) -> None:
         slurm.export_script(job, slurm.cluster_for(job.inventory))
     assert e.value.key == "watchdog.nccl_flight_recorder"
     assert e.value.path == str(tmp_path / "job.toml") and "not wired on Slurm" in str(e.value)
+
+
+# ---- while the job waits: its state and Slurm's reason, said once per change ---------------
+PENDING = ("JobId=14 JobName=job UserId=root(0) Priority=1 JobState=PENDING Reason=Resources "
+           "Dependency=(null) ExitCode=0:0 RunTime=00:00:00 NodeList=(null) "
+           "SchedNodeList=node[1-2]")
+
+
+def test_state_words_name_the_reason_a_job_waits() -> None:
+    info = sj.parse_scontrol(PENDING, "14")
+    assert info is not None and info.reason == "Resources" and info.nodes == ""
+    assert sj.state_words(info) == "PENDING (Resources)"
+    assert sj.state_words(sj.parse_squeue("14|PENDING||Priority\n", "14")) == \
+        "PENDING (Priority)"
+    assert sj.state_words(sj.parse_squeue("14|PENDING||None\n", "14")) == "PENDING"
+    assert sj.state_words(sj.parse_squeue("14|RUNNING|node[1-2]|None\n", "14")) == \
+        "RUNNING on node[1-2]"
+
+
+def test_announcer_says_each_change_once() -> None:
+    err = io.StringIO()
+    say = slurm_run.Announcer(Console(out=io.StringIO(), err=err, color=False), "14")
+    for line in ("14|PENDING||None", "14|PENDING||None", "14|PENDING||Resources",
+                 "14|PENDING||Resources", "14|PENDING||Priority", "14|RUNNING|node[1-2]|None",
+                 "14|RUNNING|node[1-2]|None", "14|COMPLETED|node[1-2]|None"):
+        say(sj.parse_squeue(line, "14"))
+    say(None)
+    assert err.getvalue().splitlines() == [
+        "fleet: slurm  job 14 is PENDING", "fleet: slurm  job 14 is PENDING (Resources)",
+        "fleet: slurm  job 14 is PENDING (Priority)",
+        "fleet: slurm  job 14 is RUNNING on node[1-2]"]
+
+
+# ---- the script's preflight: each node's versions, for the manifest ---------------------------
+def test_preflight_reports_the_versions_it_read(tmp_path: Path) -> None:
+    """The script's own fleet_check, run by bash as srun would (its function body through
+    `declare -f`): python and torch as the node's python says them; none for a python
+    without torch, which fails the preflight."""
+    import importlib.metadata
+    import platform
+
+    def preflight(python: str) -> subprocess.CompletedProcess[str]:
+        text = export(tmp_path, inv_body=f'python = "{python}"\n')
+        fn = text[text.index("fleet_check() {"):text.index('srun --nodes="$SLURM_NNODES" '
+                                                            '--ntasks-per-node=1 bash -c')]
+        return subprocess.run(["bash", "-c", fn + 'bash -c "$(declare -f fleet_check); '
+                               'fleet_check"'], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "SLURMD_NODENAME": "n1"})
+
+    r = preflight(sys.executable)
+    assert r.returncode == 0, r.stderr
+    assert sj.parse_versions(r.stdout) == {"n1": {
+        "python": platform.python_version(), "torch": importlib.metadata.version("torch")}}
+    r = preflight(str(tmp_path / "no-python"))
+    assert r.returncode == 1 and sj.parse_versions(r.stdout + r.stderr) == {}
+    assert sj.parse_preflight(r.stderr) == {
+        "n1": f"python {tmp_path / 'no-python'} not found or not runnable (exit 127)"}
+
+
+def test_parse_versions_and_node_entries() -> None:
+    log = ("fleet: preflight on node2: python=3.11.7 torch=2.3.1\n"
+           "fleet: preflight on node1: python=3.11.7 torch=\n"
+           "fleet: preflight failed on node3: /x/python has no torch\n"
+           "node1: fleet: preflight on node9: python=1 torch=1\n")
+    assert sj.parse_versions(log) == {"node2": {"python": "3.11.7", "torch": "2.3.1"},
+                                      "node1": {"python": "3.11.7"},
+                                      "node9": {"python": "1", "torch": "1"}}
+    nodes = {"node1": sj.NodeInfo("node1", 0, 0), "node2": sj.NodeInfo("node2", None, None)}
+    entries = sj.node_entries(nodes, log.splitlines()[0] + "\n" + log.splitlines()[2], 2)
+    assert entries == {
+        "node1": {"node_rank": 0, "nproc": 2, "versions": {}},
+        "node2": {"node_rank": None, "nproc": 2, "versions": {"python": "3.11.7",
+                                                              "torch": "2.3.1"}},
+        "node3": {"node_rank": None, "nproc": 2, "versions": {},
+                  "preflight": "/x/python has no torch"}}
+    assert "'/r $(x)/batch.log'" in sj.preflight_script("/r $(x)")
+
+
+# ---- a Slurm run's manifest -------------------------------------------------------------------
+def slurm_manifest(tmp: Path, run_id: str, job_id: str, lr: str = "0.1") -> dict:  # type: ignore[type-arg]
+    cluster_inv(tmp, 'env = { CLUSTER_TOKEN = "c-secret" }\n')
+    job = load_job(job_file(tmp, f'[env]\nLR = "{lr}"\nAPI_TOKEN = "s3cret"\n'))
+    cluster = slurm.load_cluster(job.inventory)
+    s = slurm.Script(code_dir="/w/code/j-1c1eb3c5", run_dir=f"/w/runs/{run_id}", run_id=run_id)
+    return manifest.build_slurm(
+        job, cluster, run_id, job_id, f"/w/runs/{run_id}/job.sbatch",
+        slurm.env_of(job, cluster, run_id), [w for g in slurm.argv(job, cluster, s) for w in g],
+        {"commit": "c1", "dirty": False, "diff": ""}, {"train.py": "h1"}, None)
+
+
+def test_slurm_manifest_masks_secrets_and_shows_the_job_and_its_nodes(tmp_path: Path) -> None:
+    m = slurm_manifest(tmp_path, "j-1", "12")
+    text = manifest.dumps(m)
+    assert "s3cret" not in text and "c-secret" not in text
+    lines = manifest.show(m)
+    assert lines[1] == "code: commit c1, clean; 1 file(s) synced"
+    assert lines[2].startswith("slurm: job 12 through localhost (") and \
+        "nodes 2, partition gpu, time 01:00:00" in lines[2]
+    assert "  script: /w/runs/j-1/job.sbatch" in lines
+    assert "  env LR=0.1" in lines and "  env API_TOKEN=***" in lines and \
+        "  env CLUSTER_TOKEN=***" in lines and "  env FLEET_RUN_ID=j-1" in lines
+    command = next(line for line in lines if line.startswith("  command: "))
+    assert "-m torch.distributed.run" in command and '--node-rank "$SLURM_NODEID"' in command
+    assert lines[-1] == "nodes: none had reported yet when fleet last asked Slurm"
+    log = "fleet: preflight on node1: python=3.11.7 torch=2.3.1\n"
+    ran = manifest.with_allocation(
+        m, "node[1-2]", "COMPLETED",
+        sj.node_entries({"node1": sj.NodeInfo("node1", 0, 0),
+                         "node2": sj.NodeInfo("node2", 1, 0)}, log, 2), True)
+    lines = manifest.show(ran)
+    assert lines[2].endswith(": COMPLETED on node[1-2]")
+    assert lines[-2:] == ["[node1] node rank 0, 2 process(es); python 3.11.7, torch 2.3.1",
+                          "[node2] node rank 1, 2 process(es); versions unknown"]
+    assert manifest.show(manifest.with_allocation(m, "", "CANCELLED", {}, True))[-1] == \
+        "nodes: none reported (the job ended before its preflight ran on any node)"
+
+
+def test_diff_of_slurm_runs_and_of_a_slurm_run_with_a_host_run(tmp_path: Path) -> None:
+    log = "fleet: preflight on node1: python=3.11.7 torch=2.3.1\n"
+    nodes = {"node1": sj.NodeInfo("node1", 0, 0)}
+    a = manifest.with_allocation(slurm_manifest(tmp_path, "j-1", "12"), "node[1-2]",
+                                 "COMPLETED", sj.node_entries(nodes, log, 2), True)
+    assert manifest.diff(a, copy.deepcopy(a)) == []
+    b = manifest.with_allocation(slurm_manifest(tmp_path, "j-2", "13", lr="0.2"), "node[2-3]",
+                                 "COMPLETED", sj.node_entries(
+                                     nodes, log.replace("2.3.1", "2.4.0"), 2), True)
+    b["files"] = {"train.py": "h2"}
+    b["inventory"]["slurm"]["partition"] = "big"
+    assert manifest.diff(a, b) == [
+        "file train.py: changed", "slurm: partition gpu -> big",
+        "slurm: nodes node[1-2] -> node[2-3]", "env LR 0.1 -> 0.2",
+        "node1: torch 2.3.1 -> 2.4.0"]
+    hosts = {"run_id": "j-3", "job": {**a["job"], "env": {"LR": "0.3"}},
+             "inventory": {"path": "hosts.toml"}, "code": a["code"], "files": a["files"],
+             "data": None, "nodes": {"gpu-a": {}, "gpu-b": {}}}
+    assert manifest.diff(a, hosts) == [
+        f"ran on: Slurm ({tmp_path / 'cluster.toml'}: job 12 on node[1-2]) -> hosts "
+        "(hosts.toml: gpu-a, gpu-b)", "job env API_TOKEN *** -> (unset)",
+        "job env LR 0.1 -> 0.3",
+        "nodes, env and commands are not compared between a host list and Slurm: `fleet show` "
+        "each run"]
