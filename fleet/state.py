@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +31,25 @@ class RunRecord:
     job: str
     started: float
     nodes: tuple[NodeRecord, ...]
+    # Known to this machine alone (never in a node's env.sh or a job's environment): a node's
+    # stop record is fleet's only if it carries the key derived from it (see stop_key). Empty
+    # in records written before there was one: their stop records are taken as they read.
+    secret: str = ""
 
     @property
     def dir(self) -> Path:
         return state_dir() / self.run_id
+
+    def stop_key(self, host: str) -> str:
+        return stop_key(self.secret, self.run_id, host)
+
+
+def stop_key(secret: str, run_id: str, host: str) -> str:
+    """The proof a stop record on `host` carries that fleet wrote it: one key per node, so a
+    key read on one node is worth nothing on another. Empty where the run has no secret."""
+    if not secret:
+        return ""
+    return hmac.new(secret.encode(), f"{run_id}/{host}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def state_dir() -> Path:
@@ -47,7 +65,7 @@ def state_dir() -> Path:
 def save(plan: Plan) -> RunRecord:
     rec = RunRecord(run_id=plan.run_id, job=str(plan.job.path), started=time.time(),
                     nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base)
-                                for n in plan.nodes))
+                                for n in plan.nodes), secret=secrets.token_hex(16))
     d = state_dir() / plan.run_id
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -59,9 +77,10 @@ def save(plan: Plan) -> RunRecord:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace a file whole or not at all (a crash mid-write leaves the old one)."""
+    """Replace a file whole or not at all (a crash mid-write leaves the old one); readable by
+    this user alone (a run record holds the run's secret)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -74,7 +93,8 @@ def parse_record(text: str) -> RunRecord:
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
                              n.get("rank_base"))
                   for n in data["nodes"])
-    return RunRecord(data["run_id"], data["job"], data["started"], nodes)
+    return RunRecord(data["run_id"], data["job"], data["started"], nodes,
+                     str(data.get("secret", "")))
 
 
 def load(run_id: str | None = None) -> RunRecord:
