@@ -4,6 +4,7 @@ under sh, the stop's noise kept out of the attached stream, signals and tracebac
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -192,3 +193,113 @@ def test_a_job_cannot_silence_itself_by_printing_the_mark() -> None:
     quiet = AfterStop(lambda: "", lambda by: None)  # no genuine stop record on the node
     lines = ["[fleet] stopping run r-1 on this node (fleet stop)", "Traceback (most recent..."]
     assert quiet(lines) == lines
+
+
+# ---- a rank killed by a signal --------------------------------------------------------------
+C10D_WARNING = ("[W415 12:00:00.000000 socket.cpp:755] [c10d] The IPv6 network addresses of "
+                "(node1, 29500) cannot be retrieved (gai error: -2 - Name or service not known).")
+FUTURE_WARNING = ("/code/train.py:3: FutureWarning: `torch.cuda.amp.autocast(args...)` is "
+                  "deprecated.")
+
+
+def root_cause(code: int, pid: int = 4242) -> str:
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+            "Root Cause (first observed failure):\n[0]:\n  time      : 2026-04-15_12:00:02\n"
+            "  host      : node1\n  rank      : 1 (local_rank: 1)\n"
+            f"  exitcode  : {code} (pid: {pid})\n  error_file: <N/A>\n")
+
+
+def test_a_sigkilled_rank_is_named_with_no_foreign_traceback() -> None:
+    from fleet.failure import parse_report, summary
+    out = (f"=== log\n[default1]:{C10D_WARNING}\n[default1]:{FUTURE_WARNING}\n{root_cause(-9)}"
+           f"=== torchrun/r/attempt_0/1/stderr.log 1000.5\n{C10D_WARNING}\n{FUTURE_WARNING}\n"
+           "  with torch.cuda.amp.autocast():\n")
+    r = parse_report(out, "node1", 0)
+    assert r is not None and (r.signal, r.pid, r.traceback, r.found) == ("SIGKILL", 4242, "",
+                                                                         False)
+    text = "\n".join(summary(r))
+    assert text.startswith("first failure: node1 (node rank 0), rank 1 (local rank 1), exit "
+                           "code -9: killed by SIGKILL")
+    assert "no Python traceback" in text and "OOM killer" in text and "`dmesg` on node1" in text
+    assert "c10d" not in text and "FutureWarning" not in text and "hint:" not in text
+
+
+def test_the_kernel_log_of_a_sigkill() -> None:
+    from fleet.failure import parse_kernel_log
+    denied = parse_kernel_log("uptime=100.0\nunreadable=dmesg: read kernel buffer failed: "
+                              "Operation not permitted\n", "node1", 4242)
+    assert denied == ["node1's kernel log could not be read (dmesg: read kernel buffer failed: "
+                      "Operation not permitted): ask its admin to look for an OOM kill there "
+                      "(`sudo dmesg | grep -i 'killed process'`)"]
+    assert "holds no OOM kill" in parse_kernel_log("uptime=100.0\nreadable\n", "node1", 4242)[0]
+    kill = ("kill|[   90.250000] Out of memory: Killed process 4242 (python3) total-vm:9000kB, "
+            "anon-rss:8000kB\n")
+    ours = parse_kernel_log("uptime=100.5\n" + kill + "readable\n", "node1", 4242)
+    assert ours == ["node1's kernel log: the kernel's OOM killer killed PID 4242 (python3), 10s "
+                    "ago: the rank ran out of host memory"]
+    other = parse_kernel_log("uptime=100.5\n" + kill + "readable\n", "node1", 77)
+    assert "holds 1 OOM kill(s), none of PID 77; the latest: the kernel's OOM killer killed " \
+           "PID 4242" in other[0]
+    assert parse_kernel_log("", "node1", 1) == []  # the command never ran to the end
+
+
+# ---- traceback excerpts -----------------------------------------------------------------------
+TRACE = ["Traceback (most recent call last):", '  File "/code/train.py", line 9, in <module>',
+         "    main()", "ValueError: bad batch"]
+
+
+def test_an_excerpt_starts_at_its_traceback_line() -> None:
+    from fleet.failure import parse_report, summary
+    stderr = "\n".join([C10D_WARNING, FUTURE_WARNING, *TRACE]) + "\n"
+    r = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
+                     + stderr, "node1", 0)
+    assert r is not None and r.found and r.traceback.splitlines() == TRACE
+    assert summary(r)[1:5] == [f"    {line}" for line in TRACE]
+
+
+def test_a_long_traceback_keeps_its_first_line() -> None:
+    from fleet.failure import TRACE_LINES, excerpt
+    frames = [f'  File "/code/deep.py", line {i}, in f\n    f({i})' for i in range(30)]
+    text = "\n".join([FUTURE_WARNING, TRACE[0], *frames, "RecursionError: too deep", "bye"])
+    block = (excerpt(text) or "").splitlines()
+    assert block[0] == TRACE[0] and block[1] == "  ..." and block[-1] == "RecursionError: too deep"
+    assert len(block) == TRACE_LINES
+    # From torchrun's error file (a script with @record) as well.
+    from fleet.failure import parse_report
+    callstack = json.dumps({"message": {"message": "RecursionError", "extraInfo": {
+        "py_callstack": "\n".join([TRACE[0], *frames, "RecursionError: too deep"])}}})
+    r = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/error.json 1.0\n"
+                     f"{callstack}\n", "node1", 0)
+    assert r is not None and r.traceback.splitlines()[0] == TRACE[0]
+
+
+def test_a_traceback_the_stderr_tail_cut_is_found_in_the_nodes_log() -> None:
+    from fleet.failure import parse_report
+    log = "".join(f"[default1]:{line}\n" for line in [FUTURE_WARNING, *TRACE])
+    cut = "\n".join(TRACE[1:]) + "\n"  # no Traceback line
+    r = parse_report(f"=== log\n{log}{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
+                     + cut, "node1", 0)
+    assert r is not None and r.found and r.traceback.splitlines() == TRACE
+    nowhere = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
+                           "last words\n", "node1", 0)
+    assert nowhere is not None and not nowhere.found and nowhere.traceback == "last words"
+
+
+def test_the_report_script_sends_a_ranks_stderr_from_its_last_traceback(tmp_path: Path) -> None:
+    from fleet.failure import _report_script, parse_report
+    rank_dir = tmp_path / "torchrun" / "r" / "attempt_0" / "1"
+    rank_dir.mkdir(parents=True)
+    noise = [f"warning {i}" for i in range(300)]
+    frames = [f'  File "/code/deep.py", line {i}, in f' for i in range(40)]
+    (rank_dir / "stderr.log").write_text("\n".join(noise + [TRACE[0], *frames, TRACE[-1]]) + "\n")
+    (tmp_path / "node.log").write_text(root_cause(1))
+    out = subprocess.run(["sh", "-c", _report_script(str(tmp_path))], capture_output=True,
+                         text=True, timeout=30).stdout
+    section = out.split("stderr.log", 1)[1].splitlines()[1:]
+    assert section[0] == TRACE[0] and section[-1] == TRACE[-1] and len(section) == 42
+    r = parse_report(out, "node1", 0)
+    assert r is not None and r.traceback.splitlines()[0] == TRACE[0]
+    (rank_dir / "stderr.log").write_text("\n".join(noise) + "\n")
+    out = subprocess.run(["sh", "-c", _report_script(str(tmp_path))], capture_output=True,
+                         text=True, timeout=30).stdout
+    assert out.split("stderr.log", 1)[1].splitlines()[1:] == noise[-15:]
