@@ -20,6 +20,9 @@ _ROOT_CAUSE = re.compile(
     r"\(local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?", re.S)
 _LOCAL_DIR = re.compile(r"attempt_\d+/(\d+)/(error\.json|stderr\.log) ([\d.]+)$")
 HEADER = "Traceback (most recent call last):"
+# torch.distributed's excepthook (after init_process_group) prefixes each line of an uncaught
+# exception with the rank; the summary names the rank already.
+_RANK_HOOK = re.compile(r"^\[rank\d+\]: ?")
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def excerpt(text: str) -> str | None:
     """The last Python traceback in a text, from its `Traceback` line through its exception's
     line (of chained exceptions, the last says what failed); a long one keeps its first line
     and its end. None where the text has no `Traceback` line."""
-    lines = text.splitlines()
+    lines = [_RANK_HOOK.sub("", line) for line in text.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.strip().startswith(HEADER)]
     if not starts:
         return None

@@ -130,8 +130,8 @@ def parse_state(out: str, key: str = "") -> NodeState:
             return NodeState(status, code, pid, elapsed, by, own)
         status = NodeStatus.SUCCEEDED if code == 0 else NodeStatus.FAILED
         return NodeState(status, code, pid, elapsed)
-    if alive:
-        return NodeState(NodeStatus.RUNNING, None, pid, elapsed)
+    if alive:  # with a stop record: being stopped
+        return NodeState(NodeStatus.RUNNING, None, pid, elapsed, by, own)
     if stop is not None:  # stopped before it ran, or its wrapper killed outright by the stop
         status = NodeStatus.FAILED if own else NodeStatus.STOPPED
         return NodeState(status, None, pid, elapsed, by, own)

@@ -257,6 +257,18 @@ def test_an_excerpt_starts_at_its_traceback_line() -> None:
     assert summary(r)[1:5] == [f"    {line}" for line in TRACE]
 
 
+def test_torchs_rank_prefix_on_an_uncaught_exception_is_no_obstacle() -> None:
+    """After init_process_group, torch's excepthook writes `[rank1]: ` before every line."""
+    from fleet.failure import parse_report
+    stderr = "\n".join([FUTURE_WARNING, *(f"[rank1]: {line}" for line in TRACE)]) + "\n"
+    r = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
+                     + stderr, "node1", 0)
+    assert r is not None and r.found and r.traceback.splitlines() == TRACE
+    log = "".join(f"[default1]:[rank1]: {line}\n" for line in TRACE)
+    r = parse_report(f"=== log\n{log}{root_cause(1)}", "node1", 0)
+    assert r is not None and r.found and r.traceback.splitlines() == TRACE
+
+
 def test_a_long_traceback_keeps_its_first_line() -> None:
     from fleet.failure import TRACE_LINES, excerpt
     frames = [f'  File "/code/deep.py", line {i}, in f\n    f({i})' for i in range(30)]
@@ -303,3 +315,10 @@ def test_the_report_script_sends_a_ranks_stderr_from_its_last_traceback(tmp_path
     out = subprocess.run(["sh", "-c", _report_script(str(tmp_path))], capture_output=True,
                          text=True, timeout=30).stdout
     assert out.split("stderr.log", 1)[1].splitlines()[1:] == noise[-15:]
+
+
+def test_a_node_being_stopped_says_by_whom_while_it_still_runs() -> None:
+    out = "pid=41\ncode=\nstarted=1\nended=\nnow=9\nalive\nstop|fleet stop\nstop|key=k\n"
+    st = remote.parse_state(out, "k")
+    assert (st.status, st.stopped_by) == (NodeStatus.RUNNING, "fleet stop")
+
