@@ -82,12 +82,14 @@ def _sections(text: str) -> dict[str, str]:
     return out
 
 
-def explain(t: Transport, node: str, node_rank: int, run_dir: str) -> RankFailure | None:
+def explain(t: Transport, node: str, node_rank: int, run_dir: str,
+            kernel_log: bool = False) -> RankFailure | None:
     """The root cause torchrun recorded on this node, if it recorded one; for a rank killed
-    by SIGKILL, with what the node's kernel log says of it."""
+    by SIGKILL, with what the node's kernel log says of it where `kernel_log` (t runs on that
+    very node, not on a machine that only shares its files)."""
     out = t.run(_report_script(run_dir), timeout=30, what="read the failure report").out
     found = parse_report(out, node, node_rank, t.clock_offset)
-    if found is not None and found.signal == "SIGKILL":
+    if kernel_log and found is not None and found.signal == "SIGKILL":
         kernel = t.run(KERNEL_LOG_SCRIPT, timeout=30, what="read the kernel log").out
         found = replace(found, kernel=tuple(parse_kernel_log(kernel, node, found.pid)))
     return found

@@ -374,7 +374,8 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
         console.phase(o.name, o.describe())
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
     found = each(((o.name, o) for o in failed), lambda o: failure.explain(
-        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir))
+        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
+        kernel_log=True))
     causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
