@@ -285,7 +285,7 @@ def stop(run_id: RunArg = None) -> None:
         slurm_run.stop(on_slurm, console)
         return
     console.hosts([n.host.name for n in rec.nodes])
-    results = remote.on_nodes(rec, lambda t, d: remote.stop(t, d, "fleet stop"))
+    results = remote.stop_recorded(rec, "fleet stop")
     bad = 0
     for name, r in results.items():
         if isinstance(r, Exception):
@@ -303,7 +303,7 @@ def stop(run_id: RunArg = None) -> None:
 
 
 def _states(rec: state.RunRecord) -> dict[str, remote.NodeState | Exception]:
-    return remote.on_nodes(rec, remote.state)
+    return remote.on_nodes(rec, lambda t, d: remote.state(t, d, rec.stop_key(t.host.name)))
 
 
 def _status(r: remote.NodeState | Exception) -> NodeStatus:
@@ -364,7 +364,9 @@ def status(run_id: RunArg = None) -> None:
             echo(f"{where}  missing (no run directory there)")
             continue
         code = f" (exit {r.code})" if r.code is not None else ""
-        by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else ""
+        by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else \
+            f": {r.own_failure} before the stop ({r.stopped_by}) reached it" if r.own_failure \
+            else ""
         took = f"  {r.elapsed}s" if r.elapsed is not None else ""
         echo(f"{where}  {r.status.value}{code}{by}{took}")
     if final.exit_code:

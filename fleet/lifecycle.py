@@ -8,10 +8,12 @@ same with `_shutdown()` in a `finally`)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -41,10 +43,11 @@ from fleet.launch import (
     scan_sources,
     upload_checked,
 )
-from fleet.logs import Tagger
+from fleet.logs import AfterStop, Tagger
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.signals import SignalGuard
 from fleet.states import NodeStatus, RunStatus, overall
+from fleet.transport import Transport
 
 
 class Phase(Enum):
@@ -68,14 +71,23 @@ class NodeOutcome:
     status: NodeStatus
     code: int | None = None
     detail: str = ""  # who stopped it, or why it could not be reached
+    own_failure: str = ""  # failed although stopped: how its own part had failed before
 
     def describe(self) -> str:
         if self.status is NodeStatus.UNREACHABLE:
             return f"is unreachable ({self.detail})"
         words: str = self.status.value
+        exit_words = ""
         if self.code is not None:
             signal_part = f", signal {self.code - 128}" if self.code > 128 else ""
-            words += f" (exit {self.code}{signal_part})"
+            exit_words = f"exit {self.code}{signal_part}"
+        if self.own_failure:
+            # The stop came after the failure: its exit code may be the stop's, not the cause.
+            then = f"; then {exit_words}" if exit_words else ""
+            return (f"{words}: {self.own_failure} before the stop ({self.detail}) reached "
+                    f"it{then}")
+        if exit_words:
+            words += f" ({exit_words})"
         if self.status is NodeStatus.STOPPED and self.detail:
             words += f" by {self.detail}"
         return words
@@ -87,10 +99,11 @@ class Guard(SignalGuard):
     that nothing can cut the teardown short."""
 
     def __init__(self, session: Session, plan: Plan, console: Console,
-                 record_dir: Path) -> None:
+                 record_dir: Path, secret: str = "") -> None:
         super().__init__()
         self.session, self.plan, self.console = session, plan, console
         self.record_dir = record_dir  # the local record, dropped if nothing ever started
+        self.secret = secret  # the run's (RunRecord.secret): what proves a stop record fleet's
         self.may_run: set[str] = set()  # nodes where a start was even attempted
         self.setting_up: set[str] = set()  # nodes where the job's setup may run
         self.ended = False  # every node's part ended by itself: nothing left to stop
@@ -119,6 +132,10 @@ class Guard(SignalGuard):
         finally:
             self.release_signals()
 
+    def key(self, host: str) -> str:
+        """The node's stop key (state.stop_key)."""
+        return state.stop_key(self.secret, self.plan.run_id, host)
+
     def _why(self, exc: BaseException | None) -> str:
         if isinstance(exc, Interrupted):
             return f"fleet up, interrupted ({exc.signame})"
@@ -134,7 +151,7 @@ class Guard(SignalGuard):
         nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
         if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
-        problems = stop_nodes(self.session, nodes, self.console, by)
+        problems = stop_nodes(self.session, nodes, self.console, by, self.key)
         return {n: why for n, why in problems.items() if n in self.may_run}
 
     def _forget(self) -> None:
@@ -143,7 +160,8 @@ class Guard(SignalGuard):
         def forget(n: NodePlan) -> None:
             t = self.session.t[n.host.name]
             if n.host.name in self.setting_up:
-                remote.stop(t, n.run_dir, "fleet up, before anything started")
+                remote.stop(t, n.run_dir, "fleet up, before anything started",
+                            self.key(n.host.name))
             t.run(remote.remove_script(n.run_dir), what="clean up")
 
         each(((n.host.name, n) for n in self.plan.nodes), forget)
@@ -159,9 +177,14 @@ class Guard(SignalGuard):
 
 
 def stop_nodes(session: Session, nodes: list[NodePlan], console: Console,
-               by: str) -> dict[str, str]:
-    results = each(((n.host.name, n) for n in nodes),
-                   lambda n: remote.stop(session.t[n.host.name], n.run_dir, by))
+               by: str, key: Callable[[str], str]) -> dict[str, str]:
+    def target(n: NodePlan) -> remote.Target:
+        @contextlib.contextmanager
+        def held() -> Iterator[tuple[Transport, str, str]]:
+            yield session.t[n.host.name], n.run_dir, key(n.host.name)
+        return held
+
+    results = remote.stop_together([(n.host.name, target(n)) for n in nodes], by)
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, list) and r:
@@ -198,7 +221,8 @@ def start_all(guard: Guard, wait_port: bool = False) -> dict[str, int]:
     faults.point(Phase.WORKER_START.value)
     pids.update(started)
     if wait_port:
-        remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout)
+        remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port, plan.job.start_timeout,
+                         guard.key(m.host.name))
         console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
     return pids
 
@@ -225,13 +249,15 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
         local_log = (open(logdir / f"{node.host.name}.log", "w", buffering=1)  # noqa: SIM115
                      if logdir else None)
         tag = Tagger(node.host.name, node.rank_base, lambda: remote.ranks(t, node.run_dir))
+        quiet = after_stop(guard, node, t)
         try:
             def on_lines(lines: list[str]) -> None:
                 last_line[0] = time.monotonic()
                 if local_log:
                     local_log.write("".join(line + "\n" for line in lines))
                 console.lines(index[node.host.name],
-                              [(tg.tag, tg.text) for tg in map(tag, lines)])
+                              [(tg.tag, tg.text) for tg in map(tag, quiet(lines))])
+                quiet.tell()
             code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_lines, finished)
             events.put((node.host.name, code))
         except Exception as e:
@@ -270,7 +296,7 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
                 continue
             if name in outcomes:
                 continue
-            outcome = _outcome(session, nodes[name], result)
+            outcome = _outcome(session, nodes[name], result, guard.key(name))
             outcomes[name] = outcome
             if outcome.status is not NodeStatus.SUCCEEDED and not stopping:
                 stopping = True
@@ -308,16 +334,35 @@ def on_hang(guard: Guard, silent: float, skip: set[str]) -> None:
     guard.stop(f"watchdog: no output for {limit:g}s (a hang)", skip=skip)
 
 
-def _outcome(session: Session, node: NodePlan, result: int | Exception) -> NodeOutcome:
+def after_stop(guard: Guard, node: NodePlan, t: Transport) -> AfterStop:
+    """The attached stream's filter for one node: from the line where fleet's stop of it began
+    (the node confirms its stop record), what it prints is hidden here, once said so."""
+    name = node.host.name
+
+    def confirm() -> str:
+        with contextlib.suppress(FleetError):
+            return remote.state(t, node.run_dir, guard.key(name)).stopped_by
+        return ""
+
+    def announce(by: str) -> None:
+        guard.console.phase(name, f"what it prints while it is stopped ({by}) is not shown "
+                                  f"here: `fleet logs {guard.plan.run_id} --node {name}` has it")
+
+    return AfterStop(confirm, announce)
+
+
+def _outcome(session: Session, node: NodePlan, result: int | Exception,
+             key: str) -> NodeOutcome:
     name = node.host.name
     if not isinstance(result, Exception):
         try:
-            st = remote.state(session.t[name], node.run_dir)
+            st = remote.state(session.t[name], node.run_dir, key)
         except FleetError as e:
             result = e
         else:
             if st.done:
-                return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by)
+                return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by,
+                                   st.own_failure)
             # Its log stream ended while it still ran: fleet lost sight of it, and says so.
             return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
                                f"its log stream ended while it was still {st.status.value}")
@@ -333,7 +378,8 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
         console.phase(o.name, o.describe())
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
     found = each(((o.name, o) for o in failed), lambda o: failure.explain(
-        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir))
+        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
+        kernel_log=True))
     causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
@@ -388,7 +434,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
             record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
         except Interrupted as e:
             raise Interrupted(e.signame, "nothing had been started on any node") from None
-        with Guard(session, plan, console, record.dir) as guard:
+        with Guard(session, plan, console, record.dir, record.secret) as guard:
             faults.point(Phase.UPLOAD.value)
             sent = upload_checked(session, plan, console, checks, sources)  # port checks beside
             if job.setup is not None:

@@ -1,4 +1,5 @@
-"""Log lines: torchrun's `[defaultN]:` prefix turned into a host+rank tag; re-attaching to a run."""
+"""Log lines: torchrun's `[defaultN]:` prefix turned into a host+rank tag, the stop's noise kept
+out of the attached stream; re-attaching to a run."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from fleet.states import NodeStatus
 from fleet.transport import open_transport
 
 RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
+# The line stop.sh writes into the node's log where fleet's stop of the node begins.
+STOP_MARK = re.compile(r"\[fleet\] stopping run \S+ on this node \(.*\)\Z")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,39 @@ class Tagger:
         return tag_line(self.host, self.rank_base, line, self.known)
 
 
+class AfterStop:
+    """What a node prints once fleet stops it (fail-fast, `fleet stop`, Ctrl-C) is the stop's
+    doing, not the job's news: torchrun's SignalException tracebacks, its "Sending process ...
+    closing signal SIGTERM", workers failing as their peers go. From stop.sh's line in the log
+    on, once `confirm` finds fleet's stop record on the node (it returns who stopped it, "" if
+    no genuine record: a job cannot silence itself by printing the line), lines are dropped
+    from the attached stream and `announce` says so once. The node's log keeps them all."""
+
+    def __init__(self, confirm: Callable[[], str], announce: Callable[[str], None]) -> None:
+        self.confirm, self.announce = confirm, announce
+        self.by = ""  # who stopped the node, once confirmed
+        self.hidden = 0
+        self.told = False
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        """The lines to show."""
+        shown: list[str] = []
+        for line in lines:
+            if self.by:
+                self.hidden += 1
+            elif STOP_MARK.match(line) and (by := self.confirm()):
+                self.by = by  # the mark itself is fleet's bookkeeping, not the job's output
+            else:
+                shown.append(line)
+        return shown
+
+    def tell(self) -> None:
+        """Once a line was hidden, say so, once (after the lines shown before it)."""
+        if self.hidden and not self.told:
+            self.told = True
+            self.announce(self.by)
+
+
 def attach(record: RunRecord, console: Console, follow: bool, node: str | None = None,
            rank: int | None = None, keep: Path | None = None) -> tuple[dict[str, str], int]:
     """Print a run's logs from every node (from the first line: nothing lost or repeated), and
@@ -79,7 +115,7 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
         try:
             with open_transport(n.host) as t:
                 run_dir = t.path(n.run_dir)
-                st = remote.state(t, run_dir)
+                st = remote.state(t, run_dir, record.stop_key(n.host.name))
                 if st.status is NodeStatus.MISSING:
                     raise FileNotFoundError(f"no run directory {run_dir}")
                 tag = Tagger(n.host.name, n.rank_base, lambda: remote.ranks(t, run_dir))

@@ -3,14 +3,18 @@ each a script plus a pure parser of what it prints."""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TypeVar
 
 from fleet.diagnose import diagnose, format_diagnoses
-from fleet.errors import JobFailed, RemoteCommandError, UsageError
+from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
 from fleet.group import each
 from fleet.shell import MACHINE_ID, home_word, quote, sh
 from fleet.state import NodeRecord, RunRecord
@@ -32,7 +36,9 @@ class NodeState:
     code: int | None = None
     pid: int | None = None
     elapsed: int | None = None  # seconds it ran (or has run), all by the node's own clock
-    stopped_by: str = ""  # who stopped it: "fleet stop", "fail-fast: node2 failed", ...
+    stopped_by: str = ""  # who stopped it: "fleet stop", "fail-fast: node2 failed", ... (a stop
+    #                       record fleet wrote; one without the run's key is no stop)
+    own_failure: str = ""  # FAILED although stopped: how its own part had failed before then
 
     @property
     def done(self) -> bool:
@@ -45,8 +51,9 @@ def start_script(run_dir: str, run_id: str) -> str:
     return "\n".join([
         f"cd {quote(run_dir)} || exit 1",
         "[ -e stopped ] && { echo 'stopped before it started' >&2; exit 3; }",
+        # Appending: stop.sh's line lands whole between the job's, never overwritten by them.
         sh("env", f"FLEET_RUN_ID={run_id}", "setsid", "sh", "./run.sh") +
-        " > node.log 2>&1 < /dev/null &",
+        " >> node.log 2>&1 < /dev/null &",
         f"i=0; while [ ! -s pid ] && [ $i -lt {PID_WAIT_TICKS} ]; do sleep 0.01; "
         "i=$((i+1)); done",
         "cat pid",
@@ -76,7 +83,9 @@ def state_script(run_dir: str) -> str:
         'echo "ended=$(stat -c %Y exit_code 2>/dev/null)"',
         'echo "last=$(stat -c %Y node.log stopped 2>/dev/null | sort -n | tail -n 1)"',
         'echo "now=$(date +%s)"',
-        '[ -e stopped ] && echo "stopped=$(head -n 1 stopped)"',
+        # The stop record, whoever wrote it (the job can write there too): parse_stop_record
+        # tells fleet's from a forgery.
+        "[ -e stopped ] && head -n 40 stopped | cut -c 1-400 | sed 's/^/stop|/'",
         f'echo "me={MACHINE_ID}"',
         'echo "machine=$(cat machine 2>/dev/null)"',
         'p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo alive',
@@ -89,15 +98,22 @@ def _int(text: str | None) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
-def parse_state(out: str) -> NodeState:
+def parse_state(out: str, key: str = "") -> NodeState:
+    """A node's state from state_script's output. `key`: the node's stop key for this run
+    (RunRecord.stop_key); a stop record without it is the job's forgery and counts for nothing.
+    An empty key (a run recorded before there were keys) takes any record as it reads."""
     lines = out.splitlines()
     if "missing" in lines:
         return NodeState(NodeStatus.MISSING)
-    fields = dict(line.split("=", 1) for line in lines if "=" in line)
+    fields = dict(line.split("=", 1) for line in lines
+                  if "=" in line and not line.startswith("stop|"))
+    record = [line[5:] for line in lines if line.startswith("stop|")]
+    stop = parse_stop_record(record, key) if record else None
+    if stop is not None and not stop.genuine:
+        stop = None
     pid, code = _int(fields.get("pid")), _int(fields.get("code"))
     started, now = _int(fields.get("started")), _int(fields.get("now"))
-    stopped = "stopped" in fields
-    by = fields.get("stopped", "").strip() or ("stopped" if stopped else "")
+    by, own = (stop.by, stop.own_failure) if stop else ("", "")
     # A pid means something only on the machine (and boot) that recorded it: after a reboot or
     # from another machine sharing the directory, it may be anyone's.
     machine = fields.get("machine", "").strip()
@@ -108,22 +124,84 @@ def parse_state(out: str) -> NodeState:
         _int(fields.get("last"))
     elapsed = end - started if end is not None and started is not None else None
     if code is not None:
-        if stopped and code != 0:
-            return NodeState(NodeStatus.STOPPED, code, pid, elapsed, by)
+        if stop is not None and code != 0:
+            # Its own part had failed before the stop reached it: failed, whatever the stop did.
+            status = NodeStatus.FAILED if own else NodeStatus.STOPPED
+            return NodeState(status, code, pid, elapsed, by, own)
         status = NodeStatus.SUCCEEDED if code == 0 else NodeStatus.FAILED
         return NodeState(status, code, pid, elapsed)
-    if alive:
-        return NodeState(NodeStatus.RUNNING, None, pid, elapsed)
-    if stopped:  # stopped before it ran, or its wrapper killed outright by the stop
-        return NodeState(NodeStatus.STOPPED, None, pid, elapsed, by)
+    if alive:  # with a stop record: being stopped
+        return NodeState(NodeStatus.RUNNING, None, pid, elapsed, by, own)
+    if stop is not None:  # stopped before it ran, or its wrapper killed outright by the stop
+        status = NodeStatus.FAILED if own else NodeStatus.STOPPED
+        return NodeState(status, None, pid, elapsed, by, own)
     if pid is None:
         return NodeState(NodeStatus.STARTING)
     # The wrapper died without recording an exit code, and nobody stopped it: killed outright.
     return NodeState(NodeStatus.FAILED, None, pid, elapsed)
 
 
-def state(t: Transport, run_dir: str) -> NodeState:
-    return parse_state(t.run(state_script(run_dir), timeout=30, what="read the run's state").out)
+# ---- the stop record (stop.sh writes it, in the node's run directory) -----------------------
+@dataclass(frozen=True)
+class StopRecord:
+    """Who stopped a node, whether fleet wrote the record, and how the node's own part had
+    already failed when the stop reached it ("" if it had not)."""
+
+    by: str
+    genuine: bool
+    own_failure: str = ""
+
+
+# torchrun's own log lines (a worker's carry its `[defaultN]:` prefix), as torch 2.14 words
+# them: a failed worker (logged once the others are closed), the closing of the others (only
+# ever because one ended non-zero, or torchrun itself got a signal), a signal torchrun got.
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_CLOSING = re.compile(r"Sending process (\d+) closing signal (\w+)")
+_DEATH_SIGNAL = re.compile(r"Received (\S+) death signal")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def parse_stop_record(lines: list[str], key: str) -> StopRecord:
+    """stop.sh's record: its first line says who stopped the node, `key=` proves that fleet
+    wrote it, the rest are what the node had done by itself when the stop reached it (before
+    any signal of the stop): `log=` torchrun's lines about its workers, `ended=PID PPID STATUS`
+    the launcher or a worker ended but not yet reaped (waitpid's status)."""
+    by = lines[0].strip() if lines else ""
+    genuine = f"key={key}" in lines if key else True
+    signalled = failed = closing = ended = ""
+    for line in lines[1:]:
+        name, _, value = line.partition("=")
+        if name == "log" and not value.startswith("[default"):
+            if m := _DEATH_SIGNAL.search(value):
+                sig = m.group(1)
+                signalled = signalled or (f"torchrun had received signal {sig} from outside "
+                                          "fleet")
+            elif m := _WORKER_FAILED.search(value):
+                failed = failed or (f"torchrun had reported local rank {m.group(2)} (pid "
+                                    f"{m.group(3)}) failed with exitcode {m.group(1)}")
+            elif m := _CLOSING.search(value):
+                closing = closing or ("torchrun was already closing its workers after one had "
+                                      "ended")
+        elif name == "ended":
+            words = value.split()
+            if len(words) == 3 and all(w.isdigit() for w in words) and int(words[2]):
+                status = int(words[2])
+                how = (f"been killed by {_signal_name(status & 0x7F)}" if status & 0x7F else
+                       f"exited {status >> 8}")
+                ended = ended or f"its process {words[0]} had {how}"
+    return StopRecord(by or "stopped", genuine, signalled or failed or ended or closing)
+
+
+def state(t: Transport, run_dir: str, key: str) -> NodeState:
+    """The node's state; `key` is its stop key (RunRecord.stop_key), see parse_state."""
+    return parse_state(t.run(state_script(run_dir), timeout=30, what="read the run's state").out,
+                       key)
 
 
 # ---- global ranks, where the rendezvous assigned them at launch ---------------------------
@@ -196,7 +274,8 @@ def connect_script(python: str, addr: str, port: int | str) -> str:
     return sh(python, "-I", "-S", "-c", _CONNECT, addr, str(port)) + " 2>&1"
 
 
-def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) -> None:
+def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float,
+              key: str) -> None:
     """Wait until the master's rendezvous port accepts connections, checked on the master
     itself; fails early if the master's run already failed (one that already succeeded, a
     short job, needs no port any more)."""
@@ -205,7 +284,7 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float) 
         if t.run(connect_script(t.host.python, addr, port), timeout=15,
                  what="probe the rendezvous port").ok:
             return
-        st = state(t, run_dir)
+        st = state(t, run_dir, key)
         if st.status is NodeStatus.SUCCEEDED:
             return
         if st.done:
@@ -267,7 +346,7 @@ def remove_script(run_dir: str) -> str:
 
 def remove(t: Transport, run_dir: str) -> str:
     """Delete a finished run's directory on the node."""
-    st = state(t, run_dir)
+    st = state(t, run_dir, "")  # ended or not is all that counts here, not who ended it
     if not st.done:
         raise UsageError(f"the run is still {st.status.value} here: stop it first")
     t.run(remove_script(run_dir), timeout=60, what=f"remove {run_dir}").check(t.host.name)
@@ -275,6 +354,9 @@ def remove(t: Transport, run_dir: str) -> str:
 
 
 # ---- stop ---------------------------------------------------------------------------------
+MARK_WAIT_S = 10.0  # how long a node's stop waits for the others' records before it signals
+
+
 def parse_stop(out: str) -> list[int] | None:
     """The pids still alive after stop.sh, or None if it did not get as far as saying."""
     if "left=" not in out:
@@ -282,23 +364,82 @@ def parse_stop(out: str) -> list[int] | None:
     return [int(p) for p in out.rsplit("left=", 1)[-1].split() if p.isdigit()]
 
 
-def stop_script(run_dir: str, by: str) -> str:
-    """The node's stop.sh, saying who stops it. Without one (fleet died while it uploaded the
-    scripts, before anything started there) nothing of the run can be running: the directory
-    is only marked stopped."""
+def stop_script(run_dir: str, by: str, key: str, mark: bool = False) -> str:
+    """The node's stop.sh, saying who stops it, with the node's key on its stdin (never in an
+    argv or environment a job could read); with `mark`, it only records the stop. Without
+    stop.sh (fleet died while it uploaded the scripts, before anything started there) nothing
+    of the run can be running: the directory is only marked stopped."""
     d = quote(run_dir)
+    args = [by, "mark"] if mark else [by]
     return "\n".join([
-        f"if [ -f {d}/stop.sh ]; then exec {sh('sh', f'{run_dir}/stop.sh', by)}; fi",
-        f"[ ! -d {d} ] || [ -e {d}/stopped ] || printf '%s\\n' {quote(by)} > {d}/stopped",
-        "echo left=",
+        f"if [ -f {d}/stop.sh ]; then printf '%s\\n' {quote(key)} | "
+        f"{sh('sh', f'{run_dir}/stop.sh', *args)}; exit $?; fi",
+        f"[ ! -d {d} ] || grep -qxF {quote('key=' + key)} {d}/stopped 2>/dev/null || "
+        f"printf '%s\\n' {quote(by)} {quote('key=' + key)} > {d}/stopped",
+        "echo marked" if mark else "echo left=",
     ])
 
 
-def stop(t: Transport, run_dir: str, by: str = "fleet stop") -> list[int]:
+def mark(t: Transport, run_dir: str, by: str, key: str) -> None:
+    """Record the stop on the node, and what its own part had done by then, signalling
+    nothing."""
+    r = t.run(stop_script(run_dir, by, key, mark=True), timeout=30, what="stop.sh mark")
+    if "marked" not in r.out.split():
+        raise RemoteCommandError(t.host.name, "stop.sh mark", r.code, r.out + r.err)
+
+
+def stop(t: Transport, run_dir: str, by: str, key: str) -> list[int]:
     """Stop the run on the node; returns the pids of the run still alive after it (none,
     normally)."""
-    r = t.run(stop_script(run_dir, by), timeout=60, what="stop.sh")
+    r = t.run(stop_script(run_dir, by, key), timeout=60, what="stop.sh")
     left = parse_stop(r.out)
     if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
     return left
+
+
+Target = Callable[[], AbstractContextManager[tuple[Transport, str, str]]]
+
+
+def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, list[int] | Exception]:
+    """Stop the run on several nodes, each target giving (transport, run dir, stop key). Every
+    node's stop is recorded before any node is signalled: a node records whether its own part
+    had already failed, and the stop of another node (its peers gone) must not decide that.
+    A node that cannot be marked holds the others back MARK_WAIT_S at most."""
+    gate = threading.Barrier(max(1, len(targets)))
+
+    def one(target: Target) -> list[int]:
+        arrived = [False]
+
+        def arrive() -> None:
+            if not arrived[0]:
+                arrived[0] = True
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    gate.wait(timeout=MARK_WAIT_S)
+
+        try:
+            with target() as (t, run_dir, key):
+                try:
+                    mark(t, run_dir, by, key)
+                except FleetError:
+                    pass  # stop.sh records the stop itself below, if the node answers at all
+                finally:
+                    arrive()
+                return stop(t, run_dir, by, key)
+        finally:
+            arrive()
+
+    return each(targets, one)
+
+
+def stop_recorded(record: RunRecord, by: str) -> dict[str, list[int] | Exception]:
+    """Stop a recorded run on every node, connected afresh (see stop_together)."""
+
+    @contextlib.contextmanager
+    def connect(node: NodeRecord) -> Iterator[tuple[Transport, str, str]]:
+        absolute = node.run_dir.startswith("/")  # recorded expanded: no home needed
+        with open_transport(node.host, hello=not absolute) as t:
+            yield t, t.path(node.run_dir), record.stop_key(node.host.name)
+
+    return stop_together([(n.host.name, lambda n=n: connect(n))  # type: ignore[misc]
+                          for n in record.nodes], by)

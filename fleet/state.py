@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,10 @@ class RunRecord:
     started: float
     nodes: tuple[NodeRecord, ...]
     controller: str = ""  # the `fleet up` that made it (controller_id); "" in older records
+    # Known to this machine alone (never in a node's env.sh or a job's environment): a node's
+    # stop record is fleet's only if it carries the key derived from it (see stop_key). Empty
+    # in records written before there was one: their stop records are taken as they read.
+    secret: str = ""
 
     @property
     def dir(self) -> Path:
@@ -50,6 +57,9 @@ class RunRecord:
         """Its `fleet up` ended (killed, say) before it started any node: nothing of the run
         can be running, whatever directories it left on the nodes."""
         return not self.launched and controller_alive(self.controller) is False
+
+    def stop_key(self, host: str) -> str:
+        return stop_key(self.secret, self.run_id, host)
 
 
 LAUNCHED = "launched"
@@ -93,6 +103,15 @@ def _started(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
+
+def stop_key(secret: str, run_id: str, host: str) -> str:
+    """The proof a stop record on `host` carries that fleet wrote it: one key per node, so a
+    key read on one node is worth nothing on another. Empty where the run has no secret."""
+    if not secret:
+        return ""
+    return hmac.new(secret.encode(), f"{run_id}/{host}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
 def state_dir() -> Path:
     """Where runs are recorded, the same from any directory: $FLEET_STATE_DIR, else
     $XDG_STATE_HOME/fleet, else ~/.local/state/fleet (XDG's base directories)."""
@@ -107,7 +126,8 @@ def save(plan: Plan) -> RunRecord:
     rec = RunRecord(run_id=plan.run_id, job=str(plan.job.path), started=time.time(),
                     nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base,
                                            n.nproc if isinstance(n.nproc, int) else None)
-                                for n in plan.nodes), controller=controller_id())
+                                for n in plan.nodes), controller=controller_id(),
+                    secret=secrets.token_hex(16))
     d = state_dir() / plan.run_id
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -119,9 +139,10 @@ def save(plan: Plan) -> RunRecord:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace a file whole or not at all (a crash mid-write leaves the old one)."""
+    """Replace a file whole or not at all (a crash mid-write leaves the old one); readable by
+    this user alone (a run record holds the run's secret)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -135,7 +156,7 @@ def parse_record(text: str) -> RunRecord:
                              n.get("rank_base"), n.get("nproc"))
                   for n in data["nodes"])
     return RunRecord(data["run_id"], data["job"], data["started"], nodes,
-                     str(data.get("controller", "")))
+                     str(data.get("controller", "")), str(data.get("secret", "")))
 
 
 def load(run_id: str | None = None) -> RunRecord:

@@ -208,7 +208,7 @@ def test_parse_state() -> None:
                                 "last=1700000060\nnow=1700000900\n")
     assert (failed.status, failed.code, failed.elapsed) == (NodeStatus.FAILED, 1, 60)
     stopped = remote.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
-                                 "stopped=fleet stop\n")
+                                 "stop|fleet stop\nstop|key=k1\n", "k1")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fleet stop")
     assert remote.parse_state("missing\n").status is NodeStatus.MISSING
     assert remote.parse_state("pid=\ncode=\nstarted=\nended=\nnow=5\n").status is \
@@ -221,7 +221,7 @@ def test_a_node_killed_outright_stops_counting_time() -> None:
     killed = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n")
     assert (killed.status, killed.elapsed) == (NodeStatus.FAILED, 30)
     stopped = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n"
-                                 "stopped=fail-fast: node2 failed\n")
+                                 "stop|fail-fast: node2 failed\nstop|key=k1\n", "k1")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fail-fast: node2 failed")
 
 

@@ -87,7 +87,8 @@ class FakeTransport:
         time.sleep(self.delay)
         if self.fail:
             raise RemoteCommandError(self.name, what, 255, "connection lost")
-        return type("R", (), {"out": "left=\n", "ok": True, "code": 0, "err": ""})()
+        out = "marked\n" if "echo marked" in script else "left=\n"
+        return type("R", (), {"out": out, "ok": True, "code": 0, "err": ""})()
 
     def close(self) -> None:
         pass
@@ -229,18 +230,39 @@ def test_state_dir_follows_xdg_wherever_fleet_runs(monkeypatch: pytest.MonkeyPat
 
 def test_stop_reason_reaches_stop_sh() -> None:
     t = FakeTransport("n1")
-    assert remote.stop(t, "/w/runs/r/n1", "fail-fast: n2 failed") == []  # type: ignore[arg-type]
+    assert remote.stop(t, "/w/runs/r/n1", "fail-fast: n2 failed",  # type: ignore[arg-type]
+                       "k1") == []
     assert "'fail-fast: n2 failed'" in t.scripts[0]
+
+
+def test_every_node_is_marked_before_any_is_signalled(tmp_path: Path) -> None:
+    """A node decides whether its own part had failed when its stop is recorded: no node may
+    be signalled before every node's record is written (its peers' end would decide it)."""
+    g = guard_for(tmp_path, delay=0.05)
+    order: list[str] = []
+    lock = threading.Lock()
+    for t in g.session.t.values():
+        run = t.run
+
+        def logged(script: str, timeout: float | None = 60.0, what: str = "",
+                   run: Any = run) -> Any:
+            with lock:
+                order.append("mark" if "echo marked" in script else "stop")
+            return run(script, timeout, what)
+
+        t.run = logged  # type: ignore[method-assign]
+    assert lifecycle.stop_nodes(g.session, g.plan.nodes, g.console, "fleet stop", g.key) == {}
+    assert order == ["mark"] * 3 + ["stop"] * 3
 
 
 def test_stop_where_the_scripts_never_arrived(tmp_path: Path) -> None:
     import subprocess
     run_dir = tmp_path / "runs" / "r" / "n1"
     run_dir.mkdir(parents=True)
-    out = subprocess.run(["sh", "-c", remote.stop_script(str(run_dir), "fleet stop")],
+    out = subprocess.run(["sh", "-c", remote.stop_script(str(run_dir), "fleet stop", "k1")],
                          capture_output=True, text=True, timeout=30).stdout
     assert remote.parse_stop(out) == []
-    assert (run_dir / "stopped").read_text() == "fleet stop\n"
+    assert (run_dir / "stopped").read_text() == "fleet stop\nkey=k1\n"
 
 
 # ---- run.sh under stop.sh's signals ----------------------------------------------------------
