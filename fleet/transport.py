@@ -338,7 +338,8 @@ class _Lines:
     more than LINE_CAP plus a chunk: a longer line is handed on in pieces, then a note says
     so. Of a line redrawn with "\\r", its last state is the line, and interim states are
     handed on as they come, at most one every PROGRESS_S (else the newest is held, and given
-    at the next chunk or tick() past that time)."""
+    at the next chunk or tick() past that time). A state is whole once the next "\\r" came,
+    or once the stream has been quiet for a tick: the bar of a slow loop is seen then."""
 
     def __init__(self, token: str | None, on_lines: Callable[[list[str]], None],
                  received: Received | None = None, clock: Callable[[], float] = time.monotonic,
@@ -354,6 +355,8 @@ class _Lines:
         self.pieces = 0  # pieces of the current line handed on already
         self.piece_bytes = 0
         self.held: str | None = None  # the newest interim state not yet shown
+        self.redrawn = False  # the current line had a "\r"
+        self.tail_shown = False  # its state after the last "\r" was shown by tick()
         self.shown_at = -progress_s
         self.copied = 0  # bytes copied here (appended, decoded, moved): linear in the input
 
@@ -374,16 +377,23 @@ class _Lines:
         if pos:
             del buf[:pos]
             self.copied += len(buf)
-        while len(buf) >= self.cap:
+        while len(buf) > self.cap:
             self._piece(out)
         self._show_held(out)
         if out:
             self.on_lines(out)
 
     def tick(self) -> None:
-        """Time passed with no bytes: an interim state held back is due now, maybe."""
+        """Time passed with no bytes: an interim state held back is due now, maybe, or else
+        the state the line was last redrawn with."""
         out: list[str] = []
+        if (self.held is None and self.redrawn and self.started and not self.tail_shown
+                and not self.pieces and self.buf and not self.buf.endswith(b"\r")):
+            self.held = self._text(self.buf, 0, len(self.buf))
+            self.tail_shown = True
         self._show_held(out)
+        if self.held is not None and self.tail_shown:
+            self.held, self.tail_shown = None, False  # not due yet: the next tick tries again
         if out:
             self.on_lines(out)
 
@@ -415,12 +425,14 @@ class _Lines:
             self.pending_blank = False
             self.started = False  # anything after the end marker is noise too
             return
+        shown, self.tail_shown = self.tail_shown, False
+        self.redrawn = not whole
         if self.pieces:
             self._last_piece(self._text(buf, start, stop), stop - start, whole, out)
         elif whole:
             self.held = None  # its last state is the line itself
             self._whole(self._text(buf, start, stop), out)
-        elif stop > start:
+        elif stop > start and not shown:
             self.held = self._text(buf, start, stop)
 
     @staticmethod
