@@ -434,6 +434,7 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
+    lost_first = {o.name for o in outcomes if o.detail.startswith(f"fail-fast: {o.name} ")}
     if root is not None:
         for line in failure.summary(root):
             console.info(line)
@@ -448,8 +449,9 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     others = [o for o in failed if o.name != first_name]
     if others:
         console.info("also failed: " + ", ".join(o.name for o in others))
+    # Not a node lost, then stopped once it answered: the fail-fast was its own.
     collateral = [o.name for o in outcomes if o.status is NodeStatus.STOPPED
-                  and o.detail.startswith("fail-fast")]
+                  and o.detail.startswith("fail-fast") and o.name not in lost_first]
     if collateral:
         console.info("stopped as a consequence: " + ", ".join(collateral))
     for o in lost:
