@@ -268,7 +268,8 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
     nodes = {n.host.name: n for n in plan.nodes}
     received = {n.host.name: Received() for n in plan.nodes}
     outcomes: dict[str, NodeOutcome] = {}
-    drained: set[str] = set()
+    drained: set[str] = set()  # nodes whose log was read to its end (or can no more be)
+    ends: set[str] = set()  # nodes whose end watcher has said what it knows
 
     def follow(node: NodePlan) -> None:
         name = node.host.name
@@ -294,7 +295,8 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
     def watch(node: NodePlan) -> None:
         name = node.host.name
         pid = pids.get(name)
-        if pid is None:
+        if pid is None:  # no wrapper to wait for: its log's end says it all
+            events.put(("end", name, None))
             return
         try:
             events.put(("end", name, on_link(guard.links[name], finished,
@@ -315,7 +317,9 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
     faults.point(Phase.STREAM.value)
     stopping = False
     try:
-        while len(outcomes) < len(plan.nodes) or len(drained) < len(plan.nodes):
+        # A node lost, then reached again, also says how it ended.
+        while not all(n in outcomes and n in drained and (n not in guard.lost or n in ends)
+                      for n in nodes):
             try:
                 kind, name, result = events.get(timeout=1.0 if hang_timeout else None)
             except queue.Empty:
@@ -327,6 +331,8 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
                 continue
             node = nodes[name]
             outcome = None
+            if kind == "end":
+                ends.add(name)
             if kind == "drained":
                 drained.add(name)
                 if name not in outcomes and isinstance(result, int | Exception):

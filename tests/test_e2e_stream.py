@@ -220,7 +220,7 @@ def test_a_15s_sshd_stall_past_the_default_limit(cli: CLI, tb2: Testbed, tmp_pat
             thaw.join()
         if up.poll() is None:
             up.kill()
-    assert re.search(r"fleet: node2 \(node rank 1\) is unreachable \(no answer for 1\d s on its "
+    assert re.search(r"fleet: node2 \(node rank 1\) is unreachable \(no answer for 1\ds on its "
                      r"connection or a fresh one \(watchdog.unreachable_after = 10s\)", err), err
     assert "fleet: node2  no stop on its connection (it was lost); trying fresh connections " \
            "for up to 10s" in err, err
