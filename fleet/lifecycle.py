@@ -205,7 +205,7 @@ def stop_afresh(link: Link, node: NodePlan, by: str, why: str, retry_for: float,
     deadline = time.monotonic() + retry_for
     while True:
         try:
-            t = link.fresh(max(deadline - time.monotonic(), 1.0))
+            t = link.fresh(max(deadline - time.monotonic(), 1.0), link.generation)
             break
         except FleetError as e:
             if time.monotonic() + RETRY_S >= deadline:

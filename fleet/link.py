@@ -94,16 +94,15 @@ class Link:
     def t(self) -> Transport:
         return self.transports[self.name]
 
-    def fresh(self, timeout: float, generation: int | None = None) -> Transport:
-        """A fresh connection that answered, now in place (unless another already replaced the
-        one of `generation`: then that one); TransportError says why not."""
+    def fresh(self, timeout: float, generation: int) -> Transport:
+        """A fresh connection that answered, now in place of the one of `generation` (unless
+        another has replaced that already: then that other one); TransportError says why
+        not."""
         old = self.t
         t = self.connect(old, timeout)
         with self.cond:
-            if generation is not None and generation != self.generation:
-                newer = True
-            else:
-                newer = False
+            newer = generation != self.generation
+            if not newer:
                 self.transports[self.name] = t
                 self.generation += 1
                 self.cond.notify_all()
@@ -138,14 +137,14 @@ class Link:
         """None if the node answers within `timeout`, on its connection or else a fresh one
         (then put in place); else why not."""
         deadline = time.monotonic() + timeout
-        t = self.t
+        generation, t = self.generation, self.t
         probe = max(timeout / 2, min(timeout, HEARTBEAT_S))
         got = within(lambda: t.run("true", timeout=probe, what="heartbeat"), probe)
         if got is not None and not isinstance(got, Exception):
             return None
         why = f"no answer within {probe:.0f}s" if got is None else reason(got)
         try:
-            self.fresh(max(deadline - time.monotonic(), 0.5))
+            self.fresh(max(deadline - time.monotonic(), 0.5), generation)
         except FleetError as e:
             return f"{why}; {e}"
         return None
