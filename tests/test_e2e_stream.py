@@ -235,3 +235,28 @@ def test_a_15s_sshd_stall_past_the_default_limit(cli: CLI, tb2: Testbed, tmp_pat
     assert_nothing_left(tb2, run_id, timeout=10)
     stopped = tb2.host("node2").home / "fleet" / "runs" / run_id / "node2" / "stopped"
     assert stopped.read_text().startswith("fail-fast: node2 unreachable")
+
+
+def test_a_dropped_connection_is_replaced_and_the_log_goes_on(cli: CLI, tb2: Testbed,
+                                                             tmp_path: Path) -> None:
+    """fleet's connection to node2 dies (its sshd processes killed, the listener kept): a fresh
+    connection answers, so node2 is not lost; its log goes on from the byte where it broke and
+    its end is still seen."""
+    tb2.inventory(tmp_path / "inv.toml")
+    job = command_job(tmp_path, "drop", TICKS, 29586, ', "30"')
+    up = cli.popen("up", str(job))
+    try:
+        started_ticking(cli, "node2", 3)
+        listener = tb2.host("node2").sshd_pid
+        dropped = [pid for pid in sshd_pids(tb2, "node2") if pid != listener]
+        assert dropped, "fleet's connection has an sshd of its own"
+        for pid in dropped:
+            os.kill(pid, signal.SIGKILL)
+        out, err = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, out[-2000:] + err
+    assert "unreachable" not in err
+    assert re.findall(r"^node2 \| (.*)$", out, re.M) == [f"tick {i}" for i in range(30)] + \
+        ["done"]
