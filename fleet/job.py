@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 import string
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 # How the legacy launcher passes the local rank: torch >= 2.0 says --local-rank; scripts written
 # for older torch parse --local_rank only.
 LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
+HEARTBEAT_S = 2.0  # how often `fleet up` asks every running node to answer
+MIN_UNREACHABLE_AFTER = 2 * HEARTBEAT_S  # a limit shorter would give a node one question
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class Rendezvous:
 class Watchdog:
     hang_timeout: float | None = None  # seconds without a log line from any node: a hang
     nccl_flight_recorder: bool = False  # PyTorch's NCCL flight recorder, dumped with the stacks
+    # Seconds a node may answer neither on its connection nor to a fresh one before it counts
+    # as lost (fleet asks every HEARTBEAT_S); also how long a stop is retried on fresh ones.
+    unreachable_after: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -244,8 +250,13 @@ def _watchdog(t: Table) -> Watchdog:
         raise t.error("hang_timeout", "must be a positive number of seconds (leave it out to "
                                       "never stop a run for silence)")
     recorder = t.take("nccl_flight_recorder", bool, False)
+    unreachable = float(t.take("unreachable_after", float, 10.0))
+    if not MIN_UNREACHABLE_AFTER <= unreachable < math.inf:
+        raise t.error("unreachable_after", f"must be a number of seconds, at least "
+                                           f"{MIN_UNREACHABLE_AFTER:g} (fleet asks every node "
+                                           f"every {HEARTBEAT_S:g}s), not {unreachable:g}")
     t.done()
-    return Watchdog(float(hang) if hang is not None else None, recorder)
+    return Watchdog(float(hang) if hang is not None else None, recorder, unreachable)
 
 
 def _rendezvous(t: Table) -> Rendezvous:

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 from fleet import failure, faults, hang, manifest, remote, setup, state
 from fleet.claim import claim_all
 from fleet.console import Console
 from fleet.errors import (
+    CommandTimedOut,
     FleetError,
     Interrupted,
     JobFailed,
@@ -43,11 +45,14 @@ from fleet.launch import (
     scan_sources,
     upload_checked,
 )
+from fleet.link import RETRY_S, Link
 from fleet.logs import AfterStop, Tagger
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.signals import SignalGuard
 from fleet.states import NodeStatus, RunStatus, overall
-from fleet.transport import Transport
+from fleet.transport import Received, Transport
+
+R = TypeVar("R")
 
 
 class Phase(Enum):
@@ -109,6 +114,9 @@ class Guard(SignalGuard):
         self.ended = False  # every node's part ended by itself: nothing left to stop
         self.released = False  # detached on purpose: the run goes on without fleet
         self.hang: str | None = None  # the watchdog's verdict, where it stopped the run
+        limit = plan.job.watchdog.unreachable_after
+        self.links = {n.host.name: Link(session.t, n.host.name, limit) for n in plan.nodes}
+        self.lost: set[str] = set()  # nodes that answered nothing for unreachable_after
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -151,7 +159,8 @@ class Guard(SignalGuard):
         nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
         if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
-        problems = stop_nodes(self.session, nodes, self.console, by, self.key)
+        problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
+                              self.lost, self.plan.job.watchdog.unreachable_after)
         return {n: why for n, why in problems.items() if n in self.may_run}
 
     def _forget(self) -> None:
@@ -176,22 +185,64 @@ class Guard(SignalGuard):
                 f"stop with `fleet stop {self.plan.run_id}` once it answers")
 
 
-def stop_nodes(session: Session, nodes: list[NodePlan], console: Console,
-               by: str, key: Callable[[str], str]) -> dict[str, str]:
+def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: str,
+               key: Callable[[str], str], links: dict[str, Link] | None = None,
+               lost: set[str] | None = None, retry_for: float = 0.0) -> dict[str, str]:
+    """Stop the run on these nodes, every node's stop recorded before any is signalled
+    (remote.stop_together). Where a node's connection fails (or it was lost), the stop is
+    retried on fresh connections for `retry_for` seconds: a node that stalled for a while is
+    stopped once it answers again."""
+    links, lost = links or {}, lost or set()
+
     def target(n: NodePlan) -> remote.Target:
         @contextlib.contextmanager
         def held() -> Iterator[tuple[Transport, str, str]]:
-            yield session.t[n.host.name], n.run_dir, key(n.host.name)
+            link = links.get(n.host.name)
+            yield (link.t if link else session.t[n.host.name]), n.run_dir, key(n.host.name)
         return held
 
-    results = remote.stop_together([(n.host.name, target(n)) for n in nodes], by)
+    reachable = [n for n in nodes if n.host.name not in lost]
+    results = remote.stop_together([(n.host.name, target(n)) for n in reachable], by)
+    why = {n.host.name: "it was lost" for n in nodes if n.host.name in lost}
+    why.update({name: reason(r) for name, r in results.items()
+                if isinstance(r, TransportError | CommandTimedOut)})
+    again = [n for n in nodes if n.host.name in why and n.host.name in links]
+    results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
+        links[n.host.name], n, by, key(n.host.name), why[n.host.name], retry_for, console)))
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, list) and r:
             problems[name] = f"processes still alive after SIGKILL: {r}"
-    for name, why in problems.items():
-        console.phase(name, f"stop failed: {why}")
+    for name, problem in problems.items():
+        console.phase(name, f"stop failed: {problem}")
     return problems
+
+
+def stop_afresh(link: Link, node: NodePlan, by: str, key: str, why: str, retry_for: float,
+                console: Console) -> list[int]:
+    """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
+    link is given up then)."""
+    name = node.host.name
+    console.phase(name, f"no stop on its connection ({why}); trying fresh connections for up "
+                        f"to {retry_for:g}s (watchdog.unreachable_after)")
+    deadline = time.monotonic() + retry_for
+    while True:
+        try:
+            t = link.fresh(max(deadline - time.monotonic(), 1.0), link.generation)
+            break
+        except FleetError as e:
+            if time.monotonic() + RETRY_S >= deadline:
+                link.give_up()
+                raise TransportError(f"no fresh connection answered within {retry_for:g}s: "
+                                     f"{e}") from e
+            time.sleep(RETRY_S)
+    try:
+        left = remote.stop(t, node.run_dir, by, key)
+    except FleetError:
+        link.give_up()
+        raise
+    console.phase(name, "answered on a fresh connection: the stop reached it")
+    return left
 
 
 def start_all(guard: Guard, wait_port: bool = False) -> dict[str, int]:
@@ -227,80 +278,121 @@ def start_all(guard: Guard, wait_port: bool = False) -> dict[str, int]:
     return pids
 
 
-HEARTBEAT_S = 2.0  # how often every running node is asked to answer
-HEARTBEAT_TIMEOUT_S = 10.0  # a node silent this long is declared lost
-
-
 def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> list[NodeOutcome]:
-    """Follow every node's log until all have ended. The first node to fail or stop answering
-    stops the run on every other node; so does silence from every node for the job's
-    hang_timeout, after every rank's stack was taken."""
-    plan, session, console = guard.plan, guard.session, guard.console
+    """Follow every node's log until all have ended and every log is read. A node's end is an
+    event of its own (remote.wait_end, on a channel beside the log's): the first node to fail,
+    or to answer nothing for unreachable_after, stops the run on every other node at once,
+    while the rest of its log still comes; so does silence from every node for the job's
+    hang_timeout, after every rank's stack was taken. A stream whose connection broke goes on
+    from where it was on a fresh one."""
+    plan, console = guard.plan, guard.console
     hang_timeout = plan.job.watchdog.hang_timeout
-    last_line = [time.monotonic()]
-    events: queue.Queue[tuple[str, int | Exception]] = queue.Queue()
+    events: queue.Queue[tuple[str, str, object]] = queue.Queue()
     finished = threading.Event()
     index = {n.host.name: i for i, n in enumerate(plan.nodes)}
     nodes = {n.host.name: n for n in plan.nodes}
+    received = {n.host.name: Received() for n in plan.nodes}
     outcomes: dict[str, NodeOutcome] = {}
+    drained: set[str] = set()  # nodes whose log was read to its end (or can no more be)
+    ends: set[str] = set()  # nodes whose end watcher has said what it knows
 
     def follow(node: NodePlan) -> None:
-        t = session.t[node.host.name]
-        local_log = (open(logdir / f"{node.host.name}.log", "w", buffering=1)  # noqa: SIM115
+        name = node.host.name
+        link = guard.links[name]
+        local_log = (open(logdir / f"{name}.log", "w", buffering=1)  # noqa: SIM115
                      if logdir else None)
-        tag = Tagger(node.host.name, node.rank_base, lambda: remote.ranks(t, node.run_dir))
-        quiet = after_stop(guard, node, t)
+        tag = Tagger(name, node.rank_base, lambda: remote.ranks(link.t, node.run_dir))
+        quiet = after_stop(guard, node, link)
+
+        def on_lines(lines: list[str]) -> None:
+            if local_log:
+                local_log.write("".join(line + "\n" for line in lines))
+            console.lines(index[name], [(tg.tag, tg.text) for tg in map(tag, quiet(lines))])
+            quiet.tell()
+
         try:
-            def on_lines(lines: list[str]) -> None:
-                last_line[0] = time.monotonic()
-                if local_log:
-                    local_log.write("".join(line + "\n" for line in lines))
-                console.lines(index[node.host.name],
-                              [(tg.tag, tg.text) for tg in map(tag, quiet(lines))])
-                quiet.tell()
-            code = remote.follow(t, node.run_dir, pids.get(node.host.name), on_lines, finished)
-            events.put((node.host.name, code))
+            events.put(("drained", name, on_link(link, finished, lambda t: remote.follow(
+                t, node.run_dir, pids.get(name), on_lines, finished, received[name]))))
         except Exception as e:
-            events.put((node.host.name, e))
+            events.put(("drained", name, e))
         finally:
             if local_log:
                 local_log.close()
 
-    def heartbeat() -> None:
-        # A cut link does not end a TCP stream for many minutes; a command that gets no answer
-        # in HEARTBEAT_TIMEOUT_S does.
-        while not finished.wait(HEARTBEAT_S):
-            alive = [(n, t) for n, t in session.t.items() if n not in outcomes]
-            answers = each(alive, lambda t: t.run("true", timeout=HEARTBEAT_TIMEOUT_S,
-                                                  what="heartbeat"))
-            for name, r in answers.items():
-                if isinstance(r, Exception) and name not in outcomes:
-                    events.put((name, TransportError(f"stopped answering: {reason(r)}")))
+    def watch(node: NodePlan) -> None:
+        name = node.host.name
+        pid = pids.get(name)
+        if pid is None:  # no wrapper to wait for: its log's end says it all
+            events.put(("end", name, None))
+            return
+        try:
+            events.put(("end", name, on_link(guard.links[name], finished,
+                                              lambda t: remote.wait_end(
+                                                  t, node.run_dir, pid, guard.key(name),
+                                                  finished))))
+        except Exception as e:
+            events.put(("end", name, e))
 
-    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in plan.nodes]
-    threads.append(threading.Thread(target=heartbeat, daemon=True))
+    def keep(node: NodePlan) -> None:
+        name = node.host.name
+        guard.links[name].keep(finished, lambda: name in outcomes,
+                               lambda why: events.put(("lost", name, why)))
+
+    threads = [threading.Thread(target=fn, args=(n,), daemon=True)
+               for n in plan.nodes for fn in (follow, watch, keep)]
     for th in threads:
         th.start()
     faults.point(Phase.STREAM.value)
     stopping = False
     try:
-        while len(outcomes) < len(plan.nodes):
+        # A node lost, then reached again, also says how it ended.
+        while not all(n in outcomes and n in drained and (n not in guard.lost or n in ends)
+                      for n in nodes):
             try:
-                name, result = events.get(timeout=1.0 if hang_timeout else None)
+                kind, name, result = events.get(timeout=1.0 if hang_timeout else None)
             except queue.Empty:
-                silent = time.monotonic() - last_line[0]
+                silent = time.monotonic() - max(r.arrived for r in received.values())
                 if hang_timeout and not stopping and silent > hang_timeout:
                     stopping = True
                     on_hang(guard, silent, skip={n for n, o in outcomes.items()
                                                  if o.status.is_terminal})
                 continue
-            if name in outcomes:
+            node = nodes[name]
+            outcome = None
+            if kind == "end":
+                ends.add(name)
+            if kind == "drained":
+                drained.add(name)
+                if name not in outcomes and isinstance(result, int | Exception):
+                    outcome = _outcome(guard, node, result)
+                elif isinstance(result, Exception):
+                    console.phase(name, f"the rest of its log could not be read: "
+                                        f"{reason(result)} (`fleet logs {plan.run_id} --node "
+                                        f"{name}` reads it from the node)")
+            elif kind == "end" and isinstance(result, remote.NodeState) and result.done:
+                known = outcomes.get(name)
+                outcome = NodeOutcome(name, node.node_rank, result.status, result.code,
+                                      result.stopped_by, result.own_failure)
+                if known is not None:
+                    if known.status is NodeStatus.UNREACHABLE:
+                        # Lost, then reached by the stop: what it says now is what happened.
+                        console.phase(name, f"answered again: {outcome.describe()}")
+                        outcomes[name] = outcome
+                    continue  # its loss already set off the fail-fast
+            elif kind == "end" and isinstance(result, Exception) and name not in outcomes:
+                outcome = _outcome(guard, node, result)
+            elif kind == "lost" and name not in outcomes:
+                guard.lost.add(name)
+                guard.links[name].t.close()  # its streams go on from a fresh connection
+                outcome = NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
+                                      str(result))
+                if stopping:
+                    guard.links[name].give_up()  # the stop already under way missed it
+            if outcome is None:
                 continue
-            outcome = _outcome(session, nodes[name], result, guard.key(name))
             outcomes[name] = outcome
             if outcome.status is not NodeStatus.SUCCEEDED and not stopping:
                 stopping = True
-                node = nodes[name]
                 if outcome.status is NodeStatus.STOPPED:
                     by = outcome.detail or "a stop"
                     console.info(f"{name} (node rank {node.node_rank}) was stopped by {by}; "
@@ -309,11 +401,24 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
                     by = f"fail-fast: {name} {outcome.status.value}"
                     console.info(f"{name} (node rank {node.node_rank}) {outcome.describe()}; "
                                  "stopping the job on every other node")
-                # Every node not known to have ended, the unreachable ones too (best effort).
+                # Every node not known to have ended, the unreachable ones too (retried on
+                # fresh connections while unreachable_after allows).
                 guard.stop(by, skip={n for n, o in outcomes.items() if o.status.is_terminal})
     finally:
         finished.set()
     return [outcomes[n.host.name] for n in plan.nodes]
+
+
+def on_link(link: Link, stop: threading.Event, fn: Callable[[Transport], R]) -> R:
+    """fn(the node's connection), again on a fresh one each time the connection breaks, until
+    the link is given up (then the last error) or `stop` is set."""
+    while True:
+        generation = link.generation
+        try:
+            return fn(link.t)
+        except FleetError:
+            if stop.is_set() or not link.recover(generation, stop):
+                raise
 
 
 def on_hang(guard: Guard, silent: float, skip: set[str]) -> None:
@@ -334,14 +439,14 @@ def on_hang(guard: Guard, silent: float, skip: set[str]) -> None:
     guard.stop(f"watchdog: no output for {limit:g}s (a hang)", skip=skip)
 
 
-def after_stop(guard: Guard, node: NodePlan, t: Transport) -> AfterStop:
+def after_stop(guard: Guard, node: NodePlan, link: Link) -> AfterStop:
     """The attached stream's filter for one node: from the line where fleet's stop of it began
     (the node confirms its stop record), what it prints is hidden here, once said so."""
     name = node.host.name
 
     def confirm() -> str:
         with contextlib.suppress(FleetError):
-            return remote.state(t, node.run_dir, guard.key(name)).stopped_by
+            return remote.state(link.t, node.run_dir, guard.key(name)).stopped_by
         return ""
 
     def announce(by: str) -> None:
@@ -351,12 +456,11 @@ def after_stop(guard: Guard, node: NodePlan, t: Transport) -> AfterStop:
     return AfterStop(confirm, announce)
 
 
-def _outcome(session: Session, node: NodePlan, result: int | Exception,
-             key: str) -> NodeOutcome:
+def _outcome(guard: Guard, node: NodePlan, result: int | Exception) -> NodeOutcome:
     name = node.host.name
     if not isinstance(result, Exception):
         try:
-            st = remote.state(session.t[name], node.run_dir, key)
+            st = remote.state(guard.links[name].t, node.run_dir, guard.key(name))
         except FleetError as e:
             result = e
         else:
@@ -366,7 +470,7 @@ def _outcome(session: Session, node: NodePlan, result: int | Exception,
             # Its log stream ended while it still ran: fleet lost sight of it, and says so.
             return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
                                f"its log stream ended while it was still {st.status.value}")
-    session.t[name].close()
+    guard.links[name].give_up()
     return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None, reason(result))
 
 
@@ -383,6 +487,7 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
+    lost_first = {o.name for o in outcomes if o.detail.startswith(f"fail-fast: {o.name} ")}
     if root is not None:
         for line in failure.summary(root):
             console.info(line)
@@ -397,8 +502,9 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     others = [o for o in failed if o.name != first_name]
     if others:
         console.info("also failed: " + ", ".join(o.name for o in others))
+    # Not a node lost, then stopped once it answered: the fail-fast was its own.
     collateral = [o.name for o in outcomes if o.status is NodeStatus.STOPPED
-                  and o.detail.startswith("fail-fast")]
+                  and o.detail.startswith("fail-fast") and o.name not in lost_first]
     if collateral:
         console.info("stopped as a consequence: " + ", ".join(collateral))
     for o in lost:

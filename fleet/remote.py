@@ -19,7 +19,7 @@ from fleet.group import each
 from fleet.shell import MACHINE_ID, home_word, quote, sh
 from fleet.state import NodeRecord, RunRecord
 from fleet.states import NodeStatus
-from fleet.transport import Transport, open_transport
+from fleet.transport import Received, Transport, open_transport
 
 R = TypeVar("R")
 
@@ -299,32 +299,68 @@ def wait_port(t: Transport, run_dir: str, addr: str, port: int, timeout: float,
         time.sleep(0.25)
 
 
-def follow_script(run_dir: str, pid: int | None, from_line: int = 1) -> str:
-    """node.log from a line on; with the wrapper's pid, until the wrapper ends. Its end is an
-    event where run.sh holds its lock: a shared flock returns at once then, the waiter exits
-    and is reaped by this shell, and tail (checking every 0.05 s) reads the rest and stops.
-    Elsewhere tail watches the wrapper's pid. tail is never the script's last command: a shell
-    would exec it, and the waiter would become tail's own unreaped child."""
+def follow_script(run_dir: str, pid: int | None, offset: int = 0) -> str:
+    """node.log from a byte on (0: its start); with the wrapper's pid, until the wrapper ends.
+    Its end is an event where run.sh holds its lock: a shared flock returns at once then, the
+    waiter exits and is reaped by this shell, and tail (checking every 0.05 s) reads the rest
+    and stops. Elsewhere tail watches the wrapper's pid. tail is never the script's last
+    command: a shell would exec it, and the waiter would become tail's own unreaped child."""
     log = f"{run_dir}/node.log"
     if pid is None:
-        return sh("tail", "-n", f"+{from_line}", log) + " 2>/dev/null"
-    d = quote(run_dir)
+        return sh("tail", "-c", f"+{offset + 1}", log) + " 2>/dev/null"
     return "\n".join([
-        f"w={pid}",
-        f"if [ -e {d}/locked ] && command -v flock >/dev/null 2>&1; then",
-        f"  flock -s {d}/lock true 2>/dev/null & w=$!",
-        "fi",
-        sh("tail", "-n", f"+{from_line}", "-F", "-s", "0.05", "--pid") + f' "$w" {quote(log)}'
+        _end_waiter(run_dir, pid),
+        sh("tail", "-c", f"+{offset + 1}", "-F", "-s", "0.05", "--pid") + f' "$w" {quote(log)}'
         " 2>/dev/null",
         "code=$?",
         'exit "$code"',
     ])
 
 
+def _end_waiter(run_dir: str, pid: int) -> str:
+    """Sets $w to a process that lives exactly as long as the run's wrapper: a shared flock on
+    run.sh's lock where it took one, else the wrapper itself."""
+    d = quote(run_dir)
+    return "\n".join([
+        f"w={pid}",
+        f"if [ -e {d}/locked ] && command -v flock >/dev/null 2>&1; then",
+        f"  flock -s {d}/lock true 2>/dev/null & w=$!",
+        "fi",
+    ])
+
+
 def follow(t: Transport, run_dir: str, pid: int | None, on_lines: Callable[[list[str]], None],
-           stop: threading.Event | None = None, from_line: int = 1) -> int:
-    """Stream node.log from a line on, until the run's wrapper process exits (or `stop`)."""
-    return t.stream(follow_script(run_dir, pid, from_line), on_lines, stop)
+           stop: threading.Event | None = None, received: Received | None = None) -> int:
+    """Stream node.log until the run's wrapper process exits (or `stop`), from the byte where
+    `received` says a stream before this one ended (its start, without)."""
+    return t.stream(follow_script(run_dir, pid, received.offset if received else 0), on_lines,
+                    stop, received)
+
+
+def end_script(run_dir: str, pid: int) -> str:
+    """Waits until the run's wrapper has ended, then says the run's state (state_script). It
+    prints nothing before: the end reaches fleet as soon as it happens, on a channel of its
+    own, however much of node.log is still on its way. A wrapper that is a zombie nobody reaps
+    still answers kill -0: there, its exit code file says it ended."""
+    d = quote(run_dir)
+    return "\n".join([
+        f"if [ -e {d}/locked ] && command -v flock >/dev/null 2>&1; then",
+        f"  flock -s {d}/lock true 2>/dev/null",
+        "else",
+        f"  while kill -0 {pid} 2>/dev/null && [ ! -e {d}/exit_code ]; do sleep 0.2; done",
+        "fi",
+        state_script(run_dir),
+    ])
+
+
+def wait_end(t: Transport, run_dir: str, pid: int, key: str,
+             stop: threading.Event | None = None) -> NodeState | None:
+    """The run's state once its wrapper has ended on the node (`key`: its stop key, see
+    parse_state); None if `stop` came first."""
+    out: list[str] = []
+    if t.stream(end_script(run_dir, pid), out.extend, stop) == -1:
+        return None
+    return parse_state("\n".join(out), key)
 
 
 def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R]) -> dict[str, R | Exception]:

@@ -44,7 +44,7 @@ from fleet.signals import SignalGuard
 from fleet.slurm import Cluster, Script, argv, env_file_text, env_of, nproc, render
 from fleet.states import RunStatus
 from fleet.sync import sync_dir
-from fleet.transport import Transport, open_transport
+from fleet.transport import Partial, Transport, open_transport
 
 RECORD = "slurm.json"  # beside run.json in the run's local record
 POLL_S = 1.0
@@ -140,7 +140,7 @@ class Follower:
         with self.lock:
             if self.stop.is_set():
                 return
-            self.count += len(lines)
+            self.count += sum(not isinstance(line, Partial) for line in lines)  # log lines
             self.last = time.monotonic()
             for line in lines:
                 self.on_line(line)

@@ -231,7 +231,16 @@ def test_sshd_killed_mid_run_job_survives_until_stopped(cli: CLI, tmp_path: Path
     _need_testbed()
     with Testbed(2) as tb:
         tb.inventory(tmp_path / "inv.toml")
-        proc = cli.popen("up", str(long_job(tmp_path, next(_ports), TICK_S=0.2)))
+        # Ranks that never talk: fleet gives node2 unreachable_after (10 s), then as long again
+        # for its stop, and a gloo job there would die of node1's stop meanwhile.
+        (tmp_path / "ticks.py").write_text("import time\nfor i in range(1200):\n"
+                                           "    print(f'tick {i}', flush=True)\n"
+                                           "    time.sleep(0.2)\n")
+        job = tmp_path / "ticks.toml"
+        job.write_text('inventory = "inv.toml"\nlauncher = "command"\n'
+                       'command = ["{python}", "ticks.py"]\n'
+                       f"[rendezvous]\nport = {next(_ports)}\n")
+        proc = cli.popen("up", str(job))
         runs = cli.cwd / ".fleet" / "runs"
         try:
             wait_for(lambda: any("tick 3" in p.read_text() for p in runs.glob("*/node2.log")),

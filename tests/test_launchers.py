@@ -307,6 +307,12 @@ def test_debug_env_wins_and_flight_recorder_env_points_into_the_run_dir() -> Non
     ("[watchdog]\nhang = 5\n", "watchdog.hang", "unknown key"),
     ("[watchdog]\nnccl_flight_recorder = 1\n", "watchdog.nccl_flight_recorder",
      "true or false"),
+    ("[watchdog]\nunreachable_after = 1\n", "watchdog.unreachable_after",
+     "at least 4 (fleet asks every node every 2s), not 1"),
+    ("[watchdog]\nunreachable_after = inf\n", "watchdog.unreachable_after", "not inf"),
+    ("[watchdog]\nunreachable_after = nan\n", "watchdog.unreachable_after", "not nan"),
+    ('[watchdog]\nunreachable_after = "30s"\n', "watchdog.unreachable_after",
+     "must be a number"),
 ])
 def test_watchdog_errors_name_the_key(tmp_path: Path, body: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -319,3 +325,6 @@ def test_watchdog_settings(tmp_path: Path) -> None:
     assert job.watchdog.hang_timeout == 300.0 and not job.watchdog.nccl_flight_recorder
     assert job.debug
     assert load_job(job_file(tmp_path)).watchdog.hang_timeout is None  # never, by default
+    assert load_job(job_file(tmp_path)).watchdog.unreachable_after == 10.0
+    slow = load_job(job_file(tmp_path, "[watchdog]\nunreachable_after = 30\n"))
+    assert slow.watchdog.unreachable_after == 30.0
