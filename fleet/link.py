@@ -77,6 +77,19 @@ def reconnect(old: Transport, timeout: float) -> Transport:
     raise TransportError(f"a fresh connection to {old.host.address} failed: {reason(got)}")
 
 
+def refused(e: BaseException) -> bool:
+    """Whether a connection failed because the node refused it (nothing listens on its ssh
+    port: sshd gone, the host rebooting): an answer, unlike silence, so nothing to wait for."""
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class Link:
     """One node's connection in a run, shared by everything that talks to the node (its log,
     its end, the heartbeat, the stop): `t` is the one in place now. A stream that broke waits
@@ -128,26 +141,30 @@ class Link:
             try:
                 self.fresh(self.limit, generation)
                 return True
-            except FleetError:
+            except FleetError as e:
+                if refused(e):  # its connection broke and the node refuses a new one: down
+                    self.give_up()
+                    return False
                 with self.cond:
                     self.cond.wait(RETRY_S)
         return False
 
-    def answers(self, timeout: float) -> str | None:
-        """None if the node answers within `timeout`, on its connection or else a fresh one
-        (then put in place); else why not."""
+    def answers(self, timeout: float) -> tuple[str | None, bool]:
+        """(None, False) if the node answers within `timeout`, on its connection or else a
+        fresh one (then put in place); else why not, and whether that is final (its
+        connection broke and it refused a fresh one)."""
         deadline = time.monotonic() + timeout
         generation, t = self.generation, self.t
         probe = max(timeout / 2, min(timeout, HEARTBEAT_S))
         got = within(lambda: t.run("true", timeout=probe, what="heartbeat"), probe)
         if got is not None and not isinstance(got, Exception):
-            return None
+            return None, False
         why = f"no answer within {probe:.0f}s" if got is None else reason(got)
         try:
             self.fresh(max(deadline - time.monotonic(), 0.5), generation)
         except FleetError as e:
-            return f"{why}; {e}"
-        return None
+            return f"{why}; {e}", got is not None and refused(e)
+        return None, False
 
     def keep(self, stop: threading.Event, ended: Callable[[], bool],
              on_lost: Callable[[str], None]) -> None:
@@ -157,10 +174,14 @@ class Link:
         while not stop.wait(HEARTBEAT_S):
             if ended():
                 return
-            why = self.answers(max(self.limit - (time.monotonic() - last), 1.0))
+            why, final = self.answers(max(self.limit - (time.monotonic() - last), 1.0))
             if why is None:
                 last = time.monotonic()
                 continue
+            if final and not stop.is_set() and not ended():
+                on_lost(f"its connection broke and it refuses new ones (sshd is gone, or the "
+                        f"host restarts): {why}")
+                return
             silent = time.monotonic() - last
             if silent >= self.limit and not stop.is_set() and not ended():
                 on_lost(f"no answer for {silent:.0f}s on its connection or a fresh one "

@@ -423,7 +423,7 @@ class _Lines:
             self.pieces = 0
             return
         self.received.offset += end - start
-        if whole and not self.pieces and self._is(buf, start, stop, self.end):
+        if self.end and whole and not self.pieces and self._is(buf, start, stop, self.end):
             self.pending_blank = False
             self.started = False  # anything after the end marker is noise too
             return

@@ -139,10 +139,10 @@ def test_controller_killed_while_uploading(cli: CLI, tb: Testbed, tmp_path: Path
     stop = from_elsewhere(cli, tmp_path, "stop", run_id)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     st = from_elsewhere(cli, tmp_path, "status", run_id)
-    # Killed before a single file reached a node: no node has anything of the run, and
-    # `status` says so rather than guessing.
-    assert st.returncode == 3, st.stdout
-    assert st.stdout.count("missing (no run directory there)") == 2, st.stdout
+    # Killed before it started any node: `status` says the run never started (its `fleet up`
+    # is gone, nothing was launched), neither "starting" forever nor a guess.
+    assert st.returncode == 1, st.stdout
+    assert f"run {run_id} " in st.stdout and ": never started" in st.stdout, st.stdout
 
 
 @pytest.mark.parametrize("phase", ["master-start", "worker-start", "stream"])

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def tricky() -> Iterator[Testbed]:
     """Two hosts whose real interfaces have different names, each with a docker0-like decoy
-    created first, and whose hostnames resolve to 127.0.0.1."""
+    created first, and whose hostnames resolve to 127.0.1.1 (as Debian's installer writes)."""
     _need_testbed()
     with Testbed(2, ifaces=["ens3", "enp0s8"], decoy=True) as tb:
         yield tb
@@ -59,7 +59,7 @@ def test_check_passes_on_a_healthy_testbed(cli: CLI, tricky: Testbed, tmp_path: 
     assert row(r.stdout, "node2", "reach master").startswith("PASS")
     assert row(r.stdout, "node2", "torch").startswith("PASS")
     # The loopback hostname is worth a warning, with the fix.
-    assert row(r.stdout, "node1", "hostname").startswith("WARN node1 resolves to 127.0.0.1")
+    assert row(r.stdout, "node1", "hostname").startswith("WARN node1 resolves to 127.0.1.1")
 
 
 def test_check_collective_prints_bandwidth(cli: CLI, tricky: Testbed, tmp_path: Path) -> None:

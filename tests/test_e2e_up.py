@@ -57,8 +57,8 @@ def test_allreduce_across_two_hosts(cli: CLI, tb2: Testbed, tmp_path: Path) -> N
     for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"{host} r{rank} | rank {rank}/4 on {host}: all_reduce = 10 ok" in r.stdout, \
             r.stdout
-    # No interface settings anywhere, though each host's name resolves to 127.0.0.1: fleet
-    # detected the interface (the seeds' `Gloo connectFullMesh failed ... 127.0.0.1`).
+    # No interface settings anywhere, though each host's name resolves to 127.0.1.1: fleet
+    # detected the interface (the seeds' `Gloo connectFullMesh failed ... 127.0.x.x`).
     assert "interface eth0" in r.stderr
     # Master first: node2's launcher starts only once node1's has (its torchrun then waits
     # for the master's store by itself).

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import CLI
 from tests.test_e2e_lifetime import long_job, wait_for
-from tests.test_e2e_up import assert_nothing_left, run_id_of
+from tests.test_e2e_up import assert_nothing_left, rows, run_id_of
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -104,7 +104,7 @@ def test_nodes_that_failed_by_themselves_are_failed_not_stopped(cli: CLI, tb2: T
     st = cli("status", run_id)
     assert st.returncode == 1, st.stdout + st.stderr
     assert re.search(rf"^run {run_id} .*: failed$", st.stdout, re.M), st.stdout
-    assert len(re.findall(r"rank \d  failed", st.stdout)) == 2, st.stdout
+    assert len(rows("failed", st.stdout)) == 2, st.stdout
     assert "stopped" not in st.stdout.replace("before the stop", ""), st.stdout
 
 

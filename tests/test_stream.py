@@ -218,7 +218,7 @@ def test_a_link_that_stops_answering_is_replaced_by_a_fresh_connection() -> None
     ts: dict[str, Transport] = {"n1": FakeTransport("lost")}
     old = ts["n1"]
     link = Link(ts, "n1", 4, connect=lambda t, timeout: FakeTransport("ok"))
-    assert link.answers(2) is None
+    assert link.answers(2) == (None, False)
     assert ts["n1"] is not old and old.closed and link.generation == 1  # type: ignore[attr-defined]
 
 
@@ -263,3 +263,12 @@ def test_end_script_returns_at_the_lock_release(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=30, env=dict(os.environ))
     holder.wait()
     assert remote.parse_state(out.stdout).status is NodeStatus.SUCCEEDED
+
+
+def test_an_unframed_stream_keeps_its_blank_lines() -> None:
+    """A local stream has no markers: a blank line (torchrun's banner begins with one) is a
+    line, not the end marker (before, it ended the stream: the local inventory showed no line)."""
+    local = LocalTransport(Host("here", "localhost", transport="local"))
+    got: list[str] = []
+    assert local.stream('printf "\\n"; echo a; echo; echo b', got.extend) == 0
+    assert got == ["", "a", "", "b"]

@@ -301,8 +301,9 @@ class Testbed:
         etc.mkdir(parents=True, exist_ok=True)
         others = "".join(f"{o.addr} {o.name}\n" for o in self.hosts if o is not h)
         v6 = "::1 localhost ip6-localhost ip6-loopback\n" if self.ipv6 else ""
-        # The seeds' pain, for real: the host's own name resolves to loopback.
-        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{v6}127.0.0.1 {h.name}\n{others}")
+        # The seeds' pain, for real: the host's own name resolves to loopback, on the address
+        # Debian's installer writes for it (127.0.1.1, not 127.0.0.1).
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{v6}127.0.1.1 {h.name}\n{others}")
         (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         shell = SHELLS[h.shell]
         passwd: list[str] = []

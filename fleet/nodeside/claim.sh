@@ -1,8 +1,9 @@
 # fleet's claim on a host: while this script lives, no other `fleet up` prepares this machine.
 # $1: fleet's workdir on the node, $2: the run id. Prints one status line ("claimed", "busy
-# <run id of the holder>", or "unsupported" where flock is missing), then a "." every second:
+# <run id of the holder>", or "unsupported" where flock is missing), then a "." twice a second:
 # when fleet closes the channel (or its connection dies) the next write fails, the shell dies
-# of SIGPIPE and the lock (fd 9, held by this shell alone) is released.
+# of SIGPIPE and the lock (fd 9, held by this shell alone) is released. A claim that is being
+# released so (a launch that just gave up) is waited for, 3 s at most, before "busy".
 set -u
 mkdir -p "$1" && cd "$1" || exit 1
 me=".fleet-claim.$(uname -n)"
@@ -11,12 +12,12 @@ if ! command -v flock >/dev/null 2>&1; then
   exit 0
 fi
 exec 9>>"$me" || exit 1
-if ! flock -n 9; then
+if ! flock -w 3 9; then
   echo "busy $(head -c 200 "$me.who" 2>/dev/null | tr -cd 'A-Za-z0-9._-')"
   exit 0
 fi
 printf '%s\n' "$2" > "$me.who"
 echo claimed
-while sleep 1 9>&-; do
+while sleep 0.5 9>&-; do
   echo . || exit 0
 done
