@@ -26,7 +26,7 @@ ANSWER_S = 30.0  # how long a node may take to say whether it could be claimed
 class ClaimState(Enum):
     CLAIMED = "claimed"
     BUSY = "busy"  # another launch holds it
-    UNSUPPORTED = "unsupported"  # no flock on the node: nothing can be held there
+    UNSUPPORTED = "unsupported"  # no flock, or no locks on that filesystem: nothing is held
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,7 @@ def claim_all(session: dict[str, Transport], hosts: tuple[Host, ...], run_id: st
         raise HostsBusy("claiming the hosts", busy)
     for name, a in results.items():
         if isinstance(a, Answer) and a.state is ClaimState.UNSUPPORTED:
-            console.phase(name, "warning: no `flock` here: another launch at the same time "
+            console.phase(name, "warning: cannot hold a lock here (no `flock`, or a "
+                                "filesystem without locks): another launch at the same time "
                                 "would not be kept out")
     return held

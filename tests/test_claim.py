@@ -50,3 +50,16 @@ def test_parse_answer_takes_only_its_words_and_a_clean_holder() -> None:
     assert parse_answer("busy run-1\x1b]52;c;x\x07") == Answer(ClaimState.BUSY, "run-152cx")
     assert parse_answer("unsupported\n") == Answer(ClaimState.UNSUPPORTED)
     assert parse_answer(".") is None and parse_answer("Welcome to the lab") is None
+
+
+def test_a_filesystem_that_cannot_lock_is_unsupported_not_busy(tmp_path: Path) -> None:
+    """flock failing for another reason than a holder (ENOLCK on some NFS mounts, here a stand-in
+    flock that fails so) must not read as another launch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "flock").write_text("#!/bin/sh\necho 'flock: No locks available' >&2\nexit 71\n")
+    (bin_dir / "flock").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = subprocess.run(["sh", "-c", claim_script(str(tmp_path / "fleet"), "run-a")],
+                       capture_output=True, text=True, env=env, timeout=10)
+    assert p.stdout.splitlines() == ["unsupported"], p.stdout + p.stderr

@@ -1,6 +1,7 @@
 # fleet's claim on a host: while this script lives, no other `fleet up` prepares this machine.
 # $1: fleet's workdir on the node, $2: the run id. Prints one status line ("claimed", "busy
-# <run id of the holder>", or "unsupported" where flock is missing), then a "." twice a second:
+# <run id of the holder>", or "unsupported" where flock is missing or the filesystem cannot
+# lock), then a "." twice a second:
 # when fleet closes the channel (or its connection dies) the next write fails, the shell dies
 # of SIGPIPE and the lock (fd 9, held by this shell alone) is released. A claim that is being
 # released so (a launch that just gave up) is waited for, 3 s at most, before "busy".
@@ -12,8 +13,14 @@ if ! command -v flock >/dev/null 2>&1; then
   exit 0
 fi
 exec 9>>"$me" || exit 1
-if ! flock -w 3 9; then
+flock -w 3 -E 75 9
+got=$?
+if [ "$got" -eq 75 ]; then  # held by another launch (75: flock's conflict, asked for here)
   echo "busy $(head -c 200 "$me.who" 2>/dev/null | tr -cd 'A-Za-z0-9._-')"
+  exit 0
+fi
+if [ "$got" -ne 0 ]; then  # a filesystem without locks (some NFS mounts): nothing to hold
+  echo unsupported
   exit 0
 fi
 printf '%s\n' "$2" > "$me.who"
