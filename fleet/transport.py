@@ -630,17 +630,17 @@ class SSHTransport(Transport):
 
     def _put(self, path: str, data: bytes, mode: int) -> str:
         progress = _Progress(self.STALL_S, self._abort)
+        sftp = None
         try:
             with progress:
                 sftp = self._sftp_client()
-                if sftp is None:
-                    return self._exec_put(path, data, mode)
-                with sftp.open(path, "wb") as f:
-                    f.chmod(mode)
-                    f.set_pipelined(True)
-                    for off in range(0, len(data), PUT_CHUNK):
-                        f.write(data[off:off + PUT_CHUNK])
-                        progress.moved()
+                if sftp is not None:
+                    with sftp.open(path, "wb") as f:
+                        f.chmod(mode)
+                        f.set_pipelined(True)
+                        for off in range(0, len(data), PUT_CHUNK):
+                            f.write(data[off:off + PUT_CHUNK])
+                            progress.moved()
         except (paramiko.SFTPError, paramiko.SSHException, OSError, EOFError) as e:
             if progress.stalled:
                 done = progress.sent(len(data))
@@ -652,6 +652,8 @@ class SSHTransport(Transport):
             # The subsystem spoke garbage mid-way (an rc file that prints only sometimes):
             # not a problem of the file; the exec channel carries this and every later one.
             self._drop_sftp(e)
+            return self._exec_put(path, data, mode)
+        if sftp is None:  # outside the watch: the exec channel has a deadline per chunk
             return self._exec_put(path, data, mode)
         return ""
 

@@ -80,3 +80,31 @@ def test_an_interrupt_never_waits_on_a_blocked_call() -> None:
     assert stuck and all(th.daemon for th in stuck)
     fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # let the threads go
     os.close(fd)
+
+
+def test_a_write_over_the_exec_channel_is_not_cut_by_the_sftp_watch() -> None:
+    """The progress watch is SFTP's: a write over the exec channel (no SFTP, or a garbled one),
+    as slow as it is, keeps its own per-chunk deadlines and is never aborted by it."""
+    import time
+
+    from fleet.inventory import Host
+    from fleet.transport import SSHTransport
+
+    class NoSftp(SSHTransport):
+        STALL_S = 0.3
+        aborted = False
+
+        def _sftp_client(self) -> None:  # type: ignore[override]
+            return None
+
+        def _exec_put(self, path: str, data: bytes, mode: int) -> str:
+            time.sleep(1.0)  # three stall limits, moving nothing the watch could see
+            return ""
+
+        def _abort(self) -> None:
+            NoSftp.aborted = True
+
+    t = NoSftp(Host("node1", "10.0.0.1"))
+    assert t._put("/x", b"data", 0o600) == ""
+    time.sleep(0.5)
+    assert not NoSftp.aborted
