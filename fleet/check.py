@@ -15,6 +15,7 @@ from fleet.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.group import each, reason
 from fleet.inventory import Host, Inventory
 from fleet.job import DEFAULT_EXCLUDE, Job
+from fleet.nodedata import number
 from fleet.plan import NodeNet, node_nproc
 from fleet.probe import Facts, master_address, net_for, probe, storage_groups
 from fleet.remote import connect_script
@@ -157,7 +158,7 @@ def stop_listener(t: Transport, pid: str) -> None:
     The pid is the node's word: only a plain one above 1 (`kill 0` or `kill 1` would reach every
     process of the shell's group, or init), and only while it is still a listener of fleet's
     (once the listener ended by itself the pid may name anything)."""
-    if pid.isascii() and pid.isdigit() and len(pid) < 8 and int(pid) > 1:
+    if (n := number(pid, 1 << 22)) is not None and n > 1:
         proc = f"/proc/{pid}/cmdline"
         t.run(sh("grep", "-qzxF", LISTENER_MARK, proc) + " 2>/dev/null && "
               + sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")

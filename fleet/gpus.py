@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.console import ranges
+from fleet.nodedata import number
 from fleet.transport import Transport
 
 # Indices are nvidia-smi's (PCI bus order; fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match).
@@ -58,8 +59,7 @@ class GpuFacts:
 
 
 def _int(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else None
+    return number(text)
 
 
 def parse_gpus(out: str) -> GpuFacts:

@@ -16,6 +16,7 @@ from typing import TypeVar
 from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
 from fleet.group import each
+from fleet.nodedata import number
 from fleet.shell import MACHINE_ID, home_word, quote, sh
 from fleet.state import NodeRecord, RunRecord
 from fleet.states import NodeStatus
@@ -62,7 +63,7 @@ def start_script(run_dir: str, run_id: str) -> str:
 
 def parse_pid(out: str) -> int | None:
     words = out.split()
-    return int(words[-1]) if words and words[-1].isdigit() else None
+    return number(words[-1], 1 << 22) if words else None
 
 
 def start(t: Transport, run_dir: str, run_id: str) -> int:
@@ -94,8 +95,7 @@ def state_script(run_dir: str) -> str:
 
 
 def _int(text: str | None) -> int | None:
-    text = (text or "").strip()
-    return int(text) if text.lstrip("-").isdigit() else None
+    return number(text, signed=True)
 
 
 def parse_state(out: str, key: str = "") -> NodeState:
@@ -190,7 +190,8 @@ def parse_stop_record(lines: list[str], key: str) -> StopRecord:
                                       "ended")
         elif name == "ended":
             words = value.split()
-            if len(words) == 3 and all(w.isdigit() for w in words) and int(words[2]):
+            got = [number(w) for w in words]
+            if len(got) == 3 and None not in got and got[2]:
                 status = int(words[2])
                 how = (f"been killed by {_signal_name(status & 0x7F)}" if status & 0x7F else
                        f"exited {status >> 8}")
@@ -215,9 +216,10 @@ def parse_ranks(out: str) -> dict[int, int]:
     ranks = {}
     for line in out.splitlines():
         words = line.split()
-        # ASCII digits only: a rank file is the job's to write, and int("²") raises.
-        if len(words) == 2 and all(w.isascii() and w.isdigit() and len(w) < 10 for w in words):
-            ranks[int(words[0])] = int(words[1])
+        # A rank file is the job's to write: plain numbers only.
+        got = [number(w, 1 << 31) for w in words]
+        if len(got) == 2 and got[0] is not None and got[1] is not None:
+            ranks[got[0]] = got[1]
     return ranks
 
 
@@ -397,7 +399,7 @@ def parse_stop(out: str) -> list[int] | None:
     """The pids still alive after stop.sh, or None if it did not get as far as saying."""
     if "left=" not in out:
         return None
-    return [int(p) for p in out.rsplit("left=", 1)[-1].split() if p.isdigit()]
+    return [n for p in out.rsplit("left=", 1)[-1].split() if (n := number(p)) is not None]
 
 
 def stop_script(run_dir: str, by: str, key: str, mark: bool = False) -> str:

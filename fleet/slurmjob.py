@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from fleet.nodedata import number
 from fleet.shell import quote, sh
 from fleet.states import RunStatus
 
@@ -195,7 +196,7 @@ def parse_nodes(out: str) -> dict[str, NodeInfo]:
         signalled, _, first = rest.partition("|")
         m = ANNOUNCE.search(first)
         found[name] = NodeInfo(name, int(m.group(2)) if m else None,
-                               int(code) if code.strip().lstrip("-").isdigit() else None,
+                               number(code, signed=True),
                                signalled.strip() == "signalled")
     return found
 

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from fleet.console import printable, ranges
+from fleet.nodedata import number
 from fleet.plan import FR_PIPE, FR_TRACE
 from fleet.shell import quote
 from fleet.transport import Transport
@@ -223,12 +224,7 @@ def _sections(out: str) -> list[tuple[str, str]]:
 
 
 def _number(text: str | None, limit: int) -> int | None:
-    """A plain decimal number below `limit` (ASCII digits only: `"²".isdigit()` is true, and
-    int() of a few thousand digits raises), else None."""
-    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
-        return None
-    n = int(text)
-    return n if n < limit else None
+    return number(text, limit)
 
 
 def _int(text: str | None) -> int | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.errors import RemoteCommandError, WorkdirError
+from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
 from fleet.transport import Transport
 
@@ -150,11 +151,10 @@ def parse_manifest(out: str) -> Manifest:
     found: Manifest = {}
     for line in out.splitlines():
         parts = line.split("\t")
-        if len(parts) == 3 and parts[1].isdigit():
-            try:
-                found[parts[0]] = (int(parts[1]), int(float(parts[2])))
-            except ValueError:
-                continue
+        size = number(parts[1]) if len(parts) == 3 else None
+        mtime = number(parts[2].partition(".")[0]) if len(parts) == 3 else None
+        if size is not None and mtime is not None:
+            found[parts[0]] = (size, mtime)
     return found
 
 
@@ -177,8 +177,8 @@ def parse_listing(out: str, count: int) -> list[Manifest]:
     parts: list[list[str]] = [[] for _ in range(count)]
     at = -1
     for line in out.splitlines():
-        if line.startswith("#dir ") and line[5:].strip().isdigit():
-            at = int(line[5:].strip())
+        if line.startswith("#dir ") and (n := number(line[5:], count)) is not None:
+            at = n
         elif 0 <= at < count:
             parts[at].append(line)
     return [parse_manifest("\n".join(p)) for p in parts]

@@ -31,6 +31,7 @@ import paramiko
 from fleet import hostkeys
 from fleet.errors import CommandTimedOut, RemoteCommandError, TransportError, WriteError
 from fleet.inventory import Host
+from fleet.nodedata import number
 from fleet.shell import quote
 
 # What the login shell runs: no quotes, no operators, the same in every shell.
@@ -122,12 +123,12 @@ def parse_verify(out: str) -> Written:
         return Written(True)
     got, free, mount = 0, None, ""
     for line in out.splitlines():
-        if line.startswith("got=") and line[4:].strip().isdigit():
-            got = int(line[4:].strip())
+        if line.startswith("got=") and (n := number(line[4:])) is not None:
+            got = n
         elif line.startswith("df="):
             fields = line[3:].split()
-            if len(fields) >= 6 and fields[3].isdigit():
-                free, mount = int(fields[3]), fields[5]
+            if len(fields) >= 6 and (kib := number(fields[3])) is not None:
+                free, mount = kib, fields[5]
     return Written(False, got, free, mount)
 
 

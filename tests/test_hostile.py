@@ -155,3 +155,12 @@ def test_fetch_reads_a_regular_file_within_its_limit_only(tmp_path: Path) -> Non
             hang.fetch(t, str(tmp_path / "big"), 10)
         with pytest.raises(RemoteCommandError, match="not a regular file"):
             hang.fetch(t, str(tmp_path / "link"), 10)
+
+
+def test_a_nodes_number_is_plain_ascii_and_bounded() -> None:
+    from fleet.nodedata import number
+
+    assert number(" 42\n") == 42 and number("-3", signed=True) == -3
+    for bad in ("²", "٣", "1e3", "0x10", "-3", "", None, "9" * 5000, " 1 2"):
+        assert number(bad) is None, bad
+    assert number("70000", limit=1 << 16) is None and number("65535", limit=1 << 16) == 65535
