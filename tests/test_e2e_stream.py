@@ -185,11 +185,9 @@ def started_ticking(cli: CLI, host: str, tick: int) -> None:
                          for p in runs.glob(f"*/{host}.log")), 180, "the job to run")
 
 
-def test_a_15s_sshd_stall_within_unreachable_after(cli: CLI, tb2: Testbed,
-                                                   tmp_path: Path) -> None:
-    tb2.inventory(tmp_path / "inv.toml")
-    job = command_job(tmp_path, "stall", TICKS, 29584, ', "70"',
-                      "[watchdog]\nunreachable_after = 30\n")
+def up_through_a_stall(cli: CLI, tb2: Testbed, job: Path) -> tuple[int, str, str]:
+    """`fleet up` of the job, node2's every sshd frozen for 15 s once it has ticked 3 times:
+    (exit code, stdout, stderr)."""
     up = cli.popen("up", str(job))
     thaw = None
     try:
@@ -201,7 +199,16 @@ def test_a_15s_sshd_stall_within_unreachable_after(cli: CLI, tb2: Testbed,
             thaw.join()
         if up.poll() is None:
             up.kill()
-    assert up.returncode == 0, out[-2000:] + err
+    return up.returncode, out, err
+
+
+def test_a_15s_sshd_stall_within_unreachable_after(cli: CLI, tb2: Testbed,
+                                                   tmp_path: Path) -> None:
+    tb2.inventory(tmp_path / "inv.toml")
+    job = command_job(tmp_path, "stall", TICKS, 29584, ', "70"',
+                      "[watchdog]\nunreachable_after = 30\n")
+    code, out, err = up_through_a_stall(cli, tb2, job)
+    assert code == 0, out[-2000:] + err
     assert "unreachable" not in err
     # Every line of node2's log once, in order, though its stream may have gone on from a
     # fresh connection.
@@ -215,17 +222,7 @@ def test_a_15s_sshd_stall_past_the_default_limit(cli: CLI, tb2: Testbed, tmp_pat
     nothing is left running anywhere."""
     tb2.inventory(tmp_path / "inv.toml")
     job = command_job(tmp_path, "stall10", TICKS, 29585, ', "240"')
-    up = cli.popen("up", str(job))
-    thaw = None
-    try:
-        started_ticking(cli, "node2", 3)
-        thaw = freeze_sshd(tb2, "node2", 15)
-        out, err = up.communicate(timeout=300)
-    finally:
-        if thaw is not None:
-            thaw.join()
-        if up.poll() is None:
-            up.kill()
+    code, out, err = up_through_a_stall(cli, tb2, job)
     assert re.search(r"fleet: node2 \(node rank 1\) is unreachable \(no answer for 1\ds on its "
                      r"connection or a fresh one \(watchdog.unreachable_after = 10s\)", err), err
     assert "fleet: node2  no stop on its connection (it was lost); trying fresh connections " \
@@ -235,7 +232,7 @@ def test_a_15s_sshd_stall_past_the_default_limit(cli: CLI, tb2: Testbed, tmp_pat
                      r"unreachable", err), err
     assert re.search(r"fleet: node1  stopped \(exit \d+.*\) by fail-fast: node2 unreachable",
                      err), err
-    assert up.returncode == 4, err  # stopped, and fleet knows it everywhere
+    assert code == 4, err  # stopped, and fleet knows it everywhere
     assert "may still be running" not in err
     run_id = run_id_of(err)
     assert_nothing_left(tb2, run_id, timeout=10)
