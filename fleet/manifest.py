@@ -4,7 +4,8 @@ synced files and data, each node's software versions, and its setup hash; on Slu
 as loaded, the batch script's env and command, the job id, and the nodes Slurm ran it on. Kept
 with the run's local record and in the master's run directory (on Slurm: the run directory on
 the shared filesystem); `fleet show` prints one, `fleet diff` compares two. Building, showing
-and comparing are pure; only git_info and file_hashes read the disk."""
+and comparing are pure; only git_info, file_hashes and received (files not sent again, through
+the local hash cache) read the disk."""
 
 from __future__ import annotations
 
