@@ -8,15 +8,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fleet import faults
+from fleet import faults, transfer
 from fleet.check import FAIL, Listeners, port_checks
 from fleet.claim import Claims
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
 from fleet.gpus import GpuFacts, absent, busy, gpu_facts
-from fleet.group import all_ok, each, failures
+from fleet.group import all_ok, each
 from fleet.inventory import Host, Inventory
 from fleet.job import Job
+from fleet.nodeside.ferry import part_name
 from fleet.plan import SITE, NodePlan, Plan, make_plan
 from fleet.probe import (
     Facts,
@@ -249,21 +250,75 @@ def scan_sources(job: Job, console: Console) -> Sources:
 SKIPPED_SHOWN = 10
 
 
+BUNDLE_MAX = 8 << 20  # a node's changes up to this size go in its one bundle; more: streamed
+
+
+@dataclass
+class _Listed:
+    """One node's upload after its listing: per synced directory (scan, where, what is there,
+    label) and the files that changed."""
+
+    node: NodePlan
+    run_files: bool
+    dirs: list[tuple[Scan, str, dict[str, tuple[int, int]], str]]
+    rels: list[list[str]]
+    t0: float
+    streamed: bool = False
+
+    @property
+    def changed_bytes(self) -> int:
+        return sum(d[0].manifest[r][0] for d, rels in zip(self.dirs, self.rels, strict=True)
+                   for r in rels)
+
+    @property
+    def resumes(self) -> bool:
+        """A partial file of an interrupted transfer is there for a changed file."""
+        return any(part_name(r) in d[2] for d, rels in zip(self.dirs, self.rels, strict=True)
+                   for r in rels)
+
+
 def upload(session: Session, plan: Plan, console: Console,
            sources: Sources | None = None) -> Sources:
     """Sync the code and data (once per shared filesystem) and write the rendered scripts on
-    every node, in two round trips each: one listing (which also creates the directories), one
-    verified bundle of everything that changed plus the run's files. Raises HostError naming
-    each node that failed (nothing has started yet). Returns the sources with what each node
-    received."""
+    every node: one listing each (which also creates the directories); changes larger than
+    BUNDLE_MAX (or resuming an interrupted transfer) streamed to every node at once by
+    fleet.transfer (relayed node to node); the rest, with the run's files, in one verified
+    bundle each. Raises HostError naming each node that failed (nothing has started yet).
+    Returns the sources with what each node received."""
     sources = sources or scan_sources(plan.job, console)
-    code = sources.code
-    data = sources.data
     leader = {name: group[0] for group in plan.storage for name in group}
     nodes = {n.host.name: n for n in plan.nodes}
+    _sync(session, plan, console, sources,
+          [(n, leader[name] == name, True) for name, n in nodes.items()])
+
+    def confirm(node: NodePlan) -> bool:
+        """A node that shares its leader's storage sees the leader's sync; if it does not (a
+        copied workdir, say), it gets its own."""
+        t = session.t[node.host.name]
+        seen = t.run(sh("cat", f"{node.code_dir}/{SYNCED}") + " 2>/dev/null",
+                     what="read the sync marker").out.strip()
+        if seen == plan.run_id:
+            console.phase(node.host.name, f"code: shared with {leader[node.host.name]}")
+            return True
+        console.phase(node.host.name, "code: its storage is not shared after all; syncing")
+        return False
+
+    seen = all_ok("prepare", each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm))
+    unshared = [(nodes[n], True, False) for n, shared in seen.items() if not shared]
+    if unshared:
+        _sync(session, plan, console, sources, unshared)
+    return sources
+
+
+def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
+          todo: list[tuple[NodePlan, bool, bool]]) -> None:
+    """For each (node, syncs its directories, writes the run's files): list, stream what is
+    large, bundle the rest; the caller's guard removes what was written on a failure."""
+    code, data = sources.code, sources.data
     lock = threading.Lock()
 
-    def send(node: NodePlan, syncs: bool, run_files: bool) -> None:
+    def listed(item: tuple[NodePlan, bool, bool]) -> _Listed:
+        node, syncs, run_files = item
         t = session.t[node.host.name]
         dirs = [(code, node.code_dir, code.manifest, "code")] if syncs else []
         if syncs and node.data_dir and data is not None:
@@ -274,48 +329,67 @@ def upload(session: Session, plan: Plan, console: Console,
                   what=f"create {node.run_dir}")
         r.check(node.host.name)
         faults.point("upload-listed")
+        theres = parse_listing(r.out, len(dirs))
+        dirs = [(src, dest, there, label) for (src, dest, _, label), there
+                in zip(dirs, theres, strict=True)]
+        rels = [changed(src.manifest, there) for src, _, there, _ in dirs]
+        return _Listed(node, run_files, dirs, rels, t0)
+
+    lists = all_ok("prepare", each(((n.host.name, (n, s, r)) for n, s, r in todo), listed))
+    big = [ls for ls in lists.values() if ls.changed_bytes > BUNDLE_MAX or ls.resumes]
+    if big:
+        _stream(session, console, sources, big)
+
+    def finish(ls: _Listed) -> None:
+        node = ls.node
+        t = session.t[node.host.name]
         entries: list[Entry] = []
-        sent = []
-        for (src, dest, local, label), there in zip(dirs, parse_listing(r.out, len(dirs)),
-                                                     strict=True):
-            rels = changed(local, there)
-            entries += code_entries(src, dest, rels)
-            sent.append((label, len(rels), sum(local[rel][0] for rel in rels),
-                         len(local) - len(rels)))
-        if syncs:
+        if not ls.streamed:
+            for (src, dest, _, _), rels in zip(ls.dirs, ls.rels, strict=True):
+                entries += code_entries(src, dest, rels)
+        if ls.dirs:
             entries.append(Entry(f"{node.code_dir}/{SYNCED}", 0o644, data=plan.run_id.encode()))
-        if run_files:
+        if ls.run_files:
             entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
                         for name, (text, mode) in render_node(plan, node).files.items()]
         if entries:
             got = send_bundle(t, entries, plan.run_id)
             with lock:
                 sources.sent.setdefault(node.host.name, {}).update(got)
-        took = time.monotonic() - t0
-        for label, files, size, unchanged in sent:
-            console.phase(node.host.name, f"{label}: sent {files} file(s), {size} bytes "
-                          f"({unchanged} unchanged, {took:.2f}s)")
+        took = time.monotonic() - ls.t0
+        for (src, _, _, label), rels in zip(ls.dirs, ls.rels, strict=True):
+            size = sum(src.manifest[rel][0] for rel in rels)
+            console.phase(node.host.name, f"{label}: sent {len(rels)} file(s), {size} bytes "
+                          f"({len(src.manifest) - len(rels)} unchanged, {took:.2f}s)")
 
-    def prepare(node: NodePlan) -> None:
-        send(node, leader[node.host.name] == node.host.name, run_files=True)
+    all_ok("prepare", each(lists.items(), finish))
 
-    def confirm(node: NodePlan) -> None:
-        """A node that shares its leader's storage sees the leader's sync; if it does not (a
-        copied workdir, say), it gets its own."""
-        t = session.t[node.host.name]
-        seen = t.run(sh("cat", f"{node.code_dir}/{SYNCED}") + " 2>/dev/null",
-                     what="read the sync marker").out.strip()
-        if seen == plan.run_id:
-            console.phase(node.host.name, f"code: shared with {leader[node.host.name]}")
-        else:
-            console.phase(node.host.name, "code: its storage is not shared after all; syncing")
-            send(node, True, run_files=False)
 
-    results = each(nodes.items(), prepare)
-    if not failures(results):
-        results = each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm)
-    all_ok("prepare", results)  # the caller's guard removes what was written
-    return sources
+def _stream(session: Session, console: Console, sources: Sources, big: list[_Listed]) -> None:
+    """The changes of these nodes, streamed to all of them at once (fleet.transfer)."""
+    count = max(len(ls.dirs) for ls in big)
+    scans = [next(ls.dirs[k][0] for ls in big if len(ls.dirs) > k) for k in range(count)]
+    targets, dirs = [], [transfer.Dir(scans[k], {}, {}, {}) for k in range(count)]
+    for ls in big:
+        t = session.t[ls.node.host.name]
+        name = ls.node.host.name
+        for k, (_, dest, there, _) in enumerate(ls.dirs):
+            dirs[k].roots[name] = t.path(dest)
+            dirs[k].there[name] = there
+            dirs[k].rels[name] = ls.rels[k]
+        targets.append(transfer.Target(
+            name, t, ls.node.host.python, ls.node.net.address or ls.node.host.address,
+            tuple(t.path(d[1]) for d in ls.dirs) + ("",) * (count - len(ls.dirs))))
+        ls.streamed = True
+    total = sum(ls.changed_bytes for ls in big)
+    console.info(f"data: {transfer.human(total)} to send to {len(big)} node(s)" + (
+        f", relayed {' -> '.join(t.name for t in targets)}" if len(targets) > 1 else ""))
+    outcome, _ = transfer.move(targets, dirs, console)
+    for ls in big:
+        name = ls.node.host.name
+        got = {f"{ls.dirs[k][1]}/{rel}": sha
+               for (k, rel), sha in outcome.placed.get(name, {}).items() if k < len(ls.dirs)}
+        sources.sent.setdefault(name, {}).update(got)
 
 
 def upload_checked(session: Session, plan: Plan, console: Console, checks: bool,

@@ -153,6 +153,117 @@ def clock_offset(node_time: str, sent: float, received: float) -> float:
         return 0.0
 
 
+class Pipe(ABC):
+    """A process on a node whose stdin is fed from here and whose stdout comes back as it is
+    written (fleet.transfer's receivers). Noise that rc files print comes first on stdout:
+    the process marks where its own output begins."""
+
+    ERR_KEPT = 4096  # the tail of its stderr kept, for an error message
+
+    def __init__(self) -> None:
+        self._err = bytearray()
+
+    @abstractmethod
+    def send(self, data: bytes) -> None:
+        """All of data to its stdin (blocks while the process does not read); OSError or
+        TransportError once it or the connection is gone."""
+
+    @abstractmethod
+    def recv(self, n: int) -> bytes:
+        """Up to n bytes of its stdout, b'' at the end (blocks until some came)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Ends it: its stdin closes (it exits at once, see fleet.nodeside.ferry) and whatever
+        waits on send or recv returns."""
+
+    @abstractmethod
+    def status(self, timeout: float) -> int | None:
+        """Its exit status once it exited within `timeout`, else None."""
+
+    def _keep_err(self, chunk: bytes) -> None:
+        self._err += chunk
+        del self._err[:-self.ERR_KEPT]
+
+    def err(self) -> str:
+        return self._err.decode("utf-8", "replace")
+
+
+class _SSHPipe(Pipe):
+    def __init__(self, chan: paramiko.Channel) -> None:
+        super().__init__()
+        self.chan = chan
+        threading.Thread(target=self._drain_err, daemon=True).start()
+
+    def _drain_err(self) -> None:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            while chunk := self.chan.recv_stderr(CHUNK):
+                self._keep_err(chunk)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (paramiko.SSHException, EOFError) as e:
+            raise OSError(str(e) or "the connection closed") from e
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return bytes(self.chan.recv(n))
+        except (paramiko.SSHException, EOFError):
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.chan.close()
+
+    def status(self, timeout: float) -> int | None:
+        if not self.chan.status_event.wait(timeout):
+            return None
+        return int(self.chan.recv_exit_status())
+
+
+class _LocalPipe(Pipe):
+    def __init__(self, script: str) -> None:
+        super().__init__()
+        self.p = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                  start_new_session=True)
+        threading.Thread(target=self._drain_err, daemon=True).start()
+
+    def _drain_err(self) -> None:
+        assert self.p.stderr is not None
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := os.read(self.p.stderr.fileno(), CHUNK):
+                self._keep_err(chunk)
+
+    def send(self, data: bytes) -> None:
+        assert self.p.stdin is not None
+        try:
+            self.p.stdin.write(data)
+        except ValueError as e:  # closed here
+            raise OSError("closed") from e
+
+    def recv(self, n: int) -> bytes:
+        assert self.p.stdout is not None
+        try:
+            return os.read(self.p.stdout.fileno(), n)
+        except (OSError, ValueError):
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.p.stdin is not None
+            self.p.stdin.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.p.pid, 9)
+
+    def status(self, timeout: float) -> int | None:
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
 class Transport(ABC):
     """What fleet needs of a node: run a script, write a file, stream a script's output."""
 
@@ -181,6 +292,11 @@ class Transport(ABC):
         arrive, every line once and in order, several at a time where they came together (see
         _Lines for lines too long or redrawn with "\\r"); returns its exit code, or -1 if
         `stop` ended it. `received` counts what came (see Received)."""
+
+    @abstractmethod
+    def pipe(self, script: str) -> Pipe:
+        """Start a POSIX sh script that talks with this machine over its stdin and stdout (see
+        Pipe); the script should `exec` its program."""
 
     @abstractmethod
     def _put(self, path: str, data: bytes, mode: int) -> str:
@@ -269,6 +385,9 @@ class LocalTransport(Transport):
         except OSError as e:
             return str(e)
         return ""
+
+    def pipe(self, script: str) -> Pipe:
+        return _LocalPipe(script)
 
     def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None, received: Received | None = None) -> int:
@@ -724,6 +843,17 @@ class SSHTransport(Transport):
         with contextlib.suppress(Exception):
             if sftp is not None:
                 sftp.close()
+
+    def pipe(self, script: str) -> Pipe:
+        """The login shell runs only `/bin/sh -s`, which reads the script from the channel; the
+        program it execs reads the rest. Nothing else is sent before the program speaks first,
+        so the shell cannot have read any of it."""
+        try:
+            chan = self._session()
+            chan.sendall(script.encode() + b"\n")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        return _SSHPipe(chan)
 
     def sftp_available(self) -> bool:
         return self._sftp_client() is not None

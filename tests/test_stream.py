@@ -210,6 +210,9 @@ class FakeTransport(Transport):
     def _put(self, path: str, data: bytes, mode: int) -> str:
         raise NotImplementedError
 
+    def pipe(self, script):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
     def close(self) -> None:
         self.closed = True
 

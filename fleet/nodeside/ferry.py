@@ -1,0 +1,621 @@
+"""ferry: fleet's file mover. The same file runs on this machine (the sender's half, imported as
+fleet.nodeside.ferry) and on every node (`python3 -c <this file> hash|recv ...`, standard library
+only, Python 3.8+), so that sending to nodes and, later, pulling from them are one engine.
+
+The stream is a sequence of frames, each a kind byte and a 4-byte length, then the payload:
+
+  F  a file begins: JSON {"root", "path", "size", "mode", "mtime", "blocks", "for"}.
+     `blocks` lists the indices of the BLOCK-sized pieces that follow (null: all of them);
+     the receiver takes every other piece from what it already has (its partial file, else
+     the file itself), verified: the pieces were chosen by comparing their hashes.
+     `for` lists the receivers that write the file; the others only pass it on.
+  D  one block's bytes, in block order.
+  E  the file ends: JSON {"sha256"}: the whole file's hash as the sender read it. The receiver
+     hashes what it assembled while it writes; only an equal hash makes the file replace the
+     old one (renamed into place), else the partial file is removed and an error reported.
+  X  the sender gave the file up (it changed while it was read): the partial file is kept,
+     its verified pieces the start of the next attempt.
+  T  a file whose content the receiver already has (same hash): JSON {"root", "path", "mtime",
+     "mode", "for"}: only its time and mode are set.
+  Z  the end.
+
+A file is written to `.NAME.fleet-part` beside its target and renamed only once verified, so a
+reader never sees half a file, and an interrupted transfer leaves what arrived for the next one
+to verify and keep (`hash` lists a partial file's pieces in place of the file's).
+
+A receiver (`recv`) reads the stream from its stdin or from the node before it (a TCP
+connection, authenticated both ways with an HMAC of a per-transfer key that only reaches it on
+stdin), passes every frame on to the node after it before writing it, and reports on stdout, one
+JSON object a line: {"port"}, {"linked"}, {"at": bytes in place},
+{"ok": [root, path, sha256 ("" for a touch)]}, {"error": {...}}, {"done": {...}}. It ends
+when the stream ends, and at once when its stdin closes (fleet gone, or stopping it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import IO, Any, Callable, Dict  # noqa: UP035 - nodes may run Python 3.8
+
+Json = Dict[str, Any]  # noqa: UP006 - evaluated at run time, on Python 3.8 too
+Write = Callable[[bytes], None]
+Read = Callable[[int], bytes]
+
+BLOCK = 1 << 20
+HEAD = struct.Struct(">cI")
+MAX_META = 1 << 20  # a JSON frame longer than this: a broken stream
+PART = ".fleet-part"
+DIGEST_HEX = 32  # hex digits kept of a block's sha256
+STALL_S = 20.0  # a relay connection that takes nothing for this long is broken
+CONNECT_S = 5.0
+ACCEPT_S = 60.0
+REPORT_S = 0.5
+
+
+class Bad(Exception):
+    """A stream or a request that breaks the protocol (a path outside the root, say)."""
+
+
+# ---- names and blocks: pure ---------------------------------------------------------------------
+def part_name(rel: str) -> str:
+    head, _, tail = rel.rpartition("/")
+    return f"{head}/.{tail}{PART}" if head else f".{tail}{PART}"
+
+
+def part_of(rel: str) -> str | None:
+    """The file a partial file belongs to, or None if `rel` is not one."""
+    head, _, tail = rel.rpartition("/")
+    if not (tail.startswith(".") and tail.endswith(PART)) or len(tail) <= len(PART) + 1:
+        return None
+    name = tail[1:-len(PART)]
+    return f"{head}/{name}" if head else name
+
+
+def blocks_of(size: int) -> int:
+    return (size + BLOCK - 1) // BLOCK
+
+
+def block_len(size: int, i: int) -> int:
+    return max(0, min(BLOCK, size - i * BLOCK))
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:DIGEST_HEX]
+
+
+def safe_rel(rel: object) -> str:
+    """A relative path that stays under its root: no empty, '.' or '..' part, not absolute, no
+    NUL. Paths in a stream are data from the other end, never trusted."""
+    if not isinstance(rel, str) or not rel or len(rel) > 4096 or "\0" in rel:
+        raise Bad(f"bad path {rel!r}")
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise Bad(f"path {rel!r} leaves its directory")
+    return rel
+
+
+def target(root: str, rel: str, strict: bool = False) -> str:
+    """root/rel; with `strict` (this machine receiving from a node), no part of it under root
+    may be a symbolic link (a node must not make a file land elsewhere)."""
+    rel = safe_rel(rel)
+    path = os.path.join(root, rel)
+    if strict:
+        at = root
+        for p in rel.split("/"):
+            at = os.path.join(at, p)
+            if os.path.islink(at):
+                raise Bad(f"{at} is a symbolic link: not written through")
+    return path
+
+
+# ---- hashing what a node has ------------------------------------------------------------------
+def hash_file(path: str) -> tuple[int, str, list[str]]:
+    """(size, sha256, block digests) of a file, read once."""
+    whole = hashlib.sha256()
+    blocks = []
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(BLOCK)
+            if not b:
+                break
+            whole.update(b)
+            blocks.append(digest(b))
+            size += len(b)
+    return size, whole.hexdigest(), blocks
+
+
+def cmd_hash(root: str, rels: list[str], out: IO[str]) -> None:
+    """Per file: its partial file's pieces if one is there, else the file's; one line each:
+    JSON path, TAB, "part" or "file", TAB, size, TAB, sha256, TAB, the block digests run
+    together. A file that is not there (or cannot be read) gets no line."""
+    for rel in rels:
+        final = target(root, rel)
+        for kind, path in (("part", target(root, part_name(rel))), ("file", final)):
+            if os.path.isfile(path):
+                try:
+                    size, sha, blocks = hash_file(path)
+                except OSError:
+                    continue
+                out.write(f"{json.dumps(rel)}\t{kind}\t{size}\t{sha}\t{''.join(blocks)}\n")
+                break
+
+
+# ---- frames -------------------------------------------------------------------------------------
+def frame(kind: bytes, payload: bytes) -> bytes:
+    return HEAD.pack(kind, len(payload)) + payload
+
+
+def meta(kind: bytes, obj: Json) -> bytes:
+    return frame(kind, json.dumps(obj, separators=(",", ":")).encode())
+
+
+def read_frame(read: Read) -> tuple[bytes, bytes]:
+    """(kind, payload) from a reader's read(n); ('', b'') at a clean end of input."""
+    head = _exactly(read, HEAD.size, start=True)
+    if not head:
+        return b"", b""
+    kind, n = HEAD.unpack(head)
+    if kind not in b"FDEXTZ" or (kind != b"D" and n > MAX_META) or n > BLOCK:
+        raise Bad(f"broken stream (a frame {kind!r} of {n} bytes)")
+    return kind, _exactly(read, n)
+
+
+def _exactly(read: Read, n: int, start: bool = False) -> bytes:
+    if n == 0:
+        return b""
+    got = read(n)
+    if not got and start:
+        return b""
+    while len(got) < n:
+        more = read(n - len(got))
+        if not more:
+            raise EOFError("the stream ended mid-frame")
+        got += more
+    return got
+
+
+# ---- sending (this machine, or a node when pulling) ---------------------------------------------
+class Changed(Exception):
+    """A file that changed while it was sent."""
+
+
+def send_file(write: Write, root: int, rel: str, path: str, size: int, mtime_ns: int, mode: int,
+              blocks: list[int] | None, readers: list[int], known: list[str] | None = None,
+              sha: str | None = None, sent: Callable[[int], None] | None = None) -> str:
+    """One file into the stream through write(frame): the listed blocks (None: all), each
+    checked against `known` (the digests it was chosen by) where given. Returns the sha256 of
+    the whole file: computed here while it is read when every block goes, else `sha` (the
+    hash the blocks were chosen by). Changed (after an X frame) if it changed meanwhile;
+    sent(n) counts the bytes put in the stream."""
+    header = {"root": root, "path": rel, "size": size, "mode": mode,
+              "mtime": mtime_ns, "blocks": blocks, "for": readers}
+    whole = hashlib.sha256() if blocks is None else None
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+            raise Changed(f"{path} changed after it was listed")
+        write(meta(b"F", header))
+        for i in (range(blocks_of(size)) if blocks is None else blocks):
+            data = os.pread(f.fileno(), BLOCK, i * BLOCK)
+            if len(data) != block_len(size, i) or (known is not None and i < len(known)
+                                                    and digest(data) != known[i]):
+                write(meta(b"X", {"why": "changed"}))
+                raise Changed(f"{path} changed while it was sent")
+            if whole is not None:
+                whole.update(data)
+            write(frame(b"D", data))
+            if sent is not None:
+                sent(len(data))
+        st = os.fstat(f.fileno())
+        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+            write(meta(b"X", {"why": "changed"}))
+            raise Changed(f"{path} changed while it was sent")
+    done = whole.hexdigest() if whole is not None else (sha or "")
+    write(meta(b"E", {"sha256": done}))
+    return done
+
+
+# ---- receiving ----------------------------------------------------------------------------------
+class Receiver:
+    """Applies a stream to files under its roots (see the module's docstring). `report(obj)`
+    says what happened; a write error is reported once and the rest is only passed on (the
+    caller's forward), so that the nodes after this one still get everything."""
+
+    def __init__(self, roots: list[str], me: int, report: Callable[[Json], None],
+                 strict: bool = False) -> None:
+        self.roots, self.me, self.report, self.strict = roots, me, report, strict
+        self.broken = False
+        self.placed = 0  # bytes of files in place, verified or to be
+        self.files = 0
+        self.f: Json | None = None  # the file being written, its state
+        self.failed: Json | None = None
+
+    # one frame
+    def apply(self, kind: bytes, payload: bytes) -> bool:
+        """Applies one frame; False once the stream has ended."""
+        if kind == b"Z":
+            if self.f is not None:
+                raise Bad("the stream ended inside a file")
+            return False
+        if kind == b"F":
+            self._begin(json.loads(payload))
+        elif kind == b"D":
+            self._data(payload)
+        elif kind == b"E":
+            self._end(json.loads(payload))
+        elif kind == b"X":
+            self._abort()
+        elif kind == b"T":
+            self._touch(json.loads(payload))
+        return True
+
+    def _path(self, h: Json) -> tuple[str, str]:
+        root = h.get("root")
+        if not isinstance(root, int) or not 0 <= root < len(self.roots):
+            raise Bad(f"bad root {root!r}")
+        rel = safe_rel(h.get("path"))
+        return rel, target(self.roots[root], rel, self.strict)
+
+    def _begin(self, h: Json) -> None:
+        if self.f is not None:
+            raise Bad("a file began inside another")
+        rel, dest = self._path(h)
+        size, mode, mtime = h.get("size"), h.get("mode"), h.get("mtime")
+        blocks = h.get("blocks")
+        if not (isinstance(size, int) and size >= 0 and isinstance(mode, int)
+                and isinstance(mtime, int) and (blocks is None or isinstance(blocks, list))):
+            raise Bad(f"bad header for {rel}")
+        n = blocks_of(size)
+        if blocks is not None and any(not isinstance(i, int) or not 0 <= i < n for i in blocks):
+            raise Bad(f"bad blocks for {rel}")
+        mine = self.me in (h.get("for") or []) and not self.broken
+        st: Json = {
+            "root": h["root"], "rel": rel, "dest": dest, "size": size, "mode": mode & 0o7777,
+            "mtime": mtime, "sent": None if blocks is None else sorted(set(blocks)), "next": 0,
+            "at": 0, "mine": mine, "sha": hashlib.sha256(), "fd": None, "basis": None,
+            "copy": False}
+        self.f = st
+        if not mine:
+            return
+        part = os.path.join(os.path.dirname(dest), "." + os.path.basename(dest) + PART)
+        st["part"] = part
+        self._guard(st, lambda: self._open(st, dest, part))
+
+    def _open(self, st: Json, dest: str, part: str) -> None:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        if self.strict and os.path.islink(part):
+            raise Bad(f"{part} is a symbolic link")
+        if st["sent"] is None:
+            st["fd"] = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+        elif os.path.isfile(part):  # resume: the pieces not sent are in the partial file
+            st["fd"] = os.open(part, os.O_RDWR | _NOFOLLOW)
+            st["basis"] = st["fd"]
+        else:  # a delta: the pieces not sent are in the file
+            st["fd"] = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+            st["basis"] = os.open(dest, os.O_RDONLY | _NOFOLLOW)
+            st["copy"] = True
+
+    def _fill(self, st: Json, upto: int) -> None:
+        """Blocks before `upto` that were not sent: taken from the basis (and hashed)."""
+        while st["next"] < upto:
+            i = st["next"]
+            n = block_len(st["size"], i)
+            data = os.pread(st["basis"], n, i * BLOCK) if st["basis"] is not None else b""
+            if len(data) != n:
+                raise Bad(f"{st['rel']}: block {i} is not here to keep (the file changed?)")
+            if st["copy"]:
+                _pwrite(st["fd"], data, i * BLOCK)
+            st["sha"].update(data)
+            self._placed(n)
+            st["next"] = i + 1
+
+    def _data(self, payload: bytes) -> None:
+        st = self.f
+        if st is None:
+            raise Bad("data outside a file")
+        sent = st["sent"]
+        if sent is None:
+            i = st["next"]
+        else:
+            if st["at"] >= len(sent):
+                raise Bad(f"{st['rel']}: more blocks than announced")
+            i = sent[st["at"]]
+        st["at"] += 1
+        if len(payload) != block_len(st["size"], i):
+            raise Bad(f"{st['rel']}: block {i} has {len(payload)} bytes")
+        if not st["mine"] or st.get("failed"):
+            st["next"] = i + 1
+            return
+
+        def write() -> None:
+            self._fill(st, i)
+            _pwrite(st["fd"], payload, i * BLOCK)
+            st["sha"].update(payload)
+            self._placed(len(payload))
+            st["next"] = i + 1
+        self._guard(st, write)
+
+    def _end(self, e: Json) -> None:
+        st, self.f = self.f, None
+        if st is None:
+            raise Bad("a file ended that never began")
+        expected = blocks_of(st["size"]) if st["sent"] is None else len(st["sent"])
+        if st["at"] != expected:
+            raise Bad(f"{st['rel']}: {st['at']} blocks came, not {expected}")
+        if not st["mine"] or st.get("failed"):
+            self._close(st)
+            return
+
+        def finish() -> None:
+            self._fill(st, blocks_of(st["size"]))
+            os.ftruncate(st["fd"], st["size"])
+            got = st["sha"].hexdigest()
+            if got != e.get("sha256"):
+                self._close(st)
+                os.unlink(st["part"])
+                raise Bad(f"{st['rel']}: what arrived has sha256 {got[:16]}..., not the "
+                          f"{str(e.get('sha256'))[:16]}... that was sent (removed)")
+            os.fchmod(st["fd"], st["mode"])
+            os.utime(st["fd"], ns=(st["mtime"], st["mtime"]))
+            self._close(st)
+            os.replace(st["part"], st["dest"])
+            self.files += 1
+            self.report({"ok": [st["root"], st["rel"], got]})
+        try:
+            self._guard(st, finish)
+        finally:
+            self._close(st)
+
+    def _abort(self) -> None:
+        st, self.f = self.f, None
+        if st is not None:
+            self._close(st)  # its verified start stays, for the next attempt
+            self.report({"gave_up": [st["root"], st["rel"]]})
+
+    def _touch(self, h: Json) -> None:
+        rel, dest = self._path(h)
+        if self.me not in (h.get("for") or []) or self.broken:
+            return
+        mode, mtime = h.get("mode"), h.get("mtime")
+        if not (isinstance(mode, int) and isinstance(mtime, int)):
+            raise Bad(f"bad header for {rel}")
+
+        def touch() -> None:
+            if self.strict and os.path.islink(dest):
+                raise Bad(f"{dest} is a symbolic link")
+            os.chmod(dest, mode & 0o7777)
+            os.utime(dest, ns=(mtime, mtime))
+            self.report({"ok": [h["root"], rel, ""]})
+        self._guard({"dest": dest}, touch)
+
+    @staticmethod
+    def _close(st: Json) -> None:
+        fds = {fd for fd in (st.get("fd"), st.get("basis")) if isinstance(fd, int)}
+        st["fd"] = st["basis"] = None
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _placed(self, n: int) -> None:
+        self.placed += n
+
+    def _guard(self, st: Json | None, fn: Callable[[], None]) -> None:
+        """Runs a local write; an OSError or a failed check is reported (once) and the rest of
+        the stream is only passed on."""
+        try:
+            fn()
+        except (OSError, Bad) as e:
+            where = st["dest"] if st else ""
+            if st is not None:
+                st["failed"] = True
+                self._close(st)
+            if self.failed is None:
+                self.failed = _problem(e, where)
+                self.report({"error": self.failed})
+            self.broken = True
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _pwrite(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _problem(e: BaseException, path: str) -> Json:
+    out: Json = {"path": path, "msg": str(e.strerror if isinstance(e, OSError) and e.strerror
+                                          else e)}
+    if isinstance(e, OSError) and e.errno is not None:
+        out["errno"] = errno.errorcode.get(e.errno, str(e.errno))
+    if path:
+        d = os.path.dirname(path)
+        while d and not os.path.isdir(d):
+            d = os.path.dirname(d)
+        try:
+            sv = os.statvfs(d or "/")
+            out["free"] = sv.f_bavail * sv.f_frsize
+        except OSError:
+            pass
+    return out
+
+
+# ---- the relay link -----------------------------------------------------------------------------
+def _mac(key: bytes, what: bytes, nonce: bytes) -> bytes:
+    return hmac.new(key, what + nonce, hashlib.sha256).digest()
+
+
+def link_to(addr: str, port: int, key: bytes) -> socket.socket:
+    """Connects to the next node's receiver; both ends prove they hold the key."""
+    s = socket.create_connection((addr, port), timeout=CONNECT_S)
+    try:
+        nonce = _exactly(s.recv, 16)
+        mine = secrets.token_bytes(16)
+        s.sendall(_mac(key, b"ferry-up", nonce) + mine)
+        if not hmac.compare_digest(_exactly(s.recv, 32), _mac(key, b"ferry-down", mine)):
+            raise Bad(f"{addr}:{port} does not hold this transfer's key")
+    except BaseException:
+        s.close()
+        raise
+    s.settimeout(STALL_S)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def accept_from(server: socket.socket, key: bytes, deadline: float) -> socket.socket:
+    """The first connection that proves it holds the key (others are closed)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Bad("the node before this one never connected")
+        server.settimeout(left)
+        c, _ = server.accept()
+        try:
+            c.settimeout(CONNECT_S)
+            nonce = secrets.token_bytes(16)
+            c.sendall(nonce)
+            got = _exactly(c.recv, 48)
+            if hmac.compare_digest(got[:32], _mac(key, b"ferry-up", nonce)):
+                c.sendall(_mac(key, b"ferry-down", got[32:]))
+                c.settimeout(STALL_S)
+                return c
+        except (OSError, EOFError):
+            pass
+        c.close()
+
+
+# ---- the node's receiver ----------------------------------------------------------------------
+def cmd_recv(argv: list[str]) -> int:
+    """recv MARK [LISTEN-ADDRESS]: see the module's docstring."""
+    out_lock = threading.Lock()
+
+    def report(obj: Json) -> None:
+        with out_lock:
+            sys.stdout.write(json.dumps(obj) + "\n")
+            sys.stdout.flush()
+
+    sys.stdout.write(argv[0] + "\n")
+    sys.stdout.flush()
+    server = None
+    if len(argv) > 1:
+        server = socket.socket(socket.AF_INET6 if ":" in argv[1] else socket.AF_INET)
+        server.bind((argv[1], 0))
+        server.listen(4)
+        report({"port": server.getsockname()[1]})
+    stdin = sys.stdin.buffer
+    ctl = json.loads(stdin.readline() or b"null")
+    if not isinstance(ctl, dict):
+        return 3
+    key = bytes.fromhex(ctl["key"])
+    roots = [str(r) for r in ctl["roots"]]
+    got: list[socket.socket | BaseException] = []
+
+    def accept(server: socket.socket) -> None:
+        try:
+            got.append(accept_from(server, key, time.monotonic() + ACCEPT_S))
+        except (OSError, Bad) as e:
+            got.append(e)
+    acceptor = None
+    if server is not None:
+        acceptor = threading.Thread(target=accept, args=(server,), daemon=True)
+        acceptor.start()
+    fwd = None
+    if ctl.get("next"):
+        addr, port = ctl["next"]
+        try:
+            fwd = link_to(addr, int(port), key)
+            report({"linked": True})
+        except (OSError, EOFError, Bad) as e:
+            report({"linked": False, "why": str(e) or type(e).__name__})
+    go = json.loads(stdin.readline() or b"null")
+    if not isinstance(go, dict):
+        return 3
+    if not go.get("forward") and fwd is not None:
+        fwd.close()
+        fwd = None
+    if go.get("source") == "socket":
+        threading.Thread(target=_exit_on_eof, args=(stdin,), daemon=True).start()
+        if acceptor is not None:
+            acceptor.join()
+        if not got or not isinstance(got[0], socket.socket):
+            report({"error": {"msg": f"no relay from the node before: {got[0] if got else ''}",
+                              "relay": "in"}})
+            return 2
+        src: IO[bytes] = got[0].makefile("rb")
+    else:
+        src = stdin
+    if server is not None:
+        server.close()
+    recv = Receiver(roots, int(ctl.get("me", 0)), report)
+    last = 0.0
+    while True:
+        try:
+            kind, payload = read_frame(src.read)
+        except (OSError, EOFError) as e:
+            frm = "the node before" if go.get("source") == "socket" else "fleet"
+            report({"error": {"msg": f"the stream from {frm} ended: {e}", "relay": "in"}})
+            return 2
+        if not kind:
+            report({"error": {"msg": "the stream ended before its end", "relay": "in"}})
+            return 2
+        if fwd is not None:
+            try:
+                fwd.sendall(HEAD.pack(kind, len(payload)))
+                fwd.sendall(payload)
+            except OSError as e:
+                report({"error": {"msg": f"passing the data on failed: {e}", "relay": "out"}})
+                fwd.close()
+                fwd = None
+        try:
+            more = recv.apply(kind, payload)
+        except Bad as e:
+            report({"error": {"msg": str(e), "protocol": True}})
+            return 2
+        now = time.monotonic()
+        if now - last >= REPORT_S:
+            report({"at": recv.placed})
+            last = now
+        if not more:
+            break
+    if fwd is not None:
+        fwd.close()
+    report({"at": recv.placed})
+    report({"done": {"files": recv.files, "bytes": recv.placed,
+                     "failed": recv.failed is not None}})
+    return 1 if recv.failed else 0
+
+
+def _exit_on_eof(stdin: IO[bytes]) -> None:
+    """fleet holds this node's stdin open for as long as the transfer should go on."""
+    with contextlib.suppress(OSError):
+        while stdin.read(65536):
+            pass
+    os._exit(3)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["hash"] and len(argv) == 2:
+        rels = json.loads(sys.stdin.readline() or "[]")
+        cmd_hash(argv[1], [safe_rel(r) for r in rels], sys.stdout)
+        return 0
+    if argv[:1] == ["recv"] and len(argv) in (2, 3):
+        return cmd_recv(argv[1:])
+    sys.stderr.write("usage: ferry hash ROOT < [paths] | ferry recv MARK [LISTEN]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
