@@ -263,7 +263,7 @@ class _Listed:
     dirs: list[tuple[Scan, str, dict[str, tuple[int, int]], str]]
     rels: list[list[str]]
     t0: float
-    streamed: bool = False
+    streamed: dict[int, transfer.Moved] | None = None  # per directory, once streamed
 
     @property
     def changed_bytes(self) -> int:
@@ -344,7 +344,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         node = ls.node
         t = session.t[node.host.name]
         entries: list[Entry] = []
-        if not ls.streamed:
+        if ls.streamed is None:
             for (src, dest, _, _), rels in zip(ls.dirs, ls.rels, strict=True):
                 entries += code_entries(src, dest, rels)
         if ls.dirs:
@@ -357,10 +357,21 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
             with lock:
                 sources.sent.setdefault(node.host.name, {}).update(got)
         took = time.monotonic() - ls.t0
-        for (src, _, _, label), rels in zip(ls.dirs, ls.rels, strict=True):
-            size = sum(src.manifest[rel][0] for rel in rels)
-            console.phase(node.host.name, f"{label}: sent {len(rels)} file(s), {size} bytes "
-                          f"({len(src.manifest) - len(rels)} unchanged, {took:.2f}s)")
+        for k, ((src, _, _, label), rels) in enumerate(zip(ls.dirs, ls.rels, strict=True)):
+            if ls.streamed is None:
+                files, size, kept, touched = len(rels), sum(src.manifest[r][0] for r in rels), 0, 0
+            else:
+                m = ls.streamed.get(k, transfer.Moved())
+                files, size, kept, touched = m.files, m.sent, m.kept, m.touched
+            console.phase(node.host.name, f"{label}: sent {files} file(s), {size} bytes "
+                          f"({len(src.manifest) - files} unchanged, {took:.2f}s)")
+            if kept:
+                console.phase(node.host.name, f"{label}: {transfer.human(kept)} of the files "
+                              "sent were there already (a partial or older copy): verified "
+                              "and kept, not sent again")
+            if touched:
+                console.phase(node.host.name, f"{label}: {touched} file(s) with a new time "
+                              "but the same content: only their times were set")
 
     all_ok("prepare", each(lists.items(), finish))
 
@@ -380,13 +391,10 @@ def _stream(session: Session, console: Console, sources: Sources, big: list[_Lis
         targets.append(transfer.Target(
             name, t, ls.node.host.python, ls.node.net.address or ls.node.host.address,
             tuple(t.path(d[1]) for d in ls.dirs) + ("",) * (count - len(ls.dirs))))
-        ls.streamed = True
-    total = sum(ls.changed_bytes for ls in big)
-    console.info(f"data: {transfer.human(total)} to send to {len(big)} node(s)" + (
-        f", relayed {' -> '.join(t.name for t in targets)}" if len(targets) > 1 else ""))
     outcome, _ = transfer.move(targets, dirs, console)
     for ls in big:
         name = ls.node.host.name
+        ls.streamed = outcome.moved.get(name, {})
         got = {f"{ls.dirs[k][1]}/{rel}": sha
                for (k, rel), sha in outcome.placed.get(name, {}).items() if k < len(ls.dirs)}
         sources.sent.setdefault(name, {}).update(got)

@@ -346,11 +346,40 @@ class Target:
     roots: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Moved:
+    """What one node got of one synced directory: files written, the bytes sent for them,
+    the bytes of them it already held (verified, kept), files only touched."""
+
+    files: int = 0
+    sent: int = 0
+    kept: int = 0
+    touched: int = 0
+
+
+def moved_per_node(files: list[tuple[int, Local, dict[int, Need]]]) -> dict[tuple[int, int], Moved]:
+    """(node index, root) -> Moved, from what each node needs."""
+    out: dict[tuple[int, int], Moved] = {}
+    for root, lf, needs in files:
+        for i, nd in needs.items():
+            m = out.get((i, root), Moved())
+            if nd.touch:
+                m = Moved(m.files, m.sent, m.kept, m.touched + 1)
+            else:
+                sent = lf.size if nd.blocks is None else sum(
+                    ferry.block_len(lf.size, b) for b in nd.blocks)
+                m = Moved(m.files + 1, m.sent + sent, m.kept + lf.size - sent, m.touched)
+            out[(i, root)] = m
+    return out
+
+
 @dataclass
 class Outcome:
-    """What the transfer did: per node the sha256 of every file placed, by (root, rel)."""
+    """What the transfer did: per node the sha256 of every file placed, by (root, rel), and
+    what it got of each root."""
 
     placed: dict[str, dict[tuple[int, str], str]] = field(default_factory=dict)
+    moved: dict[str, dict[int, Moved]] = field(default_factory=dict)
     bytes_out: int = 0  # bytes this machine put in the streams (once per chain)
     routes: list[list[str]] = field(default_factory=list)
 
@@ -381,6 +410,11 @@ class Transfer:
             self._start()
             routes = self._link()
             out.routes = routes
+            total = sum(moved_bytes(m) for m in self.moves)
+            if total:
+                way = "; ".join(" -> ".join(["this machine", *c]) for c in routes)
+                self.console.info(f"data: streaming {human(total)} ({len(self.moves)} file(s)) "
+                                  f"to {len(self.order)} node(s): {way}")
             heads = [self.recv[c[0]] for c in routes]
             out.bytes_out = self._stream(heads)
             self._wait_done()
@@ -700,6 +734,7 @@ def move(nodes: list[Target], dirs: list[Dir], console: Console) -> tuple[Outcom
                  for tg in nodes if rel in dirs[k].rels.get(tg.name, ())}
         files.append((k, lf, needs))
     moves = plan_moves(files)
-    if not moves:
-        return Outcome(), moves
-    return Transfer(nodes, moves, console).run(), moves
+    outcome = Transfer(nodes, moves, console).run() if moves else Outcome()
+    for (i, root), m in moved_per_node(files).items():
+        outcome.moved.setdefault(nodes[i].name, {})[root] = m
+    return outcome, moves
