@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import secrets
 import stat
 import threading
@@ -201,6 +202,7 @@ class NodeState:
     name: str
     expected: int = 0  # bytes it places
     at: int = 0
+    started: bool = False  # its program runs: what is sent now reaches it, not the shell
     port: int | None = None
     linked: bool | None = None
     link_why: str = ""
@@ -219,9 +221,11 @@ def parse_report(line: bytes) -> dict[str, object] | None:
         obj = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or len(obj) != 1:
+    if not isinstance(obj, dict) or not obj:
         return None
-    (key, value), = obj.items()
+    key, value = next(iter(obj.items()))
+    if len(obj) > 1 and not (key == "linked" and set(obj) == {"linked", "why"}):
+        return None
     checks: dict[str, Callable[[object], bool]] = {
         "port": lambda v: isinstance(v, int) and 0 < v < 65536,
         "linked": lambda v: isinstance(v, bool),
@@ -248,9 +252,11 @@ def problem_text(err: dict[str, object]) -> str:
     free = err.get("free")
     if err.get("errno") in ("ENOSPC", "EDQUOT"):
         room = f" ({_size(free)} free there)" if isinstance(free, int) else ""
+        part = posixpath.join(posixpath.dirname(path), "." + posixpath.basename(path) +
+                              ferry.PART)
         return (f"no space left writing {path}{room}: free space there, or set `workdir` for "
-                "this host to a larger disk. What arrived is kept: the next `fleet up` sends "
-                "only the rest")
+                f"this host to a larger disk. What arrived is kept (in {part}): the next "
+                "`fleet up` sends only the rest")
     if path:
         return f"cannot write {path}: {msg}"
     return msg
@@ -297,6 +303,10 @@ class Receiver:
                 for line in lines:
                     if not started:
                         started = line.strip() == self.mark.encode()
+                        if started:
+                            with self.changed:
+                                self.state.started = True
+                                self.changed.notify_all()
                         continue
                     self._take(parse_report(line))
                 if len(buf) > LINE_MAX:
@@ -462,9 +472,11 @@ class Transfer:
                                        self.changed)
         for i, name in enumerate(self.order):
             start(i, name)
-        listening = [n for i, n in enumerate(self.order) if self.relay and i > 0]
-        self._wait(lambda: all(self.states[n].port is not None for n in listening),
-                   START_S, "start its receiver", listening)
+        # Nothing is sent before the program said it runs: /bin/sh, which reads the program
+        # from the same stdin, might take it as more of its script.
+        listening = {n for i, n in enumerate(self.order) if self.relay and i > 0}
+        self._wait(lambda s: s.started and (s.port is not None or s.name not in listening),
+                   START_S, "start its receiver", self.order)
         for i, name in enumerate(self.order):
             nxt = self.order[i + 1] if self.relay and i + 1 < len(self.order) else None
             self.recv[name].send({
@@ -473,8 +485,7 @@ class Transfer:
 
     def _link(self) -> list[list[str]]:
         linking = self.order[:-1] if self.relay else []
-        self._wait(lambda: all(self.states[n].linked is not None for n in linking),
-                   LINK_S, "connect to the next node", linking)
+        self._wait(lambda s: s.linked is not None, LINK_S, "connect to the next node", linking)
         linked = {n: bool(self.states[n].linked) for n in linking}
         routes = chains(self.order, linked)
         for n in linking:
@@ -571,25 +582,29 @@ class Transfer:
         if problems:
             raise HostError("sending data", problems)
 
-    def _wait(self, cond: Callable[[], bool], timeout: float, what: str,
+    def _wait(self, said: Callable[[NodeState], bool], timeout: float, what: str,
               names: list[str]) -> None:
+        """Until every named receiver said it (`said`); else HostError naming each that did
+        not, and why."""
         deadline = time.monotonic() + timeout
+        states = [self.states[n] for n in names]
         with self.changed:
-            while not cond():
-                if any(self.states[n].ended for n in names) or time.monotonic() > deadline:
+            while not all(said(s) for s in states):
+                if any(s.ended and not said(s) for s in states) or time.monotonic() > deadline:
                     break
                 self.changed.wait(0.2)
-        if not cond():
-            bad = {}
-            for n in names:
-                s = self.states[n]
-                if s.ended:
-                    err = self.recv[n].pipe.err().strip()
-                    bad[n] = f"its receiver ended before it could {what}" + \
-                        (f": {err.splitlines()[-1]}" if err else "")
-                elif not cond():
-                    bad[n] = f"no answer in {timeout:.0f}s to {what}"
-            raise HostError("sending data", bad or {n: f"could not {what}" for n in names})
+        bad = {}
+        for s in states:
+            if said(s):
+                continue
+            if s.ended:
+                err = self.recv[s.name].pipe.err().strip()
+                bad[s.name] = f"its receiver ended before it could {what}" + \
+                    (f": {err.splitlines()[-1]}" if err else "")
+            else:
+                bad[s.name] = f"no answer in {timeout:.0f}s to {what}"
+        if bad:
+            raise HostError("sending data", bad)
 
 
 class _Bar:

@@ -248,16 +248,18 @@ class Receiver:
             if self.f is not None:
                 raise Bad("the stream ended inside a file")
             return False
-        if kind == b"F":
-            self._begin(json.loads(payload))
-        elif kind == b"D":
+        if kind == b"D":
             self._data(payload)
-        elif kind == b"E":
-            self._end(json.loads(payload))
         elif kind == b"X":
             self._abort()
-        elif kind == b"T":
-            self._touch(json.loads(payload))
+        else:
+            try:
+                obj = json.loads(payload)
+            except ValueError as e:
+                raise Bad(f"broken stream (a {kind!r} frame that is not JSON)") from e
+            if not isinstance(obj, dict):
+                raise Bad(f"broken stream (a {kind!r} frame that is not an object)")
+            {b"F": self._begin, b"E": self._end, b"T": self._touch}[kind](obj)
         return True
 
     def _path(self, h: Json) -> tuple[str, str]:
