@@ -95,8 +95,8 @@ def parse_held(out: str, asked: set[str]) -> dict[str, Held]:
             continue
         size = number(parts[2])
         blocks = parts[4]
-        if (rel not in asked or parts[1] not in ("part", "file") or size is None
-                or len(parts[3]) != 64 or len(blocks) % d
+        if (not isinstance(rel, str) or rel not in asked or parts[1] not in ("part", "file")
+                or size is None or len(parts[3]) != 64 or len(blocks) % d
                 or len(blocks) // d != ferry.blocks_of(size)):
             continue
         held[rel] = Held(parts[1], size, parts[3],
@@ -227,9 +227,9 @@ def parse_report(line: bytes) -> dict[str, object] | None:
     if len(obj) > 1 and not (key == "linked" and set(obj) == {"linked", "why"}):
         return None
     checks: dict[str, Callable[[object], bool]] = {
-        "port": lambda v: isinstance(v, int) and 0 < v < 65536,
+        "port": lambda v: _int(v) and 0 < v < 65536,  # type: ignore[operator]
         "linked": lambda v: isinstance(v, bool),
-        "at": lambda v: isinstance(v, int) and v >= 0,
+        "at": lambda v: _int(v) and v >= 0,  # type: ignore[operator]
         "ok": lambda v: (isinstance(v, list) and len(v) == 3 and isinstance(v[0], int)
                          and not isinstance(v[0], bool) and isinstance(v[1], str)
                          and isinstance(v[2], str) and len(v[2]) in (0, 64)),
@@ -243,6 +243,10 @@ def parse_report(line: bytes) -> dict[str, object] | None:
         why = obj.get("why")
         return {"linked": value, "why": why if isinstance(why, str) else ""}
     return obj
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def problem_text(err: dict[str, object]) -> str:

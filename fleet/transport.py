@@ -947,12 +947,23 @@ def _drain(recv: Callable[[int], bytes], into: list[bytes]) -> None:
         return
 
 
+def _aead_first(sock: Any, **kwargs: Any) -> paramiko.Transport:
+    """paramiko's Transport, asking for AES-GCM before its default AES-CTR with HMAC-SHA2: one
+    pass over the data instead of two (measured on the testbed, a raw channel: 370 MB/s against
+    210-260). A server without GCM (OpenSSH has it since 6.2) still agrees on CTR."""
+    t = paramiko.Transport(sock, **kwargs)
+    opts = t.get_security_options()
+    aead = tuple(c for c in opts.ciphers if c.endswith("-gcm@openssh.com"))
+    opts.ciphers = aead + tuple(c for c in opts.ciphers if c not in aead)
+    return t
+
+
 def ssh_connection(host: Host) -> Any:
     """A Fabric connection (not yet open): ssh_config applied (aliases, User, Port, IdentityFile,
     ProxyJump), the inventory's settings on top, host keys verified as fleet does."""
     from fabric import Config, Connection  # fabric is slow to import; only SSH needs it
 
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, object] = {"transport_factory": _aead_first}
     if host.identity:
         kwargs["key_filename"] = [os.path.expanduser(host.identity)]
     conn = Connection(host.address, user=host.user, port=host.port, config=Config(),

@@ -281,7 +281,9 @@ class Receiver:
         n = blocks_of(size)
         if blocks is not None and any(not isinstance(i, int) or not 0 <= i < n for i in blocks):
             raise Bad(f"bad blocks for {rel}")
-        mine = self.me in (h.get("for") or []) and not self.broken
+        if not 0 <= mtime < MTIME_MAX:
+            raise Bad(f"bad time for {rel}")
+        mine = self.me in _readers(h, rel) and not self.broken
         st: Json = {
             "root": h["root"], "rel": rel, "dest": dest, "size": size, "mode": mode & 0o7777,
             "mtime": mtime, "sent": None if blocks is None else sorted(set(blocks)), "next": 0,
@@ -387,11 +389,11 @@ class Receiver:
 
     def _touch(self, h: Json) -> None:
         rel, dest = self._path(h)
-        if self.me not in (h.get("for") or []) or self.broken:
-            return
         mode, mtime = h.get("mode"), h.get("mtime")
-        if not (isinstance(mode, int) and isinstance(mtime, int)):
+        if not (isinstance(mode, int) and isinstance(mtime, int) and 0 <= mtime < MTIME_MAX):
             raise Bad(f"bad header for {rel}")
+        if self.me not in _readers(h, rel) or self.broken:
+            return
 
         def touch() -> None:
             if self.strict and os.path.islink(dest):
@@ -422,6 +424,9 @@ class Receiver:
             if st is not None:
                 st["failed"] = True
                 self._close(st)
+                if st.get("copy") and st.get("part"):  # nothing of it verified: not kept
+                    with contextlib.suppress(OSError):
+                        os.unlink(st["part"])
             if self.failed is None:
                 self.failed = _problem(e, where)
                 self.report({"error": self.failed})
@@ -429,6 +434,14 @@ class Receiver:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+MTIME_MAX = 1 << 62  # nanoseconds: far beyond any real file's time, inside what utime takes
+
+
+def _readers(h: Json, rel: str) -> list[int]:
+    readers = h.get("for")
+    if not isinstance(readers, list) or not all(isinstance(i, int) for i in readers):
+        raise Bad(f"bad readers for {rel}")
+    return readers
 
 
 def _pwrite(fd: int, data: bytes, offset: int) -> None:
@@ -484,7 +497,10 @@ def accept_from(server: socket.socket, key: bytes, deadline: float) -> socket.so
         if left <= 0:
             raise Bad("the node before this one never connected")
         server.settimeout(left)
-        c, _ = server.accept()
+        try:
+            c, _ = server.accept()
+        except TimeoutError as e:
+            raise Bad("the node before this one never connected") from e
         try:
             c.settimeout(CONNECT_S)
             nonce = secrets.token_bytes(16)
@@ -583,8 +599,8 @@ def cmd_recv(argv: list[str]) -> int:
                 fwd = None
         try:
             more = recv.apply(kind, payload)
-        except Bad as e:
-            report({"error": {"msg": str(e), "protocol": True}})
+        except (Bad, TypeError, ValueError, OverflowError, KeyError) as e:
+            report({"error": {"msg": f"broken stream: {e}", "protocol": True}})
             return 2
         now = time.monotonic()
         if now - last >= REPORT_S:
