@@ -288,8 +288,9 @@ class Receiver:
     """One node's `ferry recv`, its reports read in a thread of their own."""
 
     def __init__(self, name: str, t: Transport, python: str, listen: str | None,
-                 state: NodeState, changed: threading.Condition) -> None:
-        self.name, self.state, self.changed = name, state, changed
+                 state: NodeState, changed: threading.Condition,
+                 lost: Callable[[str], None]) -> None:
+        self.name, self.state, self.changed, self.lost = name, state, changed, lost
         self.mark = f"FERRY-{secrets.token_hex(8)}"
         script = "exec " + agent(python, f"recv {self.mark}" +
                                  (f" {quote(listen)}" if listen else ""))
@@ -319,6 +320,8 @@ class Receiver:
             with self.changed:
                 self.state.ended = True
                 self.changed.notify_all()
+            if not self.state.done:
+                self.lost(self.name)
 
     def _take(self, r: dict[str, object] | None) -> None:
         if r is None:
@@ -414,6 +417,8 @@ class Transfer:
         self.recv: dict[str, Receiver] = {}
         self.key = secrets.token_hex(32)
         self.shas: dict[tuple[int, str], str] = {}  # what was sent, as hashed here
+        self.cause: str | None = None  # the first receiver that ended before the end
+        self.finished = False
         for m in moves:
             for w in m.writers:
                 self.states[self.order[w]].expected += m.local.size
@@ -432,6 +437,8 @@ class Transfer:
             heads = [self.recv[c[0]] for c in routes]
             out.bytes_out = self._stream(heads)
             self._wait_done()
+            with self.changed:
+                self.finished = True
             self._check()
             for r in self.recv.values():  # each receiver has exited before fleet goes on
                 r.pipe.status(EXIT_S)
@@ -442,8 +449,17 @@ class Transfer:
             self.close()
 
     def close(self) -> None:
-        for r in self.recv.values():
+        for r in list(self.recv.values()):
             r.close()
+
+    def _lost(self, name: str) -> None:
+        """A receiver ended before the end: the transfer cannot complete, so it ends now for
+        every node (one waiting on the lost one would wait for its stall deadline)."""
+        with self.changed:
+            if self.cause is not None or self.finished:
+                return
+            self.cause = name
+        self.close()
 
     def _placed(self, i: int, name: str) -> dict[tuple[int, str], str]:
         """Every file node i should have placed, with the hash it reported: equal to this
@@ -473,7 +489,7 @@ class Transfer:
             tg = self.targets[name]
             listen = tg.address if self.relay and i > 0 else None
             self.recv[name] = Receiver(name, tg.t, tg.python, listen, self.states[name],
-                                       self.changed)
+                                       self.changed, self._lost)
         for i, name in enumerate(self.order):
             start(i, name)
         # Nothing is sent before the program said it runs: /bin/sh, which reads the program
@@ -575,7 +591,7 @@ class Transfer:
         for n, s in self.states.items():
             if s.error is not None and not s.error.get("relay"):
                 problems[n] = problem_text(s.error)
-            elif s.ended and not s.done and s.error is None:
+            elif s.ended and not s.done and s.error is None and self.cause in (None, n):
                 err = self.recv[n].pipe.err().strip().splitlines()[-1:] if n in self.recv else []
                 problems[n] = "lost mid-transfer (its connection or its receiver ended" + \
                     (f": {err[0]}" if err else "") + ")"
@@ -599,7 +615,7 @@ class Transfer:
                 self.changed.wait(0.2)
         bad = {}
         for s in states:
-            if said(s):
+            if said(s) or (self.cause is not None and s.name != self.cause):
                 continue
             if s.ended:
                 err = self.recv[s.name].pipe.err().strip()

@@ -271,3 +271,35 @@ def test_a_file_changed_while_it_is_sent_stops_the_launch(cli: CLI, tb: Testbed,
     assert r.returncode == 0, r.stdout + r.stderr
     assert_same(tb, tmp_path / "data", ["node1"], "~/fleet-data-e")
     assert_clean(tb)
+
+
+def test_a_node_lost_mid_relay_is_named_and_the_others_stop_at_once(
+        cli: CLI, tmp_path: Path) -> None:
+    _need_testbed()
+    with Testbed(3) as bed:
+        bed.inventory(tmp_path / "inv.toml", workdir="~/fleet-data-f")
+        make_data(tmp_path / "data", [40])
+        with uplink(bed, "40mbit"):  # 40 MB: about 8 s
+            p = cli.popen("up", str(job(tmp_path, 29806)))
+            try:
+                wait_for(p, r"data: streaming", 60)
+                time.sleep(2)
+                bed.kill_host("node2")  # the middle of the relay: node1 passes data to it
+                t0 = time.monotonic()
+                _, err = p.communicate(timeout=120)
+                took = time.monotonic() - t0
+            finally:
+                if p.poll() is None:
+                    p.kill()
+        assert p.returncode != 0, err
+        assert re.search(r"node2: lost mid-transfer", err), err
+        assert "nothing was started" in err, err
+        assert took < 15, f"{took:.1f}s from the loss to the end"  # not a 20 s stall
+        for host in ("node1", "node3"):
+            left = bed.stray_processes(host)
+            deadline = time.monotonic() + 5
+            while left and time.monotonic() < deadline:
+                time.sleep(0.2)
+                left = bed.stray_processes(host)
+            assert not left, (host, left)
+            assert not listening(bed, host), host

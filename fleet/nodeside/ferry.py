@@ -40,6 +40,7 @@ import hmac
 import json
 import os
 import secrets
+import select
 import socket
 import struct
 import sys
@@ -527,6 +528,7 @@ def cmd_recv(argv: list[str]) -> int:
 
     sys.stdout.write(argv[0] + "\n")
     sys.stdout.flush()
+    threading.Thread(target=_exit_when_unread, daemon=True).start()
     server = None
     if len(argv) > 1:
         server = socket.socket(socket.AF_INET6 if ":" in argv[1] else socket.AF_INET)
@@ -614,6 +616,17 @@ def cmd_recv(argv: list[str]) -> int:
     report({"done": {"files": recv.files, "bytes": recv.placed,
                      "failed": recv.failed is not None}})
     return 1 if recv.failed else 0
+
+
+def _exit_when_unread() -> None:
+    """fleet reads this node's stdout for as long as the transfer should go on: once nobody
+    does (fleet ended it, or its connection is gone), this ends at once, even while it waits
+    on the node after it."""
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), select.POLLERR | select.POLLHUP)
+    while True:
+        if poll.poll(1000):
+            os._exit(3)
 
 
 def _exit_on_eof(stdin: IO[bytes]) -> None:
