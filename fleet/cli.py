@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet import check as fleet_check
-from fleet import hang, hostkeys, launch, lifecycle, remote, slurm, slurm_run, state
+from fleet import hang, hostkeys, launch, lifecycle, preview, remote, slurm, slurm_run, state
 from fleet import logs as fleet_logs
 from fleet import manifest as fleet_manifest
 from fleet import setup as fleet_setup
@@ -98,15 +98,18 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
          ] = False,
          probe: Annotated[bool, typer.Option(
              "--probe", help="Connect (read-only) to show the detected interfaces, addresses "
-                             "and paths.")] = False,
+                             "and paths, and what `up` would send to which node, by which "
+                             "route.")] = False,
          ) -> None:
-    """Dry run: each node's rank, env and command; without --probe nothing is connected to."""
+    """Dry run: each node's rank, env and command, and the data to sync; without --probe nothing
+    is connected to."""
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
     inv = load_inventory(job.inventory)
+    console = Console(out=sys.stderr)
+    sources = launch.scan_sources(job, console)  # as `up` does, before any host is touched
     if probe:
-        console = Console(out=sys.stderr)
         console.hosts([h.name for h in inv.hosts])
         session = launch.connect(inv, console)
         try:
@@ -114,13 +117,17 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                                     create=False, allow_mismatch=True)
             setups = fleet_setup.decide(p, fleet_setup.recorded(session.t, p)
                                         if job.setup else {})
+            moves = preview.preview(p, sources.code, sources.data,
+                                    preview.list_nodes(session.t, p),
+                                    tuple(n for n, f in session.facts.items() if not f.storage))
         finally:
             session.close()
     else:
         p = make_plan(inv, job, new_run_id(job.name))
         setups = fleet_setup.decide(p, None)
+        moves = preview.preview(p, sources.code, sources.data)
     if as_json:
-        print(json.dumps(_plan_json(p), indent=2))
+        print(json.dumps({**_plan_json(p), "data": preview.as_json(moves)}, indent=2))
         return
     echo(f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
           f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}")
@@ -146,6 +153,9 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         for k, v in masked(n.env, job.secret_env).items():
             echo(f"  env {k}={v}")
         echo(f"  command:   {join(n.argv)}")
+    echo("")
+    for line in preview.lines(moves):
+        echo(line)
 
 
 export_app = typer.Typer(no_args_is_help=True, help="Write the job for another scheduler.")

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from fleet import preview
 from fleet.inventory import Host, Inventory
 from fleet.job import Job, Rendezvous
-from fleet.plan import NodeNet, make_plan, rank_span
+from fleet.plan import NodeNet, Plan, make_plan, rank_span
 from fleet.render import render_node
 from fleet.state import NodeRecord
+from fleet.sync import Scan
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -170,3 +172,141 @@ def test_dry_run_never_hands_the_nodes_a_name_as_master_address() -> None:
     assert make_plan(inventory(), job(), "j-1").master.master_addr == "10.0.0.11"
     assert make_plan(named, job(), "j-1", master_addr="10.0.0.7").master.master_addr == \
         "10.0.0.7"
+
+
+# ---- what `fleet plan` says would move (fleet.preview) ------------------------------------------
+MiB = 1 << 20
+
+
+def scans(code: dict[str, tuple[int, int]], data: dict[str, tuple[int, int]]) -> tuple[Scan, Scan]:
+    return (Scan(Path("/jobs"), {r: Path("/jobs", r) for r in code}, code),
+            Scan(Path("/d"), {r: Path("/d", r) for r in data}, data))
+
+
+def three_nodes(storage: list[list[str]] | None = None) -> Plan:
+    inv = Inventory(Path("/inv.toml"), tuple(Host(f"n{i}", f"10.0.0.1{i}") for i in (1, 2, 3)))
+    return make_plan(inv, job(data=Path("/d")), "j-1", master_addr="10.0.0.11",
+                     homes={f"n{i}": "/root" for i in (1, 2, 3)}, storage=storage)
+
+
+CODE = {"train.py": (1000, 100)}
+DATA = {"a.bin": (12 * MiB, 100), "b.bin": (8 * MiB, 100), "labels.txt": (4000, 100)}
+
+
+def test_the_listing_creates_nothing_and_says_which_directory_is_absent(tmp_path: Path) -> None:
+    there = tmp_path / "code dir"
+    (there / "sub").mkdir(parents=True)
+    (there / "sub" / "x.py").write_text("print()\n")
+    (there / ".big.bin.fleet-part").write_bytes(b"\0" * 10)
+    gone = tmp_path / "data" / "d-1"
+    script = preview.listing_script([str(there), str(gone)])
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    code, data = preview.parse_listing(r.stdout, 2)
+    assert code is not None and set(code) == {"sub/x.py", ".big.bin.fleet-part"}
+    assert code["sub/x.py"][0] == 8
+    assert data is None
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_listing_parser_takes_only_what_follows_its_markers() -> None:
+    out = ("motd noise\tsize\t1\n#dir 1 absent\nstray\t1\t2\n#dir 0\nf.py\t12\t1700000000.5\n"
+           "broken line\n#dir 7\nno\t1\t1\n#dir 0 gone\n")
+    code, data = preview.parse_listing(out, 2)
+    # "#dir 7" names no directory asked: a line of the listing it is in, like any other
+    assert code == {"f.py": (12, 1700000000), "no": (1, 1)}
+    assert data is None
+    assert preview.parse_listing("", 1) == [None]  # a directory never named is not there
+
+
+def test_a_dir_move_counts_partial_files_and_older_copies_apart() -> None:
+    there = {"a.bin": (12 * MiB, 99), ".b.bin.fleet-part": (MiB, 5), "labels.txt": (4000, 100)}
+    d = preview.dir_move("data", DATA, there)
+    assert d.differ == ("a.bin", "b.bin") and d.bytes == 20 * MiB
+    assert (d.partial, d.older, d.unchanged, d.present) == (1, 1, 1, True)
+    absent = preview.dir_move("data", DATA, None)
+    assert absent.present is False and absent.held == 0 and len(absent.differ) == 3
+
+
+def test_how_sent_follows_the_upload_rule() -> None:
+    big = preview.dir_move("data", DATA, {})
+    small = preview.dir_move("code", CODE, {})
+    resume = preview.dir_move("code", CODE, {".train.py.fleet-part": (10, 1)})
+    same = preview.dir_move("code", CODE, CODE)
+    assert preview.how_sent((big,)) == preview.STREAM
+    assert preview.how_sent((small,)) == preview.BUNDLE
+    assert preview.how_sent((resume,)) == preview.STREAM  # a partial file is resumed
+    assert preview.how_sent((same,)) == preview.NOTHING
+
+
+def test_a_first_sync_to_two_nodes_is_relayed_and_a_sharer_gets_nothing() -> None:
+    plan = three_nodes([["n1"], ["n2", "n3"]])
+    code, data = scans(CODE, DATA)
+    p = preview.preview(plan, code, data, {"n1": [None, None], "n2": [None, None]}, ("n1",))
+    assert p.nodes is not None and p.route is not None
+    assert [(n.host, n.how, n.shares) for n in p.nodes] == [
+        ("n1", "stream", None), ("n2", "stream", None), ("n3", "shared", "n2")]
+    assert p.route.kind == "relay" and p.route.chain == ("n1", "n2")
+    assert p.route.uplink == 20 * MiB + 1000 + 4000  # once, not once per node
+    text = "\n".join(preview.lines(p))
+    assert "data: 4 file(s), 20.0 MiB to sync (code 1 file(s), 1000 bytes; data 3 file(s)" in text
+    assert "  n1: 20.0 MiB to stream" in text
+    assert "data: 3 file(s) differ (a.bin, b.bin, labels.txt), 20.0 MiB; 0 unchanged (no data " \
+           "directory there yet)" in text
+    assert "  n3: shares n2's storage: nothing sent" in text
+    assert ("route: this machine -> n1 -> n2 (each byte once over this machine's uplink; nodes "
+            "pass it on over TCP, on an ephemeral port, authenticated per run; a node the one "
+            "before cannot reach is fed from here directly)") in text
+    assert "note: n1: no workdir there yet" in text
+    assert preview.synced(plan) == {
+        "n1": [("code", plan.nodes[0].code_dir), ("data", plan.nodes[0].data_dir)],
+        "n2": [("code", plan.nodes[1].code_dir), ("data", plan.nodes[1].data_dir)]}
+
+
+def test_one_streamed_node_is_fed_directly_and_small_changes_go_in_bundles() -> None:
+    plan = three_nodes()
+    code, data = scans(CODE, DATA)
+    touched = {**DATA, "a.bin": (12 * MiB, 200)}
+    p = preview.preview(plan, code, data, {
+        "n1": [CODE, touched], "n2": [{}, DATA], "n3": "RemoteCommandError: no"})
+    assert p.nodes is not None and p.route is not None
+    assert [n.how for n in p.nodes] == ["stream", "bundle", "unlisted"]
+    text = "\n".join(preview.lines(p))
+    assert "  n1: at most 12.0 MiB to stream" in text
+    assert ("data: 1 file(s) differ (a.bin), 12.0 MiB; 1 with an older copy there: compared "
+            "block by block, only the blocks that differ move") in text
+    assert "  n2: 1000 bytes in its one bundle" in text
+    assert "  n3: could not be listed: RemoteCommandError: no" in text
+    assert "route: this machine -> n1; n2: in one bundle per node" in text
+    only_small = preview.preview(plan, code, data, {n: [{}, DATA] for n in ("n1", "n2", "n3")})
+    assert only_small.route is not None and only_small.route.kind == "bundle"
+    assert preview.route_line(only_small.route) == \
+        "route: in one bundle per node (2.9 KiB in all)"
+    same = preview.preview(plan, code, data, {n: [CODE, DATA] for n in ("n1", "n2", "n3")})
+    words = preview.lines(same)
+    assert "  n1: 0 bytes: nothing to send" in words
+    assert words[-1].startswith("route: nothing moves")
+
+
+def test_without_a_probe_only_the_local_side_and_json_says_the_same() -> None:
+    plan = three_nodes()
+    code, data = scans(CODE, DATA)
+    p = preview.preview(plan, code, data)
+    assert preview.lines(p) == ["data: 4 file(s), 20.0 MiB to sync (code 1 file(s), 1000 "
+                                "bytes; data 3 file(s), 20.0 MiB); what moves is known with "
+                                "--probe"]
+    assert preview.as_json(p) == {
+        "local": [{"dir": "code", "files": 1, "bytes": 1000},
+                  {"dir": "data", "files": 3, "bytes": 20 * MiB + 4000}],
+        "probed": False, "nodes": None, "route": None}
+    probed = preview.as_json(preview.preview(plan, code, data, {
+        "n1": [None, None], "n2": [CODE, DATA], "n3": [CODE, {}]}))
+    nodes = probed["nodes"]
+    assert isinstance(nodes, list)
+    assert [(n["host"], n["how"], n["bytes_at_most"]) for n in nodes] == [
+        ("n1", "stream", 20 * MiB + 5000), ("n2", "nothing", 0), ("n3", "stream", 20 * MiB + 4000)]
+    assert nodes[0]["dirs"][1] == {"dir": "data", "present": False, "differ": 3,
+                                   "files": ["a.bin", "b.bin", "labels.txt"],
+                                   "bytes": 20 * MiB + 4000, "partial": 0, "older": 0,
+                                   "unchanged": 0}
+    assert probed["route"] == {"kind": "relay", "chain": ["n1", "n3"], "bundle": [],
+                               "uplink_bytes_at_most": 20 * MiB + 5000}
