@@ -250,9 +250,6 @@ def scan_sources(job: Job, console: Console) -> Sources:
 SKIPPED_SHOWN = 10
 
 
-BUNDLE_MAX = 8 << 20  # a node's changes up to this size go in its one bundle; more: streamed
-
-
 @dataclass
 class _Listed:
     """One node's upload after its listing: per synced directory (scan, where, what is there,
@@ -280,9 +277,9 @@ class _Listed:
 def upload(session: Session, plan: Plan, console: Console,
            sources: Sources | None = None) -> Sources:
     """Sync the code and data (once per shared filesystem) and write the rendered scripts on
-    every node: one listing each (which also creates the directories); changes larger than
-    BUNDLE_MAX (or resuming an interrupted transfer) streamed to every node at once by
-    fleet.transfer (relayed node to node); the rest, with the run's files, in one verified
+    every node: one listing each (which also creates the directories); large changes, or
+    ones resuming an interrupted transfer (fleet.transfer.streams), streamed to every node at
+    once by fleet.transfer (relayed node to node); the rest, with the run's files, in one verified
     bundle each. Raises HostError naming each node that failed (nothing has started yet).
     Returns the sources with what each node received."""
     sources = sources or scan_sources(plan.job, console)
@@ -336,7 +333,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         return _Listed(node, run_files, dirs, rels, t0)
 
     lists = all_ok("prepare", each(((n.host.name, (n, s, r)) for n, s, r in todo), listed))
-    big = [ls for ls in lists.values() if ls.changed_bytes > BUNDLE_MAX or ls.resumes]
+    big = [ls for ls in lists.values() if transfer.streams(ls.changed_bytes, ls.resumes)]
     if big:
         _stream(session, console, sources, big)
 

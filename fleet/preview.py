@@ -10,13 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fleet.group import each, reason
-from fleet.launch import BUNDLE_MAX
 from fleet.nodedata import number
 from fleet.nodeside.ferry import part_name
 from fleet.plan import Plan
 from fleet.shell import AND, sh
 from fleet.sync import Manifest, Scan, changed, parse_manifest
-from fleet.transfer import human
+from fleet.transfer import human, streams
 from fleet.transport import Transport
 
 NAMES_SHOWN = 3  # files named per directory in the text; --json names up to NAMES_MAX
@@ -132,10 +131,8 @@ class NodeMove:
 
 
 def how_sent(dirs: tuple[DirMove, ...]) -> str:
-    """fleet.launch's rule: streamed past BUNDLE_MAX, or to resume a partial file; else one
-    bundle (NOTHING where no file differs)."""
-    size = sum(d.bytes for d in dirs)
-    if size > BUNDLE_MAX or any(d.partial for d in dirs):
+    """fleet.launch's rule (fleet.transfer.streams); NOTHING where no file differs."""
+    if streams(sum(d.bytes for d in dirs), any(d.partial for d in dirs)):
         return STREAM
     return BUNDLE if any(d.differ for d in dirs) else NOTHING
 

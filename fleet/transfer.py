@@ -66,6 +66,17 @@ LINE_MAX = 1 << 16  # a report line longer than this is not a report
 PROGRESS_LINE_S = 10.0  # without a terminal, a progress line this often
 
 
+# ---- 0. whether a node's changes are streamed at all -------------------------------------------
+BUNDLE_MAX = 8 << 20  # a node's changes up to this size go in its one bundle (fleet.sync.send)
+
+
+def streams(changed_bytes: int, resumes: bool) -> bool:
+    """A node's changes are streamed when they are larger than BUNDLE_MAX, or when a partial
+    file of an interrupted transfer is there to resume; else they go in its one bundle, with
+    the run's own files (one round trip, no receiver to start)."""
+    return changed_bytes > BUNDLE_MAX or resumes
+
+
 # ---- 1. what each node lacks --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Held:
