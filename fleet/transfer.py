@@ -784,3 +784,64 @@ def move(nodes: list[Target], dirs: list[Dir], console: Console) -> tuple[Outcom
     for (i, root), m in moved_per_node(files).items():
         outcome.moved.setdefault(nodes[i].name, {})[root] = m
     return outcome, moves
+
+
+# ---- the other way: files from a node (the engine of a pull) -----------------------------------
+def fetch(t: Transport, python: str, root: str, rels: list[str], dest: Path) -> dict[str, str]:
+    """The node's files root/rel into dest/rel, streamed by `ferry send` and written here by the
+    same Receiver, strictly: a node is untrusted, so no path may leave dest or pass through a
+    link there, each file is verified against the hash the node sent, and each replaces its
+    target only whole. Returns rel -> sha256 of what was placed; a file the node did not send
+    is missing from it. WorkdirError if the stream breaks the protocol."""
+    mark = f"FERRY-{secrets.token_hex(8)}"
+    rels = [ferry.safe_rel(r) for r in rels]
+    pipe = t.pipe(agent(python, f"send {quote(root)} {mark}", json.dumps(rels)))
+    got: dict[str, str] = {}
+    errors: list[dict[str, object]] = []
+
+    def report(obj: dict[str, object]) -> None:
+        ok = obj.get("ok")
+        if isinstance(ok, list) and len(ok) == 3:
+            got[str(ok[1])] = str(ok[2])
+        elif "error" in obj:
+            errors.append(obj["error"])  # type: ignore[arg-type]
+
+    recv = ferry.Receiver([str(dest)], 0, report, strict=True)
+    buf = bytearray()
+    try:
+        while not buf.endswith(mark.encode() + b"\n"):  # rc noise first, bounded
+            chunk = pipe.recv(1)
+            if not chunk or len(buf) > LINE_MAX:
+                raise WorkdirError(f"{t.host.name}: no files came from {root} "
+                                   f"({pipe.err().strip()[-200:] or 'its sender did not start'})")
+            buf += chunk
+        reader = _PipeReader(pipe)
+        while True:
+            kind, payload = ferry.read_frame(reader.read)
+            if not kind or not recv.apply(kind, payload):
+                break
+    except (ferry.Bad, EOFError) as e:
+        raise WorkdirError(f"{t.host.name}: the files sent from {root} broke the protocol "
+                           f"({e}); nothing more was written") from e
+    finally:
+        pipe.close()
+    if errors:
+        raise WorkdirError(f"{t.host.name}: {problem_text(errors[0])}")
+    return got
+
+
+class _PipeReader:
+    """read(n) of exactly what a Pipe gives, buffered."""
+
+    def __init__(self, pipe: Pipe) -> None:
+        self.pipe, self.buf = pipe, bytearray()
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.pipe.recv(max(65536, n - len(self.buf)))
+            if not chunk:
+                break
+            self.buf += chunk
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out

@@ -303,3 +303,29 @@ def test_a_node_lost_mid_relay_is_named_and_the_others_stop_at_once(
                 left = bed.stray_processes(host)
             assert not left, (host, left)
             assert not listening(bed, host), host
+
+
+def test_the_same_engine_fetches_from_a_node_over_ssh(tb: Testbed, tmp_path: Path) -> None:
+    """The way back (what `fleet pull` will use): a node's files streamed here over its SSH
+    connection, verified, strictly placed; nothing of it left on the node."""
+    from fleet.inventory import load_inventory
+    from fleet.transfer import fetch
+    from fleet.transport import open_transport
+
+    inv = load_inventory(tb.inventory(tmp_path / "inv.toml", hosts=["node1"]))
+    outputs = tb.host("node1").home / "outputs-g"
+    (outputs / "ckpt").mkdir(parents=True)
+    big = os.urandom(30 * MB + 5)
+    (outputs / "ckpt" / "last.pt").write_bytes(big)
+    (outputs / "metrics.json").write_text('{"loss": 0.1}\n')
+    here = tmp_path / "pulled"
+    here.mkdir()
+    t = open_transport(inv.hosts[0])
+    try:
+        got = fetch(t, inv.hosts[0].python, str(outputs), ["ckpt/last.pt", "metrics.json"], here)
+    finally:
+        t.close()
+    assert (here / "ckpt" / "last.pt").read_bytes() == big
+    assert got["ckpt/last.pt"] == hashlib.sha256(big).hexdigest()
+    assert (here / "metrics.json").read_text() == '{"loss": 0.1}\n'
+    assert_clean(tb)

@@ -994,3 +994,94 @@ def test_a_header_of_the_wrong_type_is_bad_not_a_crash(tmp_path: Path,
         node.feed(*frames)
     assert node.errors() or tree(tmp_path) == []
     assert not (tmp_path / "f").exists() and not (tmp_path / ".f.fleet-part").exists()
+
+
+# ---- the other way: fetch (a pull's engine) from a node, here a local one -----------------------
+def local_node() -> transfer.Transport:
+    from fleet.inventory import Host
+    from fleet.transport import LocalTransport
+    return LocalTransport(Host("here", "localhost", transport="local"))
+
+
+def test_fetch_brings_a_nodes_files_here_verified(tmp_path: Path) -> None:
+    node, here = tmp_path / "node", tmp_path / "here"
+    (node / "ckpt").mkdir(parents=True)
+    big = os.urandom(3 * ferry.BLOCK + 17)
+    (node / "ckpt" / "model.pt").write_bytes(big)
+    (node / "log.txt").write_text("done\n")
+    here.mkdir()
+    got = transfer.fetch(local_node(), sys.executable, str(node),
+                         ["ckpt/model.pt", "log.txt", "missing.bin"], here)
+    assert (here / "ckpt" / "model.pt").read_bytes() == big
+    assert (here / "log.txt").read_text() == "done\n"
+    assert got == {"ckpt/model.pt": hashlib.sha256(big).hexdigest(),
+                   "log.txt": hashlib.sha256(b"done\n").hexdigest()}
+    assert not list(here.rglob("*.fleet-part"))
+
+
+class HostileNode(transfer.Transport):
+    """A node whose `ferry send` is replaced by a program that sends `frames` after the mark."""
+
+    def __init__(self, frames: bytes) -> None:
+        from fleet.inventory import Host
+        super().__init__(Host("evil", "localhost", transport="local"))
+        self.frames = frames
+
+    def connect(self, hello: bool = True) -> None: ...
+    def run(self, script, timeout=60.0, what=""):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def stream(self, script, on_lines, stop=None, received=None):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def _put(self, path: str, data: bytes, mode: int) -> str:
+        raise NotImplementedError
+
+    def pipe(self, script: str) -> transfer.Pipe:
+        import re
+
+        from fleet.transport import _LocalPipe
+        mark = re.search(r"FERRY-[0-9a-f]{16}", script)
+        assert mark
+        payload = (b"rc noise\n" + mark.group().encode() + b"\n" + self.frames).hex()
+        return _LocalPipe(f"{sys.executable} -c 'import sys; sys.stdout.buffer.write("
+                          f"bytes.fromhex(\"{payload}\"))'")
+
+
+def evil_file(path: str, data: bytes = b"pwned\n") -> bytes:
+    return (ferry.meta(b"F", {"root": 0, "path": path, "size": len(data), "mode": 0o755,
+                              "mtime": 0, "blocks": None, "for": [0]})
+            + ferry.frame(b"D", data)
+            + ferry.meta(b"E", {"sha256": hashlib.sha256(data).hexdigest()}))
+
+
+@pytest.mark.parametrize("path", ["../escaped", "/tmp/escaped", "a/../../escaped"])
+def test_fetch_refuses_a_path_that_leaves_the_destination(tmp_path: Path, path: str) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    with pytest.raises(transfer.WorkdirError, match="broke the protocol"):
+        transfer.fetch(HostileNode(evil_file(path)), sys.executable, "/x", ["a"], here)
+    assert not (tmp_path / "escaped").exists() and not list(here.iterdir())
+
+
+def test_fetch_never_writes_through_a_link_in_the_destination(tmp_path: Path) -> None:
+    here, outside = tmp_path / "here", tmp_path / "outside"
+    here.mkdir()
+    outside.mkdir()
+    (here / "ckpt").symlink_to(outside)
+    with pytest.raises(transfer.WorkdirError, match="symbolic link"):
+        transfer.fetch(HostileNode(evil_file("ckpt/x.pt") + ferry.frame(b"Z", b"")),
+                       sys.executable, "/x", ["ckpt/x.pt"], here)
+    assert not list(outside.iterdir())
+
+
+def test_fetch_keeps_nothing_whose_hash_the_node_got_wrong(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    frames = (ferry.meta(b"F", {"root": 0, "path": "w.pt", "size": 3, "mode": 0o644,
+                                "mtime": 0, "blocks": None, "for": [0]})
+              + ferry.frame(b"D", b"abc") + ferry.meta(b"E", {"sha256": "0" * 64})
+              + ferry.frame(b"Z", b""))
+    with pytest.raises(transfer.WorkdirError, match="w.pt"):
+        transfer.fetch(HostileNode(frames), sys.executable, "/x", ["w.pt"], here)
+    assert not list(here.iterdir())

@@ -637,6 +637,38 @@ def _exit_on_eof(stdin: IO[bytes]) -> None:
     os._exit(3)
 
 
+def cmd_send(root: str, mark: str, rels: list[str]) -> int:
+    """send ROOT MARK < [paths]: the files, as a stream on stdout after the MARK line (pulling
+    from a node: the same frames the other way). A file that is not there, or changed while it
+    was read, is left out (the receiver sees which came)."""
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+    write(mark.encode() + b"\n")
+    for rel in rels:
+        path = target(root, rel)
+        try:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if not stat_regular(st.st_mode):
+                continue
+            send_file(write, 0, rel, path, st.st_size, st.st_mtime_ns,
+                      st.st_mode & 0o7777, None, [0])
+        except (OSError, Changed):
+            continue
+    out.write(frame(b"Z", b""))
+    out.flush()
+    return 0
+
+
+def stat_regular(mode: int) -> bool:
+    return mode & 0o170000 == 0o100000
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["hash"] and len(argv) == 2:
         rels = json.loads(sys.stdin.readline() or "[]")
@@ -644,7 +676,11 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["recv"] and len(argv) in (2, 3):
         return cmd_recv(argv[1:])
-    sys.stderr.write("usage: ferry hash ROOT < [paths] | ferry recv MARK [LISTEN]\n")
+    if argv[:1] == ["send"] and len(argv) == 3:
+        rels = json.loads(sys.stdin.readline() or "[]")
+        return cmd_send(argv[1], argv[2], [safe_rel(r) for r in rels])
+    sys.stderr.write("usage: ferry hash ROOT < [paths] | ferry recv MARK [LISTEN] | "
+                     "ferry send ROOT MARK < [paths]\n")
     return 2
 
 
