@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.console import Console
+from fleet.console import Console, printable
 from fleet.errors import HostError, WorkdirError, host_error
 from fleet.group import each
 from fleet.nodedata import number
@@ -536,7 +536,7 @@ class Transfer:
     def _stream(self, heads: list[Receiver]) -> int:
         total = sum(moved_bytes(m) for m in self.moves)
         sent = [0]
-        bar = _Bar(self.console, total, self.states, self.order)
+        bar = Bar(self.console, total, self.states, self.order)
 
         def write(data: bytes) -> None:
             for h in heads:
@@ -638,20 +638,21 @@ class Transfer:
             raise HostError("sending data", bad)
 
 
-class _Bar:
+class Bar:
     """Progress: bytes in place on the nodes against what they place, the rate and the time
     left; on a terminal one line redrawn, else a line now and then."""
 
     def __init__(self, console: Console, total: int, states: dict[str, NodeState],
-                 order: list[str]) -> None:
+                 order: list[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.console, self.total, self.states, self.order = console, total, states, order
+        self.clock = clock
         self.tty = _isatty(console.err)
-        self.t0 = time.monotonic()
+        self.t0 = clock()
         self.shown = self.t0
         self.drawn = False
 
     def tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         every = 0.25 if self.tty else PROGRESS_LINE_S
         if now - self.shown < every or self.total < (8 << 20):
             return
@@ -659,7 +660,7 @@ class _Bar:
         text = self.text(now)
         if self.tty:
             with self.console._lock:
-                self.console.err.write("\r\033[K" + text)
+                self.console.err.write("\r\033[K" + printable(f"fleet: {text}"))
                 self.console.err.flush()
             self.drawn = True
         else:
@@ -675,7 +676,7 @@ class _Bar:
         nodes = ""
         if len(set(per.values())) > 1:
             nodes = "  " + " ".join(f"{n} {p}%" for n, p in per.items())
-        return (f"fleet: data {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
+        return (f"data {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
                 f"{eta:.0f}s left{nodes}")
 
     def end(self) -> None:

@@ -1085,3 +1085,61 @@ def test_fetch_keeps_nothing_whose_hash_the_node_got_wrong(tmp_path: Path) -> No
     with pytest.raises(transfer.WorkdirError, match="w.pt"):
         transfer.fetch(HostileNode(frames), sys.executable, "/x", ["w.pt"], here)
     assert not list(here.iterdir())
+
+
+# ---- progress -----------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def bar_states(at: dict[str, int], expected: int) -> dict[str, transfer.NodeState]:
+    return {n: transfer.NodeState(n, expected=expected, at=a) for n, a in at.items()}
+
+
+def test_without_a_terminal_progress_is_a_line_every_ten_seconds(tmp_path: Path) -> None:
+    from fleet.console import Console
+    err = io.StringIO()
+    clock = Clock()
+    states = bar_states({"node1": 0, "node2": 0}, 100 << 20)
+    bar = transfer.Bar(Console(out=io.StringIO(), err=err), 100 << 20, states,
+                       ["node1", "node2"], clock)
+    for step in range(1, 26):  # 25 s, a frame every second
+        clock.now += 1
+        states["node1"].at = states["node2"].at = step * (2 << 20)
+        bar.tick()
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 2, lines  # at 10 s and 20 s
+    assert lines[1] == ("fleet: data 80.0 MiB of 200.0 MiB in place, 4.0 MiB/s, 30s left")
+    bar.end()
+    assert len(err.getvalue().splitlines()) == 2  # no terminal: nothing to erase
+
+
+def test_progress_names_each_node_where_they_differ() -> None:
+    from fleet.console import Console
+    states = bar_states({"node1": 60 << 20, "node2": 30 << 20}, 100 << 20)
+    bar = transfer.Bar(Console(out=io.StringIO(), err=io.StringIO()), 100 << 20, states,
+                       ["node1", "node2"], Clock())
+    assert bar.text(bar.t0 + 10).endswith("  node1 60% node2 30%")
+
+
+def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -> None:
+    from fleet.console import Console
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    err, clock = Tty(), Clock()
+    states = bar_states({"node1": 0}, 64 << 20)
+    bar = transfer.Bar(Console(out=io.StringIO(), err=err), 64 << 20, states, ["node1"], clock)
+    for _ in range(8):
+        clock.now += 0.5
+        states["node1"].at += 4 << 20
+        bar.tick()
+    bar.end()
+    text = err.getvalue()
+    assert "\n" not in text and text.count("\r\033[K") == 9  # 8 draws and the erase
+    assert "32.0 MiB of 64.0 MiB in place" in text
