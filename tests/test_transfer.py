@@ -644,7 +644,8 @@ def test_send_file_gives_up_when_the_file_shrinks_while_it_is_read(tmp_path: Pat
     with pytest.raises(ferry.Changed):
         ferry.send_file(frames.append, 0, "f", str(path), st.st_size, st.st_mtime_ns, 0o644,
                         None, [0], sent=meanwhile)
-    assert kinds(frames) == "FDX"
+    # blocks read ahead before the cut may still go out, never an end: the file is given up
+    assert kinds(frames) in ("FDX", "FDDX")
 
 
 # ---- the relay link -----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ import hashlib
 import hmac
 import json
 import os
+import queue
 import secrets
 import select
 import socket
@@ -46,7 +47,7 @@ import struct
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Dict  # noqa: UP035 - nodes may run Python 3.8
+from typing import IO, Any, Callable, Dict, Iterable, Iterator  # noqa: UP035 - Python 3.8
 
 Json = Dict[str, Any]  # noqa: UP006 - evaluated at run time, on Python 3.8 too
 Write = Callable[[bytes], None]
@@ -207,14 +208,11 @@ def send_file(write: Write, root: int, rel: str, path: str, size: int, mtime_ns:
         if st.st_size != size or st.st_mtime_ns != mtime_ns:
             raise Changed(f"{path} changed after it was listed")
         write(meta(b"F", header))
-        for i in (range(blocks_of(size)) if blocks is None else blocks):
-            data = os.pread(f.fileno(), BLOCK, i * BLOCK)
-            if len(data) != block_len(size, i) or (known is not None and i < len(known)
-                                                    and digest(data) != known[i]):
+        indices = range(blocks_of(size)) if blocks is None else blocks
+        for _, data, same in _read_ahead(f.fileno(), indices, size, known, whole):
+            if not same:
                 write(meta(b"X", {"why": "changed"}))
                 raise Changed(f"{path} changed while it was sent")
-            if whole is not None:
-                whole.update(data)
             write(frame(b"D", data))
             if sent is not None:
                 sent(len(data))
@@ -225,6 +223,55 @@ def send_file(write: Write, root: int, rel: str, path: str, size: int, mtime_ns:
     done = whole.hexdigest() if whole is not None else (sha or "")
     write(meta(b"E", {"sha256": done}))
     return done
+
+
+AHEAD = 2  # blocks read and hashed ahead of the one being sent
+
+
+def _read_ahead(fd: int, indices: Iterable[int], size: int, known: list[str] | None,
+                whole: Any) -> Iterator[tuple[int, bytes, bool]]:
+    """(index, bytes, as expected) of each block, read and hashed (into `whole`, and against
+    `known`) in a thread of its own while the caller sends the one before: hashing and the
+    connection's encryption overlap. Memory: AHEAD blocks. The thread has ended when this
+    generator has (closed early too)."""
+    q: queue.Queue[Any] = queue.Queue(AHEAD)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for i in indices:
+                if stop.is_set():
+                    return
+                data = os.pread(fd, BLOCK, i * BLOCK)
+                same = len(data) == block_len(size, i) and (
+                    known is None or i >= len(known) or digest(data) == known[i])
+                if same and whole is not None:
+                    whole.update(data)
+                q.put((i, data, same))
+                if not same:
+                    return
+        except OSError as e:
+            q.put(e)
+            return
+        q.put(None)
+
+    th = threading.Thread(target=work, daemon=True)
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if isinstance(item, OSError):
+                raise item
+            yield item
+            if not item[2]:
+                return
+    finally:
+        stop.set()
+        while th.is_alive():
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.05)
 
 
 # ---- receiving ----------------------------------------------------------------------------------
