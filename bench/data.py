@@ -515,8 +515,15 @@ def datasets(labels: set[str]) -> Iterator[tuple[dict[str, DataSet], float]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def load() -> str:
+    """This machine's 1-minute load average: anything else running here shares its 2 cores
+    and its disk with every transfer measured."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
 def run(cfg: Config) -> list[Table]:
     plain, shaped = matrix(cfg)
+    load_before = load()
     first = Table("data: `fleet up --detach` of a job whose `data` is 4 random files, no shaping; "
                   "seconds (rsync: `rsync -a -e ssh` to every host at once)",
                   ["size", "hosts", "run", "runs", "fleet up", "fleet transfer", "rsync",
@@ -571,4 +578,6 @@ def run(cfg: Config) -> list[Table]:
     ]
     remarks(first, rows)
     remarks(behind, srows)
+    behind.notes.append(f"this machine's load average (1 min) at the start and the end of the "
+                        f"benchmark: {load_before} and {load()} (2 cores)")
     return [first, behind]
