@@ -400,7 +400,7 @@ class Table:
                           *([""] + notes if notes else [])])
 
 
-def testbed(n: int, cfg: Config) -> Testbed:
+def testbed(n: int, cfg: Config, uplink: str | None = None) -> Testbed:
     """The testbed for a benchmark: tests/testbed.py's, whose hosts are separate machines
-    (own PID namespace, /proc and /tmp)."""
-    return Testbed(n)
+    (own PID namespace, /proc and /tmp); `uplink` shapes this machine's link toward them."""
+    return Testbed(n, uplink=uplink)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,15 @@ import paramiko
 import pytest
 
 from tests.conftest import _need_testbed
-from tests.testbed import NOISE_STDERR, NOISE_STDOUT, SSHD, USER_ID, TbHost, Testbed
+from tests.testbed import (
+    NOISE_STDERR,
+    NOISE_STDOUT,
+    SSHD,
+    USER_ID,
+    TbHost,
+    Testbed,
+    rate_bits,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -235,3 +245,77 @@ def test_kill_sshd_then_host() -> None:
         assert h.proc is not None and h.proc.poll() is not None
         assert tb.pids(h.ns) == []
         assert ssh(tb, h, "true").returncode == 255
+
+
+# One TCP transfer, timed by its receiver from the connection's acceptance to the sender's EOF.
+RECEIVE = """import socket, sys, time
+s = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+c, _ = s.accept()
+t0, n = time.monotonic(), 0
+while data := c.recv(1 << 16):
+    n += len(data)
+print(n, time.monotonic() - t0, flush=True)
+"""
+SEND = """import socket, sys
+with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20) as c:
+    c.sendall(bytes(int(sys.argv[3])))
+"""
+
+
+def tcp_seconds(tb: Testbed, src: TbHost | None, dst: TbHost | None, size: int,
+                port: int = 5201) -> float:
+    """Seconds for `size` bytes over one TCP connection from src to dst (None: this machine,
+    on the bridge's address), each end a python in its host's network namespace."""
+    def where(h: TbHost | None) -> list[str]:
+        return ["nsenter", "-t", str(h.init_pid), "-n", "--"] if h else []
+
+    addr = dst.addr if dst else tb.gateway
+    recv = subprocess.Popen([*where(dst), sys.executable, "-I", "-S", "-c", RECEIVE, addr,
+                             str(port)], stdout=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert recv.stdout is not None
+        ready, _, _ = select.select([recv.stdout], [], [], 10)
+        assert ready and recv.stdout.readline() == "ready\n"
+        send = subprocess.run([*where(src), sys.executable, "-I", "-S", "-c", SEND, addr,
+                               str(port), str(size)], capture_output=True, text=True, timeout=30)
+        assert send.returncode == 0, send.stderr
+        out, _ = recv.communicate(timeout=30)
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.wait(10)
+    got, seconds = out.split()
+    assert int(got) == size
+    return float(seconds)
+
+
+def test_rate_bits() -> None:
+    assert rate_bits("100mbit") == 100e6 and rate_bits("1.5gbit") == 1.5e9
+    assert rate_bits("512kibit") == 512 * 1024
+    for bad in ("100mbps", "fast", "0mbit", "mbit", ""):
+        with pytest.raises(ValueError):
+            rate_bits(bad)
+
+
+def test_uplink_shapes_this_machines_link_only() -> None:
+    """Testbed(uplink=...): what this machine sends to a host takes its time at the rate; what
+    a host sends to another host, or back here, does not (5 MB at 20 mbit: 2 s)."""
+    _need_testbed()
+    size = 5_000_000
+    with Testbed(2, uplink="20mbit") as tb:
+        node1, node2 = tb.hosts
+        assert "tbf" in subprocess.run(["tc", "qdisc", "show", "dev", tb.bridge],
+                                       capture_output=True, text=True, timeout=10).stdout
+        ideal = size * 8 / 20e6
+        t0 = time.monotonic()
+        up = tcp_seconds(tb, None, node1, size)
+        across = tcp_seconds(tb, node1, node2, size)
+        back = tcp_seconds(tb, node2, None, size)
+        assert 0.85 * ideal <= up <= 2 * ideal, (up, ideal)
+        assert across < ideal / 5, (across, ideal)  # not limited: over 5x the rate
+        assert back < ideal / 5, (back, ideal)
+        assert time.monotonic() - t0 < 10
+    assert subprocess.run(["ip", "link", "show", tb.bridge], capture_output=True,
+                          timeout=10).returncode != 0  # the qdisc went with the bridge

@@ -16,7 +16,10 @@ Host profiles, combinable (per host: one value for all, or a list with one entry
           "internal": `internal-sftp` (inside sshd, never through the shell: a kinder host);
           "none" (or False): no sftp subsystem (paramiko's open_sftp() fails: "Channel closed.")
 and testbed-wide: shared_home (one home directory for every host, like an NFS home), ipv6
-(IPv6-only hosts, TbHost.addr is then a v6 literal) and user (log in as a non-root user).
+(IPv6-only hosts, TbHost.addr is then a v6 literal), user (log in as a non-root user) and uplink
+(a rate such as "100mbit": this machine's own link toward the hosts is shaped to it, a token
+bucket on the bridge device, while the hosts reach one another at full speed, as a laptop on a
+slow uplink reaches a lab whose machines share a fast switch).
 
 Every host's sshd runs Debian's sshd_config as the package ships it (STOCK_SSHD_CONFIG: PAM,
 StrictModes, MaxSessions 10, MaxStartups 10:30:100, the external sftp-server) with only what a
@@ -143,10 +146,14 @@ class Testbed:
     shared_home: bool = False  # one home directory for every host
     ipv6: bool = False  # IPv6-only hosts
     user: str = "root"  # the login user (another name: a non-root user, uid USER_ID)
+    uplink: str | None = None  # tc rate of this machine's link toward the hosts ("100mbit")
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     hosts: list[TbHost] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.uplink_bits = rate_bits(self.uplink) if self.uplink is not None else None
+        if self.uplink is not None and not shutil.which("tc"):
+            raise RuntimeError("uplink needs tc (iproute2): run .ci/setup")
         for i in range(self.n):
             shell = _per_host(self.shell, i, self.n, "shell")
             _per_host(self.noisy, i, self.n, "noisy")
@@ -226,6 +233,8 @@ class Testbed:
         self._links.append(self.bridge)
         self._addr_add(self.gateway, self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        if self.uplink is not None:
+            self._shape_uplink()
         if self.bastion:
             # Without this the inner subnet would follow this machine's default route out of
             # it: a test must never send a packet anywhere but to its own namespaces.
@@ -268,6 +277,18 @@ class Testbed:
             self._find_pids(h)
         for h in self._every():
             self._wait_ssh(h)
+
+    def _shape_uplink(self) -> None:
+        """A token bucket on the bridge device's egress: what this machine's own stack sends
+        into the bridge (to any host) is held to the rate. Frames a host sends to another are
+        forwarded from port to port and never pass that device's queue, and what the hosts
+        send here arrives on its ingress: neither is limited. Goes with the bridge."""
+        assert self.uplink is not None and self.uplink_bits is not None
+        # burst: at least a 64 KiB GSO frame (tbf drops a frame larger than its bucket), and
+        # about 10 ms at the rate; latency: how long a frame may wait (the queue's length).
+        burst = max(64 * 1024, int(self.uplink_bits / 8 / 100))
+        _run("tc", "qdisc", "add", "dev", self.bridge, "root", "tbf", "rate", self.uplink,
+             "burst", str(burst), "latency", "100ms")
 
     def _write_noise(self) -> None:
         """The banner script that the noisy hosts' rc files run (it checks the hostname, so
@@ -650,6 +671,26 @@ class Testbed:
         return path
 
 
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+               "kibit": 2**10, "mibit": 2**20, "gibit": 2**30, "tibit": 2**40}
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a tc rate in bits ("100mbit", "1.5gbit", "512kibit"); tc's byte
+    units ("mbps" is megabytes a second there) are refused, being easy to misread."""
+    text = rate.strip().lower()
+    unit = text.lstrip("0123456789.")
+    number = text[:len(text) - len(unit)]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _RATE_UNITS or not value > 0:
+        raise ValueError(f"uplink rate {rate!r}: a number and one of {sorted(_RATE_UNITS)}, "
+                         'as tc writes it ("100mbit")')
+    return value * _RATE_UNITS[unit]
+
+
 def _sftp_profile(value: object) -> str:
     profile = {True: "external", False: "none"}.get(value, value)  # type: ignore[call-overload]
     if profile not in SFTP_PROFILES:
@@ -751,7 +792,7 @@ def _toml(value: object) -> str:
 
 if __name__ == "__main__":
     # A manual session: `python tests/testbed.py 2 [--shell zsh] [--noisy] [--sftp none]
-    # [--shared-home] [--ipv6] [--user lab]` keeps a testbed up until Enter.
+    # [--shared-home] [--ipv6] [--user lab] [--uplink 100mbit]` keeps a testbed up until Enter.
     import argparse
 
     ap = argparse.ArgumentParser()
@@ -762,9 +803,10 @@ if __name__ == "__main__":
     ap.add_argument("--shared-home", action="store_true")
     ap.add_argument("--ipv6", action="store_true")
     ap.add_argument("--user", default="root")
+    ap.add_argument("--uplink", help='shape this machine\'s link toward the hosts ("100mbit")')
     a = ap.parse_args()
     with Testbed(a.n, shell=a.shell, noisy=a.noisy, sftp=a.sftp,  # noqa: S604
-                 shared_home=a.shared_home, ipv6=a.ipv6, user=a.user) as tb:
+                 shared_home=a.shared_home, ipv6=a.ipv6, user=a.user, uplink=a.uplink) as tb:
         inv = tb.inventory(tb.dir / "inventory.toml")
         cfg = tb.ssh_config(tb.dir / "ssh_config")
         print(f"inventory: {inv}\nssh -F {cfg} <addr>\n"
