@@ -102,14 +102,13 @@ def assert_same(tb: Testbed, data: Path, hosts: list[str], workdir: str) -> None
 
 @contextlib.contextmanager
 def uplink(tb: Testbed, rate: str) -> Iterator[None]:
-    """This machine's egress toward the hosts limited to `rate` (a tbf qdisc on the testbed's
-    bridge); the hosts talk to each other unshaped."""
-    subprocess.run(["tc", "qdisc", "add", "dev", tb.bridge, "root", "tbf", "rate", rate,
-                    "burst", "64kb", "latency", "400ms"], check=True)
+    """This machine's egress toward the hosts limited to `rate` for a while (the hosts talk to
+    each other unshaped)."""
+    tb.shape_uplink(rate)
     try:
         yield
     finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", tb.bridge, "root"], check=False)
+        tb.shape_uplink(None)
 
 
 def wait_for(p: subprocess.Popen[str], pattern: str, limit: float) -> list[str]:

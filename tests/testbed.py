@@ -234,7 +234,7 @@ class Testbed:
         self._addr_add(self.gateway, self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         if self.uplink is not None:
-            self._shape_uplink()
+            self.shape_uplink(self.uplink)
         if self.bastion:
             # Without this the inner subnet would follow this machine's default route out of
             # it: a test must never send a packet anywhere but to its own namespaces.
@@ -278,16 +278,21 @@ class Testbed:
         for h in self._every():
             self._wait_ssh(h)
 
-    def _shape_uplink(self) -> None:
+    def shape_uplink(self, rate: str | None) -> None:
         """A token bucket on the bridge device's egress: what this machine's own stack sends
-        into the bridge (to any host) is held to the rate. Frames a host sends to another are
-        forwarded from port to port and never pass that device's queue, and what the hosts
-        send here arrives on its ingress: neither is limited. Goes with the bridge."""
-        assert self.uplink is not None and self.uplink_bits is not None
+        into the bridge (to any host) is held to `rate` (None: no limit, as at the start).
+        Frames a host sends to another are forwarded from port to port and never pass that
+        device's queue, and what the hosts send here arrives on its ingress: neither is
+        limited. Goes with the bridge."""
+        _run("tc", "qdisc", "del", "dev", self.bridge, "root", check=False)
+        self.uplink = rate
+        self.uplink_bits = rate_bits(rate) if rate is not None else None
+        if rate is None or self.uplink_bits is None:
+            return
         # burst: at least a 64 KiB GSO frame (tbf drops a frame larger than its bucket), and
         # about 10 ms at the rate; latency: how long a frame may wait (the queue's length).
         burst = max(64 * 1024, int(self.uplink_bits / 8 / 100))
-        _run("tc", "qdisc", "add", "dev", self.bridge, "root", "tbf", "rate", self.uplink,
+        _run("tc", "qdisc", "add", "dev", self.bridge, "root", "tbf", "rate", rate,
              "burst", str(burst), "latency", "100ms")
 
     def _write_noise(self) -> None:
