@@ -43,7 +43,8 @@ from fleet.shell import quote, sh
 from fleet.signals import SignalGuard
 from fleet.slurm import Cluster, Script, argv, env_file_text, env_of, nproc, render
 from fleet.states import RunStatus
-from fleet.sync import sync_dir
+from fleet.sync import scan
+from fleet.transfer import sync_dir
 from fleet.transport import Partial, Transport, open_transport
 
 RECORD = "slurm.json"  # beside run.json in the run's local record
@@ -397,11 +398,13 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
                 raise
         started = time.time()
         save(rec, started)
-        stats = sync_dir(t, job.workdir, code_dir, job.exclude, rec.run_id)
+        stats = sync_dir(t, t.host.python, scan(job.workdir, job.exclude), code_dir, rec.run_id,
+                         console)
         console.phase("login", f"code: {stats.files} file(s) sent, {stats.unchanged} unchanged "
                                f"({code_dir})")
         if job.data is not None and data_dir is not None:
-            stats = sync_dir(t, job.data, data_dir, (), rec.run_id)
+            stats = sync_dir(t, t.host.python, scan(job.data, ()), data_dir, rec.run_id,
+                             console)
             console.phase("login", f"data: {stats.files} file(s) sent")
         hung: list[str] = []
         with Guard(t, rec, console) as guard:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.errors import RemoteCommandError, WorkdirError
+from fleet.errors import WorkdirError
 from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
 from fleet.transport import Transport
@@ -274,16 +274,3 @@ def send(t: Transport, entries: list[Entry], tag: str) -> dict[str, str]:
             then=f"tar -xzpf {quote(name)} --no-same-owner -C {quote(root)}; s=$?; "
                  f"rm -f {quote(name)}; exit $s")
     return sent
-
-
-def sync_dir(t: Transport, root: Path, dest: str, exclude: tuple[str, ...],
-             tag: str, local: Manifest | None = None) -> SyncStats:
-    """Make `dest` on the node hold every file of `root` (extra files on the node are kept)."""
-    local = local if local is not None else local_manifest(root, exclude)
-    r = t.run(listing_script([dest]), what=f"list {dest}")
-    if not r.ok:
-        raise RemoteCommandError(t.host.name, f"list {dest}", r.code, r.err)
-    rels = changed(local, parse_listing(r.out, 1)[0])
-    if rels:
-        send(t, code_entries(root, dest, rels), tag)
-    return SyncStats(len(rels), sum(local[rel][0] for rel in rels), len(local) - len(rels))

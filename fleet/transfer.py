@@ -33,12 +33,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.console import Console, printable
-from fleet.errors import HostError, WorkdirError, host_error
+from fleet.errors import HostError, RemoteCommandError, WorkdirError, host_error
 from fleet.group import each
 from fleet.nodedata import number
 from fleet.nodeside import ferry
 from fleet.shell import quote
-from fleet.sync import Manifest, Scan
+from fleet.sync import (
+    Manifest,
+    Scan,
+    SyncStats,
+    changed,
+    code_entries,
+    listing_script,
+    parse_listing,
+    send,
+)
 from fleet.transport import Pipe, Transport
 
 AGENT = Path(ferry.__file__).read_text()
@@ -785,6 +794,28 @@ def move(nodes: list[Target], dirs: list[Dir], console: Console) -> tuple[Outcom
     for (i, root), m in moved_per_node(files).items():
         outcome.moved.setdefault(nodes[i].name, {})[root] = m
     return outcome, moves
+
+
+# ---- one directory to one node (the Slurm login node) -----------------------------------------
+def sync_dir(t: Transport, python: str, scan: Scan, dest: str, tag: str,
+             console: Console) -> SyncStats:
+    """Make `dest` on the node hold every file of the scan (extra files there are kept): one
+    listing, then what changed streamed (streams()) or in one bundle."""
+    r = t.run(listing_script([dest]), what=f"list {dest}")
+    if not r.ok:
+        raise RemoteCommandError(t.host.name, f"list {dest}", r.code, r.err)
+    there = parse_listing(r.out, 1)[0]
+    rels = changed(scan.manifest, there)
+    size = sum(scan.manifest[rel][0] for rel in rels)
+    if not streams(size, any(ferry.part_name(rel) in there for rel in rels)):
+        if rels:
+            send(t, code_entries(scan, dest, rels), tag)
+        return SyncStats(len(rels), size, len(scan.manifest) - len(rels))
+    name, root = t.host.name, t.path(dest)
+    out, _ = move([Target(name, t, python, t.host.address, (root,))],
+                  [Dir(scan, {name: root}, {name: there}, {name: rels})], console)
+    m = out.moved.get(name, {}).get(0, Moved())
+    return SyncStats(m.files, m.sent, len(scan.manifest) - m.files)
 
 
 # ---- the other way: files from a node (the engine of a pull) -----------------------------------
