@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.console import Console, printable
-from fleet.errors import HostError, RemoteCommandError, WorkdirError, host_error
+from fleet.errors import (
+    FleetError,
+    HostError,
+    RemoteCommandError,
+    TransportError,
+    WorkdirError,
+    host_error,
+)
 from fleet.group import each
 from fleet.nodedata import number
 from fleet.nodeside import ferry
@@ -69,7 +76,10 @@ def agent(python: str, args: str, stdin: str = "") -> str:
     return text
 START_S = 30.0  # a receiver that has not said it started by then: the node is not answering
 LINK_S = ferry.CONNECT_S + 10.0
-STALL_S = 20.0  # no progress from any node for this long, while some work remains: stalled
+# A node that says nothing for this long, before its end, stopped answering (a cut link, a
+# frozen host). Longer than a relay link's own limit (ferry.STALL_S), so that the node before
+# a silent one first says that passing data on failed, and goes on.
+STALL_S = ferry.STALL_S + 5.0
 EXIT_S = 5.0  # a receiver that said it is done exits within this
 LINE_MAX = 1 << 16  # a report line longer than this is not a report
 PROGRESS_LINE_S = 10.0  # without a terminal, a progress line this often
@@ -438,6 +448,7 @@ class Transfer:
         self.key = secrets.token_hex(32)
         self.shas: dict[tuple[int, str], str] = {}  # what was sent, as hashed here
         self.cause: str | None = None  # the first receiver that ended before the end
+        self.silent = False  # ... or stopped answering (_watch)
         self.finished = False
         for m in moves:
             for w in m.writers:
@@ -455,6 +466,9 @@ class Transfer:
                 self.console.info(f"data: streaming {human(total)} ({len(self.moves)} file(s)) "
                                   f"to {len(self.order)} node(s): {way}")
             heads = [self.recv[c[0]] for c in routes]
+            for st in self.states.values():
+                st.last = time.monotonic()
+            threading.Thread(target=self._watch, daemon=True, name="ferry-watch").start()
             out.bytes_out = self._stream(heads)
             self._wait_done()
             with self.changed:
@@ -596,31 +610,52 @@ class Transfer:
         def finished() -> bool:
             return all(s.done or s.ended or s.error for s in self.states.values())
         with self.changed:
-            while not finished():
+            while not finished() and self.cause is None:
                 self.changed.wait(0.2)
-                quiet = time.monotonic() - max(s.last for s in self.states.values())
-                if quiet > STALL_S:
-                    slow = [n for n, s in self.states.items() if not (s.done or s.ended)]
-                    raise HostError("sending data", {
-                        n: f"no progress for {STALL_S:.0f}s: it stopped answering (a cut "
-                           "link, a frozen host, a full disk that blocks?)" for n in slow})
+
+    def _watch(self) -> None:
+        """From the first frame to the end: the first node (in the relay's order) silent for
+        STALL_S ends the transfer for all, named (a write to a node behind a cut link would
+        otherwise wait for TCP's own limit, about 15 minutes)."""
+        while True:
+            time.sleep(0.5)
+            with self.changed:
+                if self.finished or self.cause is not None:
+                    return
+                now = time.monotonic()
+                silent = [n for n in self.order if not (self.states[n].done
+                          or self.states[n].ended) and now - self.states[n].last > STALL_S]
+                if not silent:
+                    continue
+                self.cause = silent[0]
+                self.silent = True
+                self.changed.notify_all()
+            self.close()
+            return
 
     def _check(self) -> None:
-        """Every node that failed, by its own words first; then those only the chain broke."""
-        problems: dict[str, str] = {}
+        """Every node that failed, by its own words first; then those only the chain broke.
+        A node lost or silent makes it HostsUnreachable (exit 3), as any unreachable host."""
+        problems: dict[str, Exception] = {}
         for n, s in self.states.items():
             if s.error is not None and not s.error.get("relay"):
-                problems[n] = problem_text(s.error)
+                problems[n] = FleetError(problem_text(s.error))
+            elif n == self.cause and self.silent:
+                problems[n] = TransportError(
+                    f"no progress for {STALL_S:.0f}s while data was sent: it stopped answering "
+                    "(a cut link, a frozen host?). What arrived is kept: the next `fleet up` "
+                    "sends only the rest")
             elif s.ended and not s.done and s.error is None and self.cause in (None, n):
                 err = self.recv[n].pipe.err().strip().splitlines()[-1:] if n in self.recv else []
-                problems[n] = "lost mid-transfer (its connection or its receiver ended" + \
-                    (f": {err[0]}" if err else "") + ")"
+                problems[n] = TransportError(
+                    "lost mid-transfer (its connection or its receiver ended" +
+                    (f": {printable(err[0])}" if err else "") + ")")
         if not problems:
             for n, s in self.states.items():
                 if s.error is not None:
-                    problems[n] = problem_text(s.error)
+                    problems[n] = FleetError(problem_text(s.error))
         if problems:
-            raise HostError("sending data", problems)
+            raise host_error("sending data", problems)
 
     def _wait(self, said: Callable[[NodeState], bool], timeout: float, what: str,
               names: list[str]) -> None:

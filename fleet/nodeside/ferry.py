@@ -285,6 +285,7 @@ class Receiver:
         self.roots, self.me, self.report, self.strict = roots, me, report, strict
         self.broken = False
         self.placed = 0  # bytes of files in place, verified or to be
+        self.reported = 0.0
         self.files = 0
         self.f: Json | None = None  # the file being written, its state
         self.failed: Json | None = None
@@ -460,7 +461,13 @@ class Receiver:
                 os.close(fd)
 
     def _placed(self, n: int) -> None:
+        """Counts bytes in place, and says so every REPORT_S (a long copy from the file held
+        too: a receiver that says nothing for long is taken for a lost one)."""
         self.placed += n
+        now = time.monotonic()
+        if now - self.reported >= REPORT_S:
+            self.reported = now
+            self.report({"at": self.placed})
 
     def _guard(self, st: Json | None, fn: Callable[[], None]) -> None:
         """Runs a local write; an OSError or a failed check is reported (once) and the rest of
