@@ -73,13 +73,20 @@ def frames_of(stream: bytes) -> list[tuple[bytes, bytes]]:
 
 
 class Node:
-    """A Receiver in a scratch root, its reports collected."""
+    """A Receiver in a scratch root, its reports collected (progress apart: `progress`)."""
 
     def __init__(self, root: Path, me: int = 0, strict: bool = False,
                  roots: list[str] | None = None) -> None:
         self.root = root
         self.reports: list[dict[str, object]] = []
-        self.recv = ferry.Receiver(roots or [str(root)], me, self.reports.append, strict)
+        self.progress: list[int] = []
+        self.recv = ferry.Receiver(roots or [str(root)], me, self._report, strict)
+
+    def _report(self, obj: dict[str, object]) -> None:
+        if set(obj) == {"at"}:
+            self.progress.append(obj["at"])  # type: ignore[arg-type]
+        else:
+            self.reports.append(obj)
 
     def feed(self, *frames: bytes) -> bool:
         """Every frame, read back with read_frame; what the last apply returned."""
@@ -262,6 +269,7 @@ def test_a_new_file_arrives_whole_with_its_mode_and_time(tmp_path: Path) -> None
     st = os.stat(dest)
     assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_mtime_ns == MTIME
     assert node.reports == [{"ok": [0, "d/f.bin", sha(content)]}]
+    assert node.progress == [B]  # said at its first block (then at most every REPORT_S)
     assert tree(tmp_path / "dst") == ["d", "d/f.bin"]  # no partial file left
     assert node.recv.files == 1 and node.recv.placed == len(content)
 
