@@ -77,9 +77,11 @@ def agent(python: str, args: str, stdin: str = "") -> str:
 START_S = 30.0  # a receiver that has not said it started by then: the node is not answering
 LINK_S = ferry.CONNECT_S + 10.0
 # A node that says nothing for this long, before its end, stopped answering (a cut link, a
-# frozen host). Longer than a relay link's own limit (ferry.STALL_S), so that the node before
-# a silent one first says that passing data on failed, and goes on.
-STALL_S = ferry.STALL_S + 5.0
+# frozen host): every receiver says where it is twice a second, whatever it waits on.
+STALL_S = 25.0
+# No byte placed on any node for this long: the transfer is stuck (a link between two nodes
+# that moves nothing, a node that talks but does not take the stream).
+STUCK_S = ferry.STALL_S + 30.0
 EXIT_S = 5.0  # a receiver that said it is done exits within this
 LINE_MAX = 1 << 16  # a report line longer than this is not a report
 PROGRESS_LINE_S = 10.0  # without a terminal, a progress line this often
@@ -240,7 +242,8 @@ class NodeState:
     error: dict[str, object] | None = None
     done: bool = False
     ended: bool = False  # its output ended
-    last: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)  # when it last said anything
+    moved: float = field(default_factory=time.monotonic)  # when its bytes in place last grew
 
 
 def parse_report(line: bytes) -> dict[str, object] | None:
@@ -364,6 +367,8 @@ class Receiver:
             elif "linked" in r:
                 s.linked, s.link_why = bool(r["linked"]), str(r["why"])
             elif "at" in r:
+                if r["at"] != s.at:
+                    s.moved = s.last
                 s.at = r["at"]  # type: ignore[assignment]
             elif "ok" in r:
                 ok: list[object] = r["ok"]  # type: ignore[assignment]
@@ -449,6 +454,7 @@ class Transfer:
         self.shas: dict[tuple[int, str], str] = {}  # what was sent, as hashed here
         self.cause: str | None = None  # the first receiver that ended before the end
         self.silent = False  # ... or stopped answering (_watch)
+        self.stuck = False  # ... or, with every other, placed nothing for STUCK_S
         self.finished = False
         for m in moves:
             for w in m.writers:
@@ -467,7 +473,7 @@ class Transfer:
                                   f"to {len(self.order)} node(s): {way}")
             heads = [self.recv[c[0]] for c in routes]
             for st in self.states.values():
-                st.last = time.monotonic()
+                st.last = st.moved = time.monotonic()
             threading.Thread(target=self._watch, daemon=True, name="ferry-watch").start()
             out.bytes_out = self._stream(heads)
             self._wait_done()
@@ -560,6 +566,13 @@ class Transfer:
         total = sum(moved_bytes(m) for m in self.moves)
         sent = [0]
         bar = Bar(self.console, total, self.states, self.order)
+        relayed = [self.recv[n] for n in self.order if self.recv[n] not in heads]
+
+        def word(obj: dict[str, object]) -> None:
+            """fleet's own word to the nodes the stream reaches through another node (see
+            ferry.Word): what they verify against, over their own connection."""
+            for r in relayed:
+                r.send(obj)
 
         def write(data: bytes) -> None:
             for h in heads:
@@ -577,10 +590,11 @@ class Transfer:
                 lf = m.local
                 if m.writers:
                     try:
-                        self.shas[(m.root, lf.rel)] = ferry.send_file(
+                        sha = self.shas[(m.root, lf.rel)] = ferry.send_file(
                             write, m.root, lf.rel, str(lf.path), lf.size, lf.mtime_ns, lf.mode,
                             None if m.blocks is None else list(m.blocks), list(m.writers),
                             list(lf.blocks) if lf.blocks else None, lf.sha, count)
+                        word({"sha": [m.root, lf.rel, sha]})
                     except ferry.Changed:
                         changed.append(str(lf.path))
                     except OSError as e:
@@ -588,10 +602,12 @@ class Transfer:
                             raise
                         changed.append(f"{lf.path} ({e.strerror})")
                 if m.touchers:
-                    write(ferry.meta(b"T", {"root": m.root, "path": lf.rel,
-                                            "mtime": lf.mtime_ns, "mode": lf.mode,
-                                            "for": list(m.touchers)}))
+                    touch = {"root": m.root, "path": lf.rel, "mtime": lf.mtime_ns,
+                             "mode": lf.mode, "for": list(m.touchers)}
+                    write(ferry.meta(b"T", touch))
+                    word({"touch": touch})
             write(ferry.frame(b"Z", b""))
+            word({"end": True})
         except OSError as e:
             self._check()  # a node's own error says more than the broken pipe
             raise HostError("sending data", {h.name: f"the transfer broke: {e}"
@@ -623,12 +639,15 @@ class Transfer:
                 if self.finished or self.cause is not None:
                     return
                 now = time.monotonic()
-                silent = [n for n in self.order if not (self.states[n].done
-                          or self.states[n].ended) and now - self.states[n].last > STALL_S]
-                if not silent:
+                going = [n for n in self.order if not (self.states[n].done
+                                                        or self.states[n].ended)]
+                silent = [n for n in going if now - self.states[n].last > STALL_S]
+                stuck = [n for n in going if now - self.states[n].moved > STUCK_S]
+                if not silent and len(stuck) < len(going):
                     continue
-                self.cause = silent[0]
-                self.silent = True
+                self.cause = (silent or stuck)[0]
+                self.silent = bool(silent)
+                self.stuck = not silent
                 self.changed.notify_all()
             self.close()
             return
@@ -640,6 +659,10 @@ class Transfer:
         for n, s in self.states.items():
             if s.error is not None and not s.error.get("relay"):
                 problems[n] = FleetError(problem_text(s.error))
+            elif n == self.cause and self.stuck:
+                problems[n] = TransportError(
+                    f"nothing moved for {STUCK_S:.0f}s on any node: the stream stopped here "
+                    "(the link from the node before it, or this node, takes nothing)")
             elif n == self.cause and self.silent:
                 problems[n] = TransportError(
                     f"no progress for {STALL_S:.0f}s while data was sent: it stopped answering "

@@ -1152,3 +1152,42 @@ def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -
     text = err.getvalue()
     assert "\n" not in text and text.count("\r\033[K") == 9  # 8 draws and the erase
     assert "32.0 MiB of 64.0 MiB in place" in text
+
+
+# ---- a relayed stream is another node's data: fleet's own word decides ---------------------------
+def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = True) -> Node:
+    node = Node(root)
+    word = ferry.Word(io.BytesIO())
+    word.shas.update(shas)
+    word.ended = ended
+    node.recv.word = word
+    return node
+
+
+def test_a_relayed_file_replaces_its_target_only_as_fleet_said(tmp_path: Path) -> None:
+    good, evil = b"weights" * 1000, b"trojan" * 1000
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)})
+    # the node before (or someone on the wire) sends other bytes, with their own matching hash
+    node.feed(evil_file("model.py", evil), evil_file("train.py", evil), ferry.frame(b"Z", b""))
+    assert not (tmp_path / "dst" / "model.py").exists()
+    assert not (tmp_path / "dst" / "train.py").exists()  # a file fleet never sent
+    assert [e["path"].rsplit("/", 1)[1] for e in node.errors()] == ["model.py"]  # type: ignore[union-attr]
+    assert not list((tmp_path / "dst").glob(".*.fleet-part"))
+
+
+def test_a_relayed_file_fleet_vouches_for_is_placed(tmp_path: Path) -> None:
+    good = b"weights" * 1000
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)})
+    node.feed(evil_file("model.py", good), ferry.frame(b"Z", b""))
+    assert (tmp_path / "dst" / "model.py").read_bytes() == good
+
+
+def test_a_relayed_touch_is_not_obeyed(tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    put(dst / "f", b"x", mode=0o644)
+    node = relayed_node(dst, {})
+    node.feed(ferry.meta(b"T", {"root": 0, "path": "f", "mtime": 0, "mode": 0o4777,
+                                "for": [0]}), ferry.frame(b"Z", b""))
+    assert stat.S_IMODE(os.stat(dst / "f").st_mode) == 0o644
+    node.recv.touch_all([{"root": 0, "path": "f", "mtime": MTIME, "mode": 0o600, "for": [0]}])
+    assert stat.S_IMODE(os.stat(dst / "f").st_mode) == 0o600  # fleet's own word is

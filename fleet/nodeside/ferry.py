@@ -58,7 +58,10 @@ HEAD = struct.Struct(">cI")
 MAX_META = 1 << 20  # a JSON frame longer than this: a broken stream
 PART = ".fleet-part"
 DIGEST_HEX = 32  # hex digits kept of a block's sha256
-STALL_S = 20.0  # a relay connection that takes nothing for this long is broken
+# A relay connection that moves nothing for this long is broken. Long: a node may copy the
+# blocks it keeps for minutes while the one before it waits; a node that stops answering is
+# found sooner by fleet, which hears from every receiver twice a second.
+STALL_S = 300.0
 CONNECT_S = 5.0
 ACCEPT_S = 60.0
 REPORT_S = 0.5
@@ -281,8 +284,9 @@ class Receiver:
     caller's forward), so that the nodes after this one still get everything."""
 
     def __init__(self, roots: list[str], me: int, report: Callable[[Json], None],
-                 strict: bool = False) -> None:
+                 strict: bool = False, word: Word | None = None) -> None:
         self.roots, self.me, self.report, self.strict = roots, me, report, strict
+        self.word = word  # relayed: files verified against fleet's word, not the stream's
         self.broken = False
         self.placed = 0  # bytes of files in place, verified or to be
         self.reported = 0.0
@@ -301,6 +305,8 @@ class Receiver:
             self._data(payload)
         elif kind == b"X":
             self._abort()
+        elif kind == b"T" and self.word is not None:
+            return True  # from another node: only fleet's own word touches files
         else:
             try:
                 obj = json.loads(payload)
@@ -414,11 +420,12 @@ class Receiver:
             self._fill(st, blocks_of(st["size"]))
             os.ftruncate(st["fd"], st["size"])
             got = st["sha"].hexdigest()
-            if got != e.get("sha256"):
+            want = e.get("sha256") if self.word is None else self.word.sha(st["root"], st["rel"])
+            if got != want:
                 self._close(st)
                 os.unlink(st["part"])
                 raise Bad(f"{st['rel']}: what arrived has sha256 {got[:16]}..., not the "
-                          f"{str(e.get('sha256'))[:16]}... that was sent (removed)")
+                          f"{str(want)[:16]}... that was sent (removed)")
             os.fchmod(st["fd"], st["mode"])
             os.utime(st["fd"], ns=(st["mtime"], st["mtime"]))
             self._close(st)
@@ -451,6 +458,13 @@ class Receiver:
             os.utime(dest, ns=(mtime, mtime))
             self.report({"ok": [h["root"], rel, ""]})
         self._guard({"dest": dest}, touch)
+
+    def touch_all(self, touches: list[Json]) -> None:
+        """fleet's word on files only to touch (a relayed node's)."""
+        for h in touches:
+            if not isinstance(h, dict):
+                raise Bad("bad touch")
+            self._touch(h)
 
     @staticmethod
     def _close(st: Json) -> None:
@@ -580,7 +594,7 @@ def cmd_recv(argv: list[str]) -> int:
             sys.stdout.write(json.dumps(obj) + "\n")
             sys.stdout.flush()
 
-    sys.stdout.write(argv[0] + "\n")
+    sys.stdout.write("\n" + argv[0] + "\n")  # on a line of its own, whatever rc files printed
     sys.stdout.flush()
     threading.Thread(target=_exit_when_unread, daemon=True).start()
     server = None
@@ -620,8 +634,10 @@ def cmd_recv(argv: list[str]) -> int:
     if not go.get("forward") and fwd is not None:
         fwd.close()
         fwd = None
+    word: Word | None = None
     if go.get("source") == "socket":
-        threading.Thread(target=_exit_on_eof, args=(stdin,), daemon=True).start()
+        word = Word(stdin)
+        threading.Thread(target=word.listen, daemon=True).start()
         if acceptor is not None:
             acceptor.join()
         if not got or not isinstance(got[0], socket.socket):
@@ -633,8 +649,13 @@ def cmd_recv(argv: list[str]) -> int:
         src = stdin
     if server is not None:
         server.close()
-    recv = Receiver(roots, int(ctl.get("me", 0)), report)
-    last = 0.0
+    recv = Receiver(roots, int(ctl.get("me", 0)), report, word=word)
+
+    def beat() -> None:  # alive, whatever it waits on: fleet takes silence for a lost node
+        while True:
+            time.sleep(REPORT_S)
+            report({"at": recv.placed})
+    threading.Thread(target=beat, daemon=True).start()
     while True:
         try:
             kind, payload = read_frame(src.read)
@@ -655,17 +676,19 @@ def cmd_recv(argv: list[str]) -> int:
                 fwd = None
         try:
             more = recv.apply(kind, payload)
-        except (Bad, TypeError, ValueError, OverflowError, KeyError) as e:
+        except (Bad, TypeError, ValueError, OverflowError, KeyError, RecursionError) as e:
             report({"error": {"msg": f"broken stream: {e}", "protocol": True}})
             return 2
-        now = time.monotonic()
-        if now - last >= REPORT_S:
-            report({"at": recv.placed})
-            last = now
         if not more:
             break
     if fwd is not None:
         fwd.close()
+    if word is not None:
+        try:
+            recv.touch_all(word.touches())
+        except Bad as e:
+            report({"error": {"msg": str(e), "protocol": True}})
+            return 2
     report({"at": recv.placed})
     report({"done": {"files": recv.files, "bytes": recv.placed,
                      "failed": recv.failed is not None}})
@@ -683,12 +706,47 @@ def _exit_when_unread() -> None:
             os._exit(3)
 
 
-def _exit_on_eof(stdin: IO[bytes]) -> None:
-    """fleet holds this node's stdin open for as long as the transfer should go on."""
-    with contextlib.suppress(OSError):
-        while stdin.read(65536):
-            pass
-    os._exit(3)
+WORD_S = 120.0  # how long a relayed file waits, at its end, for fleet's word on it
+
+
+class Word:
+    """What fleet says to a node that the stream reaches through another node: the sha256 of
+    each file as fleet read it, and the files only to touch, over the node's own SSH
+    connection (its stdin). A relayed stream is data from another node: what it carries
+    replaces a file only if fleet's word agrees, and its T frames are not obeyed. Its stdin
+    ending (fleet gone, or stopping it) ends the node's receiver at once."""
+
+    def __init__(self, stdin: IO[bytes]) -> None:
+        self.stdin = stdin
+        self.cond = threading.Condition()
+        self.shas: dict[tuple[int, str], str] = {}
+        self.touch: list[Json] = []
+        self.ended = False
+
+    def listen(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in self.stdin:
+                obj = json.loads(line)
+                with self.cond:
+                    if "sha" in obj:
+                        root, rel, sha = obj["sha"]
+                        self.shas[(int(root), str(rel))] = str(sha)
+                    elif "touch" in obj:
+                        self.touch.append(obj["touch"])
+                    elif "end" in obj:
+                        self.ended = True
+                    self.cond.notify_all()
+        os._exit(3)
+
+    def sha(self, root: int, rel: str) -> str | None:
+        with self.cond:
+            self.cond.wait_for(lambda: (root, rel) in self.shas or self.ended, WORD_S)
+            return self.shas.get((root, rel))
+
+    def touches(self) -> list[Json]:
+        with self.cond:
+            self.cond.wait_for(lambda: self.ended, WORD_S)
+            return list(self.touch)
 
 
 def cmd_send(root: str, mark: str, rels: list[str]) -> int:
@@ -699,7 +757,7 @@ def cmd_send(root: str, mark: str, rels: list[str]) -> int:
 
     def write(data: bytes) -> None:
         out.write(data)
-    write(mark.encode() + b"\n")
+    write(b"\n" + mark.encode() + b"\n")
     for rel in rels:
         path = target(root, rel)
         try:
