@@ -409,19 +409,19 @@ class Moved:
     touched: int = 0
 
 
-def moved_per_node(files: list[tuple[int, Local, dict[int, Need]]]) -> dict[tuple[int, int], Moved]:
-    """(node index, root) -> Moved, from what each node needs."""
+def moved_per_node(moves: list[Move]) -> dict[tuple[int, int], Moved]:
+    """(node index, root) -> Moved. A writer writes every block the stream carries for its
+    file (the union of what its writers need), and keeps the rest from what it holds."""
     out: dict[tuple[int, int], Moved] = {}
-    for root, lf, needs in files:
-        for i, nd in needs.items():
-            m = out.get((i, root), Moved())
-            if nd.touch:
-                m = Moved(m.files, m.sent, m.kept, m.touched + 1)
-            else:
-                sent = lf.size if nd.blocks is None else sum(
-                    ferry.block_len(lf.size, b) for b in nd.blocks)
-                m = Moved(m.files + 1, m.sent + sent, m.kept + lf.size - sent, m.touched)
-            out[(i, root)] = m
+    for mv in moves:
+        sent = moved_bytes(mv)
+        for i in mv.writers:
+            m = out.get((i, mv.root), Moved())
+            out[(i, mv.root)] = Moved(m.files + 1, m.sent + sent,
+                                      m.kept + mv.local.size - sent, m.touched)
+        for i in mv.touchers:
+            m = out.get((i, mv.root), Moved())
+            out[(i, mv.root)] = Moved(m.files, m.sent, m.kept, m.touched + 1)
     return out
 
 
@@ -469,8 +469,10 @@ class Transfer:
             total = sum(moved_bytes(m) for m in self.moves)
             if total:
                 way = "; ".join(" -> ".join(["this machine", *c]) for c in routes)
-                self.console.info(f"data: streaming {human(total)} ({len(self.moves)} file(s)) "
-                                  f"to {len(self.order)} node(s): {way}")
+                files = sum(1 for m in self.moves if m.writers and moved_bytes(m))
+                nodes = len({w for m in self.moves for w in m.writers})
+                self.console.info(f"data: streaming {human(total)} ({files} file(s)) to "
+                                  f"{nodes} node(s): {way}")
             heads = [self.recv[c[0]] for c in routes]
             for st in self.states.values():
                 st.last = st.moved = time.monotonic()
@@ -849,7 +851,7 @@ def move(nodes: list[Target], dirs: list[Dir], console: Console) -> tuple[Outcom
         files.append((k, lf, needs))
     moves = plan_moves(files)
     outcome = Transfer(nodes, moves, console).run() if moves else Outcome()
-    for (i, root), m in moved_per_node(files).items():
+    for (i, root), m in moved_per_node(moves).items():
         outcome.moved.setdefault(nodes[i].name, {})[root] = m
     return outcome, moves
 
