@@ -291,9 +291,10 @@ def problem_text(err: dict[str, object]) -> str:
         room = f" ({_size(free)} free there)" if isinstance(free, int) else ""
         part = posixpath.join(posixpath.dirname(path), "." + posixpath.basename(path) +
                               ferry.PART)
+        kept = (f"What arrived is kept (in {part}): the next `fleet up` sends only the rest"
+                if err.get("kept") else "Nothing of that file was kept")
         return (f"no space left writing {path}{room}: free space there, or set `workdir` for "
-                f"this host to a larger disk. What arrived is kept (in {part}): the next "
-                "`fleet up` sends only the rest")
+                f"this host to a larger disk. {kept}")
     if path:
         return f"cannot write {path}: {msg}"
     return msg
@@ -599,10 +600,8 @@ class Transfer:
                         word({"sha": [m.root, lf.rel, sha]})
                     except ferry.Changed:
                         changed.append(str(lf.path))
-                    except OSError as e:
-                        if not isinstance(e, FileNotFoundError | PermissionError):
-                            raise
-                        changed.append(f"{lf.path} ({e.strerror})")
+                    except ferry.Unreadable as e:
+                        changed.append(f"{lf.path} ({e})")
                 if m.touchers:
                     touch = {"root": m.root, "path": lf.rel, "mtime": lf.mtime_ns,
                              "mode": lf.mode, "for": list(m.touchers)}
@@ -823,7 +822,14 @@ def move(nodes: list[Target], dirs: list[Dir], console: Console) -> tuple[Outcom
         try:
             for k, d in enumerate(dirs):
                 for rel in sorted({r for rels in d.rels.values() for r in rels}):
-                    locals_[(k, rel)] = local_file(rel, d.scan.files[rel], (k, rel) in hashed)
+                    path = d.scan.files[rel]
+                    try:
+                        locals_[(k, rel)] = local_file(rel, path, (k, rel) in hashed)
+                    except OSError as e:
+                        raise WorkdirError(
+                            f"{path}: cannot be read any more ({e.strerror or e}); nothing "
+                            "was started: make it readable, or leave it out with `exclude`"
+                        ) from e
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             problem.append(e)
     th = threading.Thread(target=here, daemon=True)

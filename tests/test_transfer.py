@@ -959,14 +959,18 @@ def test_parse_report_rejects_an_overlong_line() -> None:
 def test_problem_text_for_a_full_disk_names_the_path_the_free_space_and_the_partial_file(
 ) -> None:
     for code in ("ENOSPC", "EDQUOT"):
-        text = transfer.problem_text({"path": "/w/data/shard.bin", "errno": code,
+        text = transfer.problem_text({"path": "/w/data/shard.bin", "errno": code, "kept": True,
                                       "msg": "No space left on device", "free": 3 << 29})
         assert text.startswith("no space left writing /w/data/shard.bin (1.5 GiB free there): ")
         assert "set `workdir` for this host to a larger disk" in text
         assert "(in /w/data/.shard.bin.fleet-part)" in text
         assert "sends only the rest" in text
-    text = transfer.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x"})
+    text = transfer.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x", "kept": True})
     assert "free there" not in text and "(in .top.bin.fleet-part)" in text
+    # a delta's partial copy is removed on failure: the message must not promise it
+    text = transfer.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x",
+                                  "kept": False})
+    assert "fleet-part" not in text and "Nothing of that file was kept" in text
 
 
 def test_problem_text_for_other_errors() -> None:
@@ -982,6 +986,7 @@ def test_problem_text_for_other_errors() -> None:
 def test_problem_text_of_a_real_full_disk_error_from_a_receiver(tmp_path: Path) -> None:
     err = ferry._problem(OSError(28, "No space left on device"), str(tmp_path / "d/f.bin"))
     assert err["errno"] == "ENOSPC" and isinstance(err["free"], int)
+    err["kept"] = True
     text = transfer.problem_text(err)
     assert text.startswith(f"no space left writing {tmp_path / 'd/f.bin'} (")
     assert str(tmp_path / "d/.f.bin.fleet-part") in text

@@ -195,6 +195,10 @@ class Changed(Exception):
     """A file that changed while it was sent."""
 
 
+class Unreadable(Exception):
+    """A file to send that could not be opened or read (here: not the stream's fault)."""
+
+
 def send_file(write: Write, root: int, rel: str, path: str, size: int, mtime_ns: int, mode: int,
               blocks: list[int] | None, readers: list[int], known: list[str] | None = None,
               sha: str | None = None, sent: Callable[[int], None] | None = None) -> str:
@@ -206,7 +210,11 @@ def send_file(write: Write, root: int, rel: str, path: str, size: int, mtime_ns:
     header = {"root": root, "path": rel, "size": size, "mode": mode,
               "mtime": mtime_ns, "blocks": blocks, "for": readers}
     whole = hashlib.sha256() if blocks is None else None
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below, its errors told apart
+    except OSError as e:
+        raise Unreadable(f"{path} ({e.strerror or e})") from e
+    with f:
         st = os.fstat(f.fileno())
         if st.st_size != size or st.st_mtime_ns != mtime_ns:
             raise Changed(f"{path} changed after it was listed")
@@ -254,7 +262,7 @@ def _read_ahead(fd: int, indices: Iterable[int], size: int, known: list[str] | N
                 if not same:
                     return
         except OSError as e:
-            q.put(e)
+            q.put(Unreadable(f"reading: {e.strerror or e}"))
             return
         q.put(None)
 
@@ -265,7 +273,7 @@ def _read_ahead(fd: int, indices: Iterable[int], size: int, known: list[str] | N
             item = q.get()
             if item is None:
                 return
-            if isinstance(item, OSError):
+            if isinstance(item, Unreadable):
                 raise item
             yield item
             if not item[2]:
@@ -498,6 +506,8 @@ class Receiver:
                         os.unlink(st["part"])
             if self.failed is None:
                 self.failed = _problem(e, where)
+                part = st.get("part") if st else None
+                self.failed["kept"] = bool(part and os.path.exists(part))
                 self.report({"error": self.failed})
             self.broken = True
 
@@ -783,6 +793,7 @@ def stat_regular(mode: int) -> bool:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["hash"] and len(argv) == 2:
+        threading.Thread(target=_exit_when_unread, daemon=True).start()  # fleet gone: stop
         rels = json.loads(sys.stdin.readline() or "[]")
         cmd_hash(argv[1], [safe_rel(r) for r in rels], sys.stdout)
         return 0
