@@ -904,41 +904,63 @@ def fetch(t: Transport, python: str, root: str, rels: list[str], dest: Path) -> 
         elif "error" in obj:
             errors.append(obj["error"])  # type: ignore[arg-type]
 
-    recv = ferry.Receiver([str(dest)], 0, report, strict=True)
+    recv = ferry.Receiver([str(dest)], 0, report, strict=True,
+                          only={(0, r) for r in rels})
+    reader = _PipeReader(pipe)
+    idle = threading.Thread(target=reader.watch, args=(FETCH_IDLE_S,), daemon=True)
+    idle.start()
     buf = bytearray()
     try:
         while not buf.endswith(mark.encode() + b"\n"):  # rc noise first, bounded
-            chunk = pipe.recv(1)
+            chunk = reader.read(1)
             if not chunk or len(buf) > LINE_MAX:
                 raise WorkdirError(f"{t.host.name}: no files came from {root} "
                                    f"({pipe.err().strip()[-200:] or 'its sender did not start'})")
             buf += chunk
-        reader = _PipeReader(pipe)
         while True:
             kind, payload = ferry.read_frame(reader.read)
-            if not kind or not recv.apply(kind, payload):
+            if not kind:
+                raise EOFError("the stream ended before its end" +
+                               (f" (nothing for {FETCH_IDLE_S:.0f}s)" if reader.idle else ""))
+            if not recv.apply(kind, payload):
                 break
-    except (ferry.Bad, EOFError) as e:
+    except (ferry.Bad, EOFError, ValueError, TypeError, RecursionError) as e:
         raise WorkdirError(f"{t.host.name}: the files sent from {root} broke the protocol "
-                           f"({e}); nothing more was written") from e
+                           f"({printable(str(e))}); nothing more was written") from e
     finally:
+        reader.done = True
         pipe.close()
     if errors:
         raise WorkdirError(f"{t.host.name}: {problem_text(errors[0])}")
     return got
 
 
+FETCH_IDLE_S = 60.0  # a node that sends nothing for this long while fetched from: given up
+
+
 class _PipeReader:
-    """read(n) of exactly what a Pipe gives, buffered."""
+    """read(n) of exactly what a Pipe gives, buffered; watch() closes the pipe once nothing
+    came for a while (a node that stops sending cannot hold fleet)."""
 
     def __init__(self, pipe: Pipe) -> None:
         self.pipe, self.buf = pipe, bytearray()
+        self.last = time.monotonic()
+        self.done = self.idle = False
+
+    def watch(self, limit: float) -> None:
+        while not self.done:
+            time.sleep(min(1.0, limit / 4))
+            if not self.done and time.monotonic() - self.last > limit:
+                self.idle = True
+                self.pipe.close()
+                return
 
     def read(self, n: int) -> bytes:
         while len(self.buf) < n:
             chunk = self.pipe.recv(max(65536, n - len(self.buf)))
             if not chunk:
                 break
+            self.last = time.monotonic()
             self.buf += chunk
         out = bytes(self.buf[:n])
         del self.buf[:n]

@@ -581,9 +581,9 @@ def test_strict_receiver_refuses_a_path_through_a_symbolic_link(tmp_path: Path) 
     node = Node(root, strict=True)
     with pytest.raises(ferry.Bad, match="symbolic link"):
         node.feed(header(path="link/evil", size=1), ferry.frame(b"D", b"x"), end(b"x"))
-    with pytest.raises(ferry.Bad, match="symbolic link"):
-        node.feed(ferry.meta(b"T", {"root": 0, "path": "link", "mtime": 0, "mode": 0o777,
-                                    "for": [0]}))
+    # a node's touch is not obeyed at all here (a pull has none): nothing changes
+    node.feed(ferry.meta(b"T", {"root": 0, "path": "link", "mtime": 0, "mode": 0o777,
+                                "for": [0]}))
     assert tree(outside) == [] and stat.S_IMODE(os.stat(outside).st_mode) != 0o777
 
 
@@ -1201,3 +1201,30 @@ def test_a_relayed_touch_is_not_obeyed(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(dst / "f").st_mode) == 0o644
     node.recv.touch_all([{"root": 0, "path": "f", "mtime": MTIME, "mode": 0o600, "for": [0]}])
     assert stat.S_IMODE(os.stat(dst / "f").st_mode) == 0o600  # fleet's own word is
+
+
+def test_fetch_writes_only_the_files_asked_for(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    with pytest.raises(transfer.WorkdirError, match="was not asked for"):
+        transfer.fetch(HostileNode(evil_file(".git/hooks/pre-commit") + ferry.frame(b"Z", b"")),
+                       sys.executable, "/x", ["ckpt.pt"], here)
+    assert not list(here.iterdir())
+
+
+def test_fetch_takes_no_set_id_bit_and_no_write_for_others(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    frames = (ferry.meta(b"F", {"root": 0, "path": "tool", "size": 2, "mode": 0o6777,
+                                "mtime": MTIME, "blocks": None, "for": [0]})
+              + ferry.frame(b"D", b"hi") + ferry.meta(b"E", {"sha256": sha(b"hi")})
+              + ferry.frame(b"Z", b""))
+    transfer.fetch(HostileNode(frames), sys.executable, "/x", ["tool"], here)
+    assert stat.S_IMODE(os.stat(here / "tool").st_mode) == 0o755
+
+
+def test_fetch_refuses_a_stream_cut_before_its_end(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    with pytest.raises(transfer.WorkdirError, match="ended before its end"):
+        transfer.fetch(HostileNode(evil_file("a")), sys.executable, "/x", ["a"], here)

@@ -292,8 +292,10 @@ class Receiver:
     caller's forward), so that the nodes after this one still get everything."""
 
     def __init__(self, roots: list[str], me: int, report: Callable[[Json], None],
-                 strict: bool = False, word: Word | None = None) -> None:
+                 strict: bool = False, word: Word | None = None,
+                 only: set[tuple[int, str]] | None = None) -> None:
         self.roots, self.me, self.report, self.strict = roots, me, report, strict
+        self.only = only  # the files asked for (this machine fetching): no other is written
         self.word = word  # relayed: files verified against fleet's word, not the stream's
         self.broken = False
         self.placed = 0  # bytes of files in place, verified or to be
@@ -313,7 +315,7 @@ class Receiver:
             self._data(payload)
         elif kind == b"X":
             self._abort()
-        elif kind == b"T" and self.word is not None:
+        elif kind == b"T" and (self.word is not None or self.strict):
             return True  # from another node: only fleet's own word touches files
         else:
             try:
@@ -336,6 +338,8 @@ class Receiver:
         if self.f is not None:
             raise Bad("a file began inside another")
         rel, dest = self._path(h)
+        if self.only is not None and (h.get("root"), rel) not in self.only:
+            raise Bad(f"{rel} was not asked for")
         size, mode, mtime = h.get("size"), h.get("mode"), h.get("mtime")
         blocks = h.get("blocks")
         if not (isinstance(size, int) and size >= 0 and isinstance(mode, int)
@@ -347,8 +351,10 @@ class Receiver:
         if not 0 <= mtime < MTIME_MAX:
             raise Bad(f"bad time for {rel}")
         mine = self.me in _readers(h, rel) and not self.broken
+        # From a node (strict): no set-id or sticky bit, no write for others, readable by you
+        mode = (mode & 0o755) | 0o600 if self.strict else mode & 0o7777
         st: Json = {
-            "root": h["root"], "rel": rel, "dest": dest, "size": size, "mode": mode & 0o7777,
+            "root": h["root"], "rel": rel, "dest": dest, "size": size, "mode": mode,
             "mtime": mtime, "sent": None if blocks is None else sorted(set(blocks)), "next": 0,
             "at": 0, "mine": mine, "sha": hashlib.sha256(), "fd": None, "basis": None,
             "copy": False}
