@@ -209,8 +209,10 @@ def test_cmd_hash_lists_the_partial_file_over_the_file_and_skips_what_is_not_the
     ferry.cmd_hash(str(tmp_path), ["d/a.bin", "b.bin", "missing"], out)
     held = transfer.parse_held(out.getvalue(), {"d/a.bin", "b.bin", "missing"})
     assert set(held) == {"d/a.bin", "b.bin"}
-    size, whole, blocks = ferry.hash_file(str(tmp_path / "d/.a.bin.fleet-part"))
-    assert held["d/a.bin"] == Held("part", size, whole, tuple(blocks))
+    # the partial file's whole block, then the file's blocks after it (an interrupted update)
+    _, whole, blocks = ferry.hash_file(str(tmp_path / "d/.a.bin.fleet-part"))
+    rest = ferry.hash_file(str(tmp_path / "d/a.bin"), 1)[2]
+    assert held["d/a.bin"] == Held("part", B + 3, whole, (blocks[0], *rest))
     assert held["b.bin"] == Held("file", 10, sha(data(10, 3)), (ferry.digest(data(10, 3)),))
 
 
@@ -1228,3 +1230,24 @@ def test_fetch_refuses_a_stream_cut_before_its_end(tmp_path: Path) -> None:
     here.mkdir()
     with pytest.raises(transfer.WorkdirError, match="ended before its end"):
         transfer.fetch(HostileNode(evil_file("a")), sys.executable, "/x", ["a"], here)
+
+
+def test_an_interrupted_update_resumes_with_only_the_changed_blocks(tmp_path: Path) -> None:
+    """An update of a 10-block file whose last block changed, cut after 4 blocks were copied:
+    the next transfer keeps the partial file's 4 blocks and the old file's 5 after them, and
+    sends the one block that changed, not the whole tail."""
+    old = data(10 * B, 1)
+    new = old[:9 * B] + data(B, 2)
+    dst = tmp_path / "dst"
+    put(dst / "f", old)
+    put(dst / ".f.fleet-part", old[:4 * B])
+    put(tmp_path / "src/f", new)
+    out = io.StringIO()
+    ferry.cmd_hash(str(dst), ["f"], out)
+    held = transfer.parse_held(out.getvalue(), {"f"})["f"]
+    lf = local("f", tmp_path / "src/f", hashed=True)
+    nd = transfer.need(lf, held)
+    assert nd == Need(blocks=(9,))
+    node = Node(dst)
+    node.feed(*send(lf, [9], [0]), Z)
+    assert (dst / "f").read_bytes() == new and not (dst / ".f.fleet-part").exists()

@@ -124,12 +124,14 @@ def target(root: str, rel: str, strict: bool = False) -> str:
 
 
 # ---- hashing what a node has ------------------------------------------------------------------
-def hash_file(path: str) -> tuple[int, str, list[str]]:
-    """(size, sha256, block digests) of a file, read once."""
+def hash_file(path: str, start: int = 0) -> tuple[int, str, list[str]]:
+    """(size, sha256, block digests) of a file, read once; from block `start` on (the size is
+    then the whole file's, the hash and digests of what was read)."""
     whole = hashlib.sha256()
     blocks = []
-    size = 0
+    size = start * BLOCK
     with open(path, "rb") as f:
+        f.seek(size)
         while True:
             b = f.read(BLOCK)
             if not b:
@@ -141,19 +143,40 @@ def hash_file(path: str) -> tuple[int, str, list[str]]:
 
 
 def cmd_hash(root: str, rels: list[str], out: IO[str]) -> None:
-    """Per file: its partial file's pieces if one is there, else the file's; one line each:
-    JSON path, TAB, "part" or "file", TAB, size, TAB, sha256, TAB, the block digests run
-    together. A file that is not there (or cannot be read) gets no line."""
+    """Per file, what a transfer can keep of it; one line each: JSON path, TAB, "part" or
+    "file", TAB, size, TAB, sha256, TAB, the block digests run together. With a partial file:
+    its whole blocks, then the file's blocks after them (see kept_from); else the file's. A
+    file that is not there (or cannot be read) gets no line."""
     for rel in rels:
-        final = target(root, rel)
-        for kind, path in (("part", target(root, part_name(rel))), ("file", final)):
-            if os.path.isfile(path):
-                try:
-                    size, sha, blocks = hash_file(path)
-                except OSError:
-                    continue
-                out.write(f"{json.dumps(rel)}\t{kind}\t{size}\t{sha}\t{''.join(blocks)}\n")
-                break
+        final, part = target(root, rel), target(root, part_name(rel))
+        try:
+            if os.path.isfile(part):
+                kind = "part"
+                size, sha, blocks = hash_file(part)
+                keep = kept_from(size, final)
+                if keep is not None:
+                    size, _, rest = hash_file(final, keep)
+                    blocks = blocks[:keep] + rest
+            elif os.path.isfile(final):
+                kind = "file"
+                size, sha, blocks = hash_file(final)
+            else:
+                continue
+        except OSError:
+            continue
+        out.write(f"{json.dumps(rel)}\t{kind}\t{size}\t{sha}\t{''.join(blocks)}\n")
+
+
+def kept_from(part_size: int, final: str) -> int | None:
+    """Where a partial file left by an interrupted update ends and the old file takes over:
+    its whole blocks are kept, and the old file's blocks after them (an update copies the
+    old file's blocks in order, so an interrupted one holds only a prefix). None where the
+    old file is not there or no longer than that prefix."""
+    keep = part_size // BLOCK
+    try:
+        return keep if os.path.getsize(final) > keep * BLOCK else None
+    except OSError:
+        return None
 
 
 # ---- frames -------------------------------------------------------------------------------------
@@ -374,6 +397,9 @@ class Receiver:
         elif os.path.isfile(part):  # resume: the pieces not sent are in the partial file
             st["fd"] = os.open(part, os.O_RDWR | _NOFOLLOW)
             st["basis"] = st["fd"]
+            keep = kept_from(os.fstat(st["fd"]).st_size, dest)
+            if keep is not None:  # ... and, after its whole blocks, in the file (cmd_hash)
+                st["basis2"], st["keep"] = os.open(dest, os.O_RDONLY | _NOFOLLOW), keep
         else:  # a delta: the pieces not sent are in the file
             st["fd"] = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
             st["basis"] = os.open(dest, os.O_RDONLY | _NOFOLLOW)
@@ -384,10 +410,12 @@ class Receiver:
         while st["next"] < upto:
             i = st["next"]
             n = block_len(st["size"], i)
-            data = os.pread(st["basis"], n, i * BLOCK) if st["basis"] is not None else b""
+            later = st.get("basis2") is not None and i >= st["keep"]
+            basis = st["basis2"] if later else st["basis"]
+            data = os.pread(basis, n, i * BLOCK) if basis is not None else b""
             if len(data) != n:
                 raise Bad(f"{st['rel']}: block {i} is not here to keep (the file changed?)")
-            if st["copy"]:
+            if st["copy"] or later:
                 _pwrite(st["fd"], data, i * BLOCK)
             st["sha"].update(data)
             self._placed(n)
@@ -482,8 +510,9 @@ class Receiver:
 
     @staticmethod
     def _close(st: Json) -> None:
-        fds = {fd for fd in (st.get("fd"), st.get("basis")) if isinstance(fd, int)}
-        st["fd"] = st["basis"] = None
+        fds = {fd for fd in (st.get("fd"), st.get("basis"), st.get("basis2"))
+               if isinstance(fd, int)}
+        st["fd"] = st["basis"] = st["basis2"] = None
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
