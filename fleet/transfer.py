@@ -257,10 +257,10 @@ def parse_report(line: bytes) -> dict[str, object] | None:
     if not isinstance(obj, dict) or not obj:
         return None
     key, value = next(iter(obj.items()))
-    if len(obj) > 1 and not (key == "linked" and set(obj) == {"linked", "why"}):
+    if len(obj) > 1 and not (key in ("linked", "port") and set(obj) == {key, "why"}):
         return None
     checks: dict[str, Callable[[object], bool]] = {
-        "port": lambda v: _int(v) and 0 < v < 65536,  # type: ignore[operator]
+        "port": lambda v: _int(v) and 0 <= v < 65536,  # type: ignore[operator]
         "linked": lambda v: isinstance(v, bool),
         "at": lambda v: _int(v) and v >= 0,  # type: ignore[operator]
         "ok": lambda v: (isinstance(v, list) and len(v) == 3 and isinstance(v[0], int)
@@ -272,9 +272,9 @@ def parse_report(line: bytes) -> dict[str, object] | None:
     }
     if key not in checks or not checks[key](value):
         return None
-    if key == "linked":
+    if key in ("linked", "port"):
         why = obj.get("why")
-        return {"linked": value, "why": why if isinstance(why, str) else ""}
+        return {key: value, "why": why if isinstance(why, str) else ""}
     return obj
 
 
@@ -284,8 +284,8 @@ def _int(v: object) -> bool:
 
 def problem_text(err: dict[str, object]) -> str:
     """A receiver's error, as the user reads it: what, where, what to do."""
-    path = str(err.get("path") or "")
-    msg = str(err.get("msg") or "failed")
+    path = printable(str(err.get("path") or ""))  # a node's words: shown, never obeyed
+    msg = printable(str(err.get("msg") or "failed"))
     free = err.get("free")
     if err.get("errno") in ("ENOSPC", "EDQUOT"):
         room = f" ({_size(free)} free there)" if isinstance(free, int) else ""
@@ -365,8 +365,9 @@ class Receiver:
             s.last = time.monotonic()
             if "port" in r:
                 s.port = r["port"]  # type: ignore[assignment]
+                s.link_why = printable(str(r["why"]))  # 0: it cannot listen, and why
             elif "linked" in r:
-                s.linked, s.link_why = bool(r["linked"]), str(r["why"])
+                s.linked, s.link_why = bool(r["linked"]), printable(str(r["why"]))
             elif "at" in r:
                 if r["at"] != s.at:
                     s.moved = s.last
@@ -542,6 +543,10 @@ class Transfer:
                    START_S, "start its receiver", self.order)
         for i, name in enumerate(self.order):
             nxt = self.order[i + 1] if self.relay and i + 1 < len(self.order) else None
+            if nxt and not self.states[nxt].port:  # it cannot listen: fed from here
+                self.states[name].linked = False
+                self.states[name].link_why = self.states[nxt].link_why
+                nxt = None
             self.recv[name].send({
                 "key": self.key, "me": i, "roots": list(self.targets[name].roots),
                 "next": [self.targets[nxt].address, self.states[nxt].port] if nxt else None})

@@ -913,7 +913,8 @@ def test_chains_all_broken_is_one_chain_a_node() -> None:
 
 # ---- transfer.py: the reports -------------------------------------------------------------------
 @pytest.mark.parametrize("obj,want", [
-    ({"port": 40000}, None),
+    ({"port": 40000}, {"port": 40000, "why": ""}),
+    ({"port": 0, "why": "cannot listen on node2: Name or service not known"}, None),
     ({"linked": True}, {"linked": True, "why": ""}),
     ({"linked": False, "why": "connection refused"}, None),
     ({"linked": False, "why": 5}, {"linked": False, "why": ""}),
@@ -936,7 +937,7 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
     b'{"linked": true, "why": "", "more": 1}',
     b'{"why": "x", "linked": false}',  # why first: not how a receiver writes it
     b'{"ok": [0, "f", ""], "done": {}}',
-    b'{"port": 0}', b'{"port": 65536}', b'{"port": "22"}',
+    b'{"port": -1}', b'{"port": 65536}', b'{"port": "22"}',
     b'{"linked": "yes"}', b'{"linked": 1}',
     b'{"at": -1}', b'{"at": 1.5}', b'{"at": "1"}',
     b'{"ok": [true, "f", ""]}',  # a bool is not a root index

@@ -644,10 +644,14 @@ def cmd_recv(argv: list[str]) -> int:
     threading.Thread(target=_exit_when_unread, daemon=True).start()
     server = None
     if len(argv) > 1:
-        server = socket.socket(socket.AF_INET6 if ":" in argv[1] else socket.AF_INET)
-        server.bind((argv[1], 0))
-        server.listen(4)
-        report({"port": server.getsockname()[1]})
+        try:
+            server = socket.socket(socket.AF_INET6 if ":" in argv[1] else socket.AF_INET)
+            server.bind((argv[1], 0))
+            server.listen(4)
+            report({"port": server.getsockname()[1]})
+        except OSError as e:  # fleet feeds this node itself, then
+            server = None
+            report({"port": 0, "why": f"cannot listen on {argv[1]}: {e.strerror or e}"})
     stdin = sys.stdin.buffer
     ctl = json.loads(stdin.readline() or b"null")
     if not isinstance(ctl, dict):
