@@ -149,9 +149,6 @@ class Local:
     blocks: tuple[str, ...] | None = None
 
 
-WHOLE = None  # a need: every block
-
-
 @dataclass(frozen=True)
 class Need:
     """What one node needs of one file: nothing, its time only ("touch"), some blocks, or all
@@ -434,8 +431,6 @@ class Outcome:
 
     placed: dict[str, dict[tuple[int, str], str]] = field(default_factory=dict)
     moved: dict[str, dict[int, Moved]] = field(default_factory=dict)
-    bytes_out: int = 0  # bytes this machine put in the streams (once per chain)
-    routes: list[list[str]] = field(default_factory=list)
 
 
 class Transfer:
@@ -467,7 +462,6 @@ class Transfer:
         try:
             self._start()
             routes = self._link()
-            out.routes = routes
             total = sum(moved_bytes(m) for m in self.moves)
             if total:
                 way = "; ".join(" -> ".join(["this machine", *c]) for c in routes)
@@ -479,7 +473,7 @@ class Transfer:
             for st in self.states.values():
                 st.last = st.moved = time.monotonic()
             threading.Thread(target=self._watch, daemon=True, name="ferry-watch").start()
-            out.bytes_out = self._stream(heads)
+            self._stream(heads)
             self._wait_done()
             with self.changed:
                 self.finished = True
@@ -570,9 +564,8 @@ class Transfer:
         return routes
 
     # -- the stream
-    def _stream(self, heads: list[Receiver]) -> int:
+    def _stream(self, heads: list[Receiver]) -> None:
         total = sum(moved_bytes(m) for m in self.moves)
-        sent = [0]
         bar = Bar(self.console, total, self.states, self.order)
         relayed = [self.recv[n] for n in self.order if self.recv[n] not in heads]
 
@@ -589,9 +582,6 @@ class Transfer:
                 h.pipe.send(data)
             bar.tick()
 
-        def count(n: int) -> None:
-            sent[0] += n
-
         changed: list[str] = []
         try:
             for m in self.moves:
@@ -601,7 +591,7 @@ class Transfer:
                         sha = self.shas[(m.root, lf.rel)] = ferry.send_file(
                             write, m.root, lf.rel, str(lf.path), lf.size, lf.mtime_ns, lf.mode,
                             None if m.blocks is None else list(m.blocks), list(m.writers),
-                            list(lf.blocks) if lf.blocks else None, lf.sha, count)
+                            list(lf.blocks) if lf.blocks else None, lf.sha)
                         word({"sha": [m.root, lf.rel, sha]})
                     except ferry.Changed:
                         changed.append(str(lf.path))
@@ -626,7 +616,6 @@ class Transfer:
                 "while fleet sent it (or could no longer be read); nothing was started. What "
                 "arrived on the nodes is kept: run `fleet up` again once the files are "
                 "written, and only the rest moves")
-        return sent[0] * len(heads)
 
     def _wait_done(self) -> None:
         def finished() -> bool:
