@@ -19,6 +19,7 @@ from tests.conftest import _need_testbed
 from tests.testbed import (
     NOISE_STDERR,
     NOISE_STDOUT,
+    NOISE_TITLE,
     SSHD,
     USER_ID,
     TbHost,
@@ -60,8 +61,9 @@ def ssh(tb: Testbed, h: TbHost, command: str, timeout: float = 60,
 
 
 def quiet(out: str) -> list[str]:
-    """Output lines without the noisy hosts' banner."""
-    return [x for x in out.splitlines() if x not in (NOISE_STDOUT, NOISE_STDERR)]
+    """Output lines without the noisy hosts' banner (and the title it sets before them)."""
+    return [x for x in NOISE_TITLE.sub("", out).splitlines()
+            if x not in (NOISE_STDOUT, NOISE_STDERR)]
 
 
 @pytest.mark.parametrize("fixture,host,shell,probe", [

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -59,6 +60,7 @@ SHELLS = {"bash": "/bin/bash", "zsh": "/usr/bin/zsh", "dash": "/bin/dash",
           "fish": "/usr/bin/fish", "tcsh": "/usr/bin/tcsh"}
 NOISE_STDOUT = "Welcome to the lab cluster; module load cuda/12"
 NOISE_STDERR = "quota: 81% of /home used"
+NOISE_TITLE = re.compile("\x1b\\]0;lab: [^\x07]*\x07")  # a terminal title, no newline after it
 USER_ID = 4242  # uid and gid of the non-root login user (Testbed(user=...))
 
 # PID 1 of every host: starts its command (sshd -D) and reaps every child, orphans included,
@@ -302,6 +304,8 @@ class Testbed:
         (self.dir / "lab-motd.sh").write_text(
             f'case "$(cat /proc/sys/kernel/hostname)" in\n  {names or "-"})\n'
             f"    echo {shlex.quote(NOISE_STDOUT)}\n    echo {shlex.quote(NOISE_STDERR)} >&2\n"
+            # a terminal title, as many rc files set one: no newline after it
+            "    printf '\\033]0;%s\\007' \"lab: $(cat /proc/sys/kernel/hostname)\"\n"
             "    ;;\nesac\n")
 
     def _write_home(self, h: TbHost) -> None:
