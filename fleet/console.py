@@ -48,6 +48,7 @@ class Console:
         self.color = color
         self._lock = threading.Lock()
         self._width = 0
+        self.drawn = False  # a redrawn line (a progress bar) is on the terminal, unended
 
     def hosts(self, names: list[str]) -> None:
         """Align tags for these host names."""
@@ -60,12 +61,35 @@ class Console:
 
     def phase(self, host: str, message: str) -> None:
         with self._lock:
+            self._clear()
             self._print(printable(f"fleet: {host:<{self._width}}  {message}", lines=True),
                         self.err)
 
     def info(self, message: str) -> None:
         with self._lock:
+            self._clear()
             self._print(printable(f"fleet: {message}", lines=True), self.err)
+
+    def redraw(self, text: str) -> None:
+        """One line drawn over the last one (a progress bar), on a terminal; the next line
+        printed takes its place."""
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            self.err.write("\r\033[K" + printable(text))
+            self.err.flush()
+            self.drawn = True
+
+    def settle(self) -> None:
+        """The redrawn line, if any, erased (its work is over)."""
+        with self._lock:
+            self._clear()
+            with contextlib.suppress(OSError, ValueError):
+                self.err.flush()
+
+    def _clear(self) -> None:
+        if self.drawn:
+            self.drawn = False
+            with contextlib.suppress(OSError, ValueError):
+                self.err.write("\r\033[K")
 
     def line(self, tag: str, index: int, text: str) -> None:
         self.lines(index, [(tag, text)])

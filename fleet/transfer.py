@@ -711,7 +711,6 @@ class Bar:
         self.tty = _isatty(console.err)
         self.t0 = clock()
         self.shown = self.t0
-        self.drawn = False
 
     def tick(self) -> None:
         now = self.clock()
@@ -721,10 +720,7 @@ class Bar:
         self.shown = now
         text = self.text(now)
         if self.tty:
-            with self.console._lock:
-                self.console.err.write("\r\033[K" + printable(f"fleet: {text}"))
-                self.console.err.flush()
-            self.drawn = True
+            self.console.redraw(f"fleet: {text}")
         else:
             self.console.info(text)
 
@@ -742,10 +738,7 @@ class Bar:
                 f"{eta:.0f}s left{nodes}")
 
     def end(self) -> None:
-        if self.drawn:
-            with self.console._lock:
-                self.console.err.write("\r\033[K")
-                self.console.err.flush()
+        self.console.settle()
 
 
 def _isatty(stream: object) -> bool:

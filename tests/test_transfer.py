@@ -1252,3 +1252,24 @@ def test_an_interrupted_update_resumes_with_only_the_changed_blocks(tmp_path: Pa
     node = Node(dst)
     node.feed(*send(lf, [9], [0]), Z)
     assert (dst / "f").read_bytes() == new and not (dst / ".f.fleet-part").exists()
+
+
+def test_a_line_printed_while_the_bar_is_drawn_takes_its_place() -> None:
+    """A phase line from another thread (the preflight's) must not land on the bar's line."""
+    from fleet.console import Console
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    err, clock = Tty(), Clock()
+    console = Console(out=io.StringIO(), err=err)
+    states = bar_states({"node1": 0}, 64 << 20)
+    bar = transfer.Bar(console, 64 << 20, states, ["node1"], clock)
+    clock.now += 1
+    states["node1"].at = 8 << 20
+    bar.tick()
+    console.info("preflight: rendezvous port 29500 free on node1")
+    assert err.getvalue().endswith("\r\033[K" + "fleet: preflight: rendezvous port 29500 free on "
+                                   "node1\n")
+    bar.end()  # nothing drawn since: nothing to erase
+    assert err.getvalue().endswith("node1\n")
