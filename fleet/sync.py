@@ -19,7 +19,8 @@ from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
 from fleet.transport import Transport
 
-Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime in whole seconds)
+Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime in nanoseconds)
+NS = 10**9
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def scan(root: Path, exclude: tuple[str, ...]) -> Scan:
                     unreadable.append(f"{rel} (permission denied)")
                     continue
                 files[rel] = Path(path)
-                meta[rel] = (st.st_size, int(st.st_mtime))
+                meta[rel] = (st.st_size, st.st_mtime_ns)
                 if st.st_size >= SPARSE_MIN and st.st_blocks * 512 < st.st_size // 2:
                     sparse.append(rel)
             else:
@@ -147,15 +148,34 @@ def manifest_script(dest: str) -> str:
 
 
 def parse_manifest(out: str) -> Manifest:
-    """`path<TAB>size<TAB>mtime` lines; anything else (there should be nothing) is skipped."""
+    """`path<TAB>size<TAB>mtime` lines (find's `%T@`: seconds, a point, the fraction); anything
+    else (there should be nothing) is skipped."""
     found: Manifest = {}
     for line in out.splitlines():
         parts = line.split("\t")
         size = number(parts[1]) if len(parts) == 3 else None
-        mtime = number(parts[2].partition(".")[0]) if len(parts) == 3 else None
+        mtime = time_ns(parts[2]) if len(parts) == 3 else None
         if size is not None and mtime is not None:
             found[parts[0]] = (size, mtime)
     return found
+
+
+def time_ns(text: str) -> int | None:
+    """`1763945123.1234567890` (or whole seconds) as nanoseconds; None if it is not that."""
+    secs, _, frac = text.partition(".")
+    whole = number(secs)
+    if whole is None or not (frac.isascii() and (frac.isdigit() or frac == "")):
+        return None
+    return whole * NS + int((frac + "0" * 9)[:9])
+
+
+def same_time(a: int, b: int) -> bool:
+    """Equal times, to the precision of the coarser side: a filesystem that keeps whole seconds
+    (some NFS, FAT) is compared to the second, any other to the nanosecond (an edit within the
+    second of the last sync is a change)."""
+    if a % NS == 0 or b % NS == 0:
+        return a // NS == b // NS
+    return a == b
 
 
 # ---- one bundle per node: every file of a launch in one tar, one listing before it -----------
@@ -185,7 +205,11 @@ def parse_listing(out: str, count: int) -> list[Manifest]:
 
 
 def changed(local: Manifest, remote: Manifest) -> list[str]:
-    return sorted(rel for rel, meta in local.items() if remote.get(rel) != meta)
+    """Files whose size or time differ there (or that are not there)."""
+    def differs(rel: str, meta: tuple[int, int]) -> bool:
+        there = remote.get(rel)
+        return there is None or there[0] != meta[0] or not same_time(meta[1], there[1])
+    return sorted(rel for rel, meta in local.items() if differs(rel, meta))
 
 
 @dataclass(frozen=True)
@@ -236,6 +260,11 @@ def bundle(entries: list[Entry], root: str) -> tuple[bytes, dict[str, str]]:
                 with open(e.source, "rb") as f:
                     info = tar.gettarinfo(arcname=name, fileobj=f)
                     info.mode = e.mode if e.mode else info.mode
+                    # The time to the nanosecond (GNU tar sets it from the pax header), so that
+                    # the next listing sees an edit made within the same second
+                    ns = os.fstat(f.fileno()).st_mtime_ns
+                    info.mtime = ns // NS
+                    info.pax_headers = {**info.pax_headers, "mtime": f"{ns // NS}.{ns % NS:09d}"}
                     info.uid = info.gid = 0
                     info.uname = info.gname = ""
                     reader = _Hashing(f)
@@ -270,7 +299,20 @@ def send(t: Transport, entries: list[Entry], tag: str) -> dict[str, str]:
     root = bundle_root(entries)
     name = f"{root}/.fleet-bundle-{tag}.tar.gz"
     data, sent = bundle(entries, root)
+    stale = "".join(f"; rm -f {pyc}" for pyc in stale_bytecode([e.dest for e in entries]))
     t.write(name, data, 0o600, what=f"unpack into {root}",
             then=f"tar -xzpf {quote(name)} --no-same-owner -C {quote(root)}; s=$?; "
-                 f"rm -f {quote(name)}; exit $s")
+                 f"rm -f {quote(name)}{stale}; exit $s")
     return sent
+
+
+def stale_bytecode(dests: list[str]) -> list[str]:
+    """Per replaced .py file, the shell glob of its cached bytecode: Python trusts a .pyc
+    whose source has the same size and the same mtime in whole seconds, so an edit of the same
+    length within the second of the last sync would run the old code."""
+    out = []
+    for d in dests:
+        if d.endswith(".py"):
+            head, _, stem = d[:-3].rpartition("/")
+            out.append(quote(f"{head}/__pycache__/{stem}.") + "*.pyc")
+    return out

@@ -167,11 +167,6 @@ def need(local: Local, held: Held | None) -> Need:
                              if i >= len(held.blocks) or held.blocks[i] != b))
 
 
-def changed_rels(local: Manifest, there: Manifest) -> list[str]:
-    """Files whose size or time differ there (partial files are not files of the listing)."""
-    return sorted(rel for rel, m in local.items() if there.get(rel) != m)
-
-
 def candidates(rels: list[str], there: Manifest) -> list[str]:
     """Of the changed files, those the node holds something of (the file, a partial one)."""
     return [r for r in rels if r in there or ferry.part_name(r) in there]

@@ -274,9 +274,23 @@ def test_parse_listener() -> None:
 
 
 def test_parse_manifest() -> None:
-    out = "train.py\t812\t1700000000.1234567890\nsub/dir/a b.txt\t0\t1700000001.5\nbad line\n"
-    assert parse_manifest(out) == {"train.py": (812, 1700000000),
-                                   "sub/dir/a b.txt": (0, 1700000001)}
+    out = ("train.py\t812\t1700000000.1234567890\nsub/dir/a b.txt\t0\t1700000001.5\n"
+           "whole.txt\t3\t1700000002\nbad line\nbad time\t1\t17e8\nminus\t1\t-5.0\n")
+    assert parse_manifest(out) == {"train.py": (812, 1700000000_123456789),
+                                   "sub/dir/a b.txt": (0, 1700000001_500000000),
+                                   "whole.txt": (3, 1700000002_000000000)}
+
+
+def test_an_edit_within_the_second_of_the_last_sync_is_a_change() -> None:
+    from fleet.sync import changed
+    synced = {"v.py": (16, 1700000000_100000000)}
+    assert changed({"v.py": (16, 1700000000_900000000)}, synced) == ["v.py"]
+    assert changed({"v.py": (16, 1700000000_100000000)}, synced) == []
+    # a node whose filesystem keeps whole seconds: compared to the second
+    assert changed({"v.py": (16, 1700000000_900000000)}, {"v.py": (16, 1700000000_000000000)}) \
+        == []
+    assert changed({"v.py": (16, 1700000001_000000000)}, {"v.py": (16, 1700000000_000000000)}) \
+        == ["v.py"]
 
 
 def test_a_pid_counts_only_on_the_machine_that_recorded_it() -> None:
@@ -341,6 +355,8 @@ def test_bundle_unpacks_code_and_run_files_with_modes_and_mtimes(tmp_path: Path)
     out = subprocess.run(["sh", "-c", listing_script([code])], capture_output=True, text=True,
                          check=True).stdout
     assert changed(local, parse_listing(out, 1)[0]) == []
+    # to the nanosecond (the pax header): an edit within the second is seen next time
+    assert Path(code, "pkg", "run").stat().st_mtime_ns == (src / "pkg" / "run").stat().st_mtime_ns
 
 
 def test_probe_learns_home_shell_and_clock_where_a_hello_would(

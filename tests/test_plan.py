@@ -213,7 +213,7 @@ def test_the_listing_parser_takes_only_what_follows_its_markers() -> None:
            "broken line\n#dir 7\nno\t1\t1\n#dir 0 gone\n")
     code, data = preview.parse_listing(out, 2)
     # "#dir 7" names no directory asked: a line of the listing it is in, like any other
-    assert code == {"f.py": (12, 1700000000), "no": (1, 1)}
+    assert code == {"f.py": (12, 1700000000_500000000), "no": (1, 1_000000000)}
     assert data is None
     assert preview.parse_listing("", 1) == [None]  # a directory never named is not there
 

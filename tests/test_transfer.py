@@ -1273,3 +1273,29 @@ def test_a_line_printed_while_the_bar_is_drawn_takes_its_place() -> None:
                                    "node1\n")
     bar.end()  # nothing drawn since: nothing to erase
     assert err.getvalue().endswith("node1\n")
+
+
+# ---- an edit within the second: no stale bytecode ----------------------------------------------
+def test_a_replaced_python_file_loses_its_cached_bytecode(tmp_path: Path) -> None:
+    """Python trusts a .pyc whose source has the same size and whole-second mtime: an edit of
+    the same length within the second would run the old code."""
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    for name in ("version.cpython-311.pyc", "version.cpython-38.opt-1.pyc",
+                 "versions.cpython-311.pyc", "other.cpython-311.pyc"):
+        (cache / name).write_bytes(b"old")
+    ferry.forget_bytecode(str(tmp_path / "version.py"))
+    assert sorted(p.name for p in cache.iterdir()) == ["other.cpython-311.pyc",
+                                                       "versions.cpython-311.pyc"]
+
+
+def test_the_bundle_removes_the_bytecode_of_the_python_files_it_replaces(tmp_path: Path) -> None:
+    from fleet.sync import stale_bytecode
+    cache = tmp_path / "pkg" / "__pycache__"
+    cache.mkdir(parents=True)
+    (cache / "mod.cpython-311.pyc").write_bytes(b"old")
+    (cache / "keep.cpython-311.pyc").write_bytes(b"old")
+    globs = stale_bytecode([f"{tmp_path}/pkg/mod.py", f"{tmp_path}/data.bin"])
+    assert len(globs) == 1
+    subprocess.run(["sh", "-c", f"rm -f {globs[0]}"], check=True)
+    assert [p.name for p in cache.iterdir()] == ["keep.cpython-311.pyc"]

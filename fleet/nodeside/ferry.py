@@ -472,6 +472,8 @@ class Receiver:
             os.utime(st["fd"], ns=(st["mtime"], st["mtime"]))
             self._close(st)
             os.replace(st["part"], st["dest"])
+            if st["dest"].endswith(".py"):
+                forget_bytecode(st["dest"])
             self.files += 1
             self.report({"ok": [st["root"], st["rel"], got]})
         try:
@@ -545,6 +547,18 @@ class Receiver:
                 self.failed["kept"] = bool(part and os.path.exists(part))
                 self.report({"error": self.failed})
             self.broken = True
+
+
+def forget_bytecode(path: str) -> None:
+    """A replaced .py file's cached bytecode goes: Python trusts a .pyc whose source has the
+    same size and mtime in whole seconds, and an edit within the second would run old code."""
+    head, stem = os.path.split(path[:-3])
+    cache = os.path.join(head, "__pycache__")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(cache):
+            if name.startswith(stem + ".") and name.endswith(".pyc"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(cache, name))
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
