@@ -13,7 +13,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -126,6 +126,24 @@ def wait_for(p: subprocess.Popen[str], pattern: str, limit: float) -> list[str]:
     raise AssertionError(f"no {pattern!r} in {''.join(seen)}")
 
 
+def mid_transfer(cli: CLI, tb: Testbed, job_path: Path, rate: str, after: float,
+                 act: Callable[[subprocess.Popen[str]], None]) -> tuple[int, str, float]:
+    """`fleet up` behind an uplink of `rate`: `after` seconds into its stream, act(process);
+    then (its exit code, its stderr, seconds from the act to its exit). Killed if it hangs."""
+    with uplink(tb, rate):
+        p = cli.popen("up", str(job_path))
+        try:
+            wait_for(p, r"data: streaming", 60)
+            time.sleep(after)
+            act(p)
+            t0 = time.monotonic()
+            _, err = p.communicate(timeout=120)
+            return p.returncode, err, time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+
+
 def test_hundreds_of_mb_to_three_hosts_two_sharing_storage(cli: CLI, tb: Testbed,
                                                            tmp_path: Path) -> None:
     shared = str(tb.host("node2").home / "fleet-data-a")
@@ -193,19 +211,9 @@ def test_an_interrupted_transfer_stops_at_once_and_resumes(cli: CLI, tb: Testbed
     tb.inventory(tmp_path / "inv.toml", hosts=["node1", "node2"], workdir="~/fleet-data-c")
     make_data(tmp_path / "data", [60])
     j = job(tmp_path, 29803)
-    with uplink(tb, "40mbit"):  # 60 MB: about 12 s
-        p = cli.popen("up", str(j))
-        try:
-            wait_for(p, r"data: streaming", 60)
-            time.sleep(4)
-            p.send_signal(signal.SIGINT)
-            t0 = time.monotonic()
-            _, err = p.communicate(timeout=30)
-            took = time.monotonic() - t0
-        finally:
-            if p.poll() is None:
-                p.kill()
-    assert p.returncode == 130, err
+    # 60 MB at 40 Mbit: about 12 s
+    code, err, took = mid_transfer(cli, tb, j, "40mbit", 4, lambda p: p.send_signal(signal.SIGINT))
+    assert code == 130, err
     assert took < 5, f"{took:.1f}s from SIGINT to exit"
     assert_clean(tb)
     parts = [q for q in (tb.host("node1").home / "fleet-data-c" / "data").rglob("*.fleet-part")]
@@ -250,19 +258,12 @@ def test_a_file_changed_while_it_is_sent_stops_the_launch(cli: CLI, tb: Testbed,
     tb.inventory(tmp_path / "inv.toml", hosts=["node1"], workdir="~/fleet-data-e")
     make_data(tmp_path / "data", [40])
     j = job(tmp_path, 29805)
-    with uplink(tb, "40mbit"):  # 40 MB: about 8 s
-        p = cli.popen("up", str(j))
-        try:
-            wait_for(p, r"data: streaming", 60)
-            time.sleep(2)
-            with open(tmp_path / "data" / "shard0.bin", "r+b") as f:
-                f.seek(39 * MB)
-                f.write(b"written while fleet sends it")
-            _, err = p.communicate(timeout=120)
-        finally:
-            if p.poll() is None:
-                p.kill()
-    assert p.returncode == 2, err
+    def edit(_: subprocess.Popen[str]) -> None:
+        with open(tmp_path / "data" / "shard0.bin", "r+b") as f:
+            f.seek(39 * MB)
+            f.write(b"written while fleet sends it")
+    code, err, _ = mid_transfer(cli, tb, j, "40mbit", 2, edit)  # 40 MB: about 8 s
+    assert code == 2, err
     assert f"{tmp_path / 'data' / 'shard0.bin'} changed while fleet sent it" in err, err
     assert "nothing was started" in err, err
     assert_clean(tb)
@@ -278,19 +279,10 @@ def test_a_node_lost_mid_relay_is_named_and_the_others_stop_at_once(
     with Testbed(3) as bed:
         bed.inventory(tmp_path / "inv.toml", workdir="~/fleet-data-f")
         make_data(tmp_path / "data", [40])
-        with uplink(bed, "40mbit"):  # 40 MB: about 8 s
-            p = cli.popen("up", str(job(tmp_path, 29806)))
-            try:
-                wait_for(p, r"data: streaming", 60)
-                time.sleep(2)
-                bed.kill_host("node2")  # the middle of the relay: node1 passes data to it
-                t0 = time.monotonic()
-                _, err = p.communicate(timeout=120)
-                took = time.monotonic() - t0
-            finally:
-                if p.poll() is None:
-                    p.kill()
-        assert p.returncode != 0, err
+        # node2 is the middle of the relay: node1 passes data to it (40 MB: about 8 s)
+        code, err, took = mid_transfer(cli, bed, job(tmp_path, 29806), "40mbit", 2,
+                                       lambda _: bed.kill_host("node2"))
+        assert code != 0, err
         assert re.search(r"node2: lost mid-transfer", err), err
         assert "nothing was started" in err, err
         assert took < 15, f"{took:.1f}s from the loss to the end"  # not a 20 s stall
