@@ -18,10 +18,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from fleet.job import Job
+from fleet.backends.slurm.cluster import Cluster
+from fleet.config.job import Job
 from fleet.plan import Plan, masked
-from fleet.slurm import Cluster
-from fleet.sync import Scan, scan
+from fleet.transport.sync import Scan, scan
 
 DIFF_MAX = 256 << 10  # of a dirty tree's diff, kept in the manifest
 
@@ -50,7 +50,7 @@ def git_info(workdir: Path) -> dict[str, Any]:
 
 def file_hashes(root: Path, exclude: tuple[str, ...],
                 cache: Path | None = None) -> dict[str, str]:
-    """sha256 of every file fleet syncs from root as it is now (fleet.sync.scan's rules), each
+    """sha256 of every file fleet syncs from root as it is now (transport.sync.scan's rules), each
     hashed once per content where `cache` keeps them (see received)."""
     memo = _load_cache(cache)
     out = {rel: _hash(path, memo) for rel, path in sorted(scan(root, exclude).files.items())}
@@ -398,7 +398,7 @@ def _save_cache(path: Path | None, memo: dict[str, str]) -> None:
 def record(plan: Plan, setup_hashes: dict[str, str], record_dir: Path,
            sources: Any = None) -> dict[str, Any]:
     """Build the run's manifest from the plan and what was sent (`sources`, a
-    fleet.launch.Sources: the files' hashes as the nodes received them; without it, this
+    hosts.prepare.Sources: the files' hashes as the nodes received them; without it, this
     machine's files as they are now), and keep it in the run's local record (the caller
     writes it to the master too)."""
     job = plan.job

@@ -8,9 +8,9 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job
 from fleet.errors import ConfigError
-from fleet.inventory import Host, Inventory
-from fleet.job import Job
 
 TORCHRUN = ("-m", "torch.distributed.run")
 

@@ -1,7 +1,7 @@
 """What a `fleet up` would move, said before anything moves (`fleet plan`): the local side from
 the scans; with --probe, each node's side from a read-only listing (a command plus a pure
-parser), summed per node, with the route by fleet.launch's rule (a node whose changes pass
-BUNDLE_MAX, or that holds a partial file of one, is streamed by fleet.transfer, relayed node to
+parser), summed per node, with the route by hosts.prepare's rule (a node whose changes pass
+BUNDLE_MAX, or that holds a partial file of one, is streamed by transport.transfer, relayed node to
 node in plan order; any other gets its changes in its one bundle)."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fleet.group import each, reason
 from fleet.nodedata import number
 from fleet.nodeside.ferry import part_name
 from fleet.plan import Plan
 from fleet.shell import AND, sh
-from fleet.sync import Manifest, Scan, changed, parse_manifest
-from fleet.transfer import human, streams
 from fleet.transport import Transport
+from fleet.transport.group import each, reason
+from fleet.transport.sync import Manifest, Scan, changed, parse_manifest
+from fleet.transport.transfer import human, streams
 
 NAMES_SHOWN = 3  # files named per directory in the text; --json names up to NAMES_MAX
 NAMES_MAX = 1000
-FIND_FORMAT = r"%P\t%s\t%T@\n"  # fleet.sync.manifest_script's: parse_manifest reads it
+FIND_FORMAT = r"%P\t%s\t%T@\n"  # fleet.transport.sync.manifest_script's: parse_manifest reads it
 RELAY_WORDS = ("each byte once over this machine's uplink; nodes pass it on over TCP, on an "
                "ephemeral port, authenticated per run; a node the one before cannot reach is "
                "fed from here directly")
@@ -28,7 +28,7 @@ RELAY_WORDS = ("each byte once over this machine's uplink; nodes pass it on over
 
 # ---- the fact: a read-only listing of each synced directory -------------------------------------
 def listing_script(dirs: list[str]) -> str:
-    """One round trip that creates nothing (fleet.sync.listing_script makes the directories):
+    """One round trip that creates nothing (transport.sync.listing_script makes the directories):
     each directory's files after a `#dir N` line, or `#dir N absent` where it does not exist."""
     lines = []
     for i, d in enumerate(dirs):
@@ -39,7 +39,7 @@ def listing_script(dirs: list[str]) -> str:
 
 
 def parse_listing(out: str, count: int) -> list[Manifest | None]:
-    """Per listed directory its manifest (fleet.sync.parse_manifest), None where it is absent;
+    """Per listed directory its manifest (transport.sync.parse_manifest), None where it is absent;
     a directory the output never names counts as absent."""
     parts: list[list[str] | None] = [None] * count
     at = -1
@@ -82,7 +82,7 @@ def local_side(code: Scan, data: Scan | None) -> tuple[Side, ...]:
 @dataclass(frozen=True)
 class DirMove:
     """One synced directory on one node: the files that differ there (size or time, as
-    fleet.sync.changed compares), their bytes here, how many of them the node holds a partial
+    transport.sync.changed compares), their bytes here, how many of them the node holds a partial
     file or an older copy of, and how many are the same."""
 
     label: str
@@ -131,7 +131,7 @@ class NodeMove:
 
 
 def how_sent(dirs: tuple[DirMove, ...]) -> str:
-    """fleet.launch's rule (fleet.transfer.streams); NOTHING where no file differs."""
+    """hosts.prepare's rule (transport.transfer.streams); NOTHING where no file differs."""
     if streams(sum(d.bytes for d in dirs), any(d.partial for d in dirs)):
         return STREAM
     return BUNDLE if any(d.differ for d in dirs) else NOTHING

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import paramiko
 
-from fleet import hostkeys
-from fleet.group import each
-from fleet.inventory import Host, Inventory
+from fleet.config import hostkeys
+from fleet.config.inventory import Host, Inventory
 from fleet.transport import ssh_connection
+from fleet.transport.group import each
 
 
 @dataclass(frozen=True)

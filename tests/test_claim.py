@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fleet.claim import Answer, ClaimState, claim_script, parse_answer
+from fleet.backends.hosts.claim import Answer, ClaimState, claim_script, parse_answer
 
 
 def start(workdir: Path, run_id: str) -> subprocess.Popen[str]:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.config.inventory import load_inventory
+from fleet.config.job import load_job
 from fleet.errors import ConfigError
-from fleet.inventory import load_inventory
-from fleet.job import load_job
 from tests.conftest import CLI, JOBS
 
 GOOD_INV = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'

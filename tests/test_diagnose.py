@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.diagnose import MAX_LINE, RULES, Diagnosis, diagnose, format_diagnoses
+from fleet.facts.diagnose import MAX_LINE, RULES, Diagnosis, diagnose, format_diagnoses
 
 # Lines as NCCL, Gloo, c10d, torchrun, urllib, requests and python print them.
 REAL_LINES = [

@@ -299,9 +299,9 @@ def test_a_node_lost_mid_relay_is_named_and_the_others_stop_at_once(
 def test_the_same_engine_fetches_from_a_node_over_ssh(tb: Testbed, tmp_path: Path) -> None:
     """The way back (what `fleet pull` will use): a node's files streamed here over its SSH
     connection, verified, strictly placed; nothing of it left on the node."""
-    from fleet.inventory import load_inventory
-    from fleet.transfer import fetch
+    from fleet.config.inventory import load_inventory
     from fleet.transport import open_transport
+    from fleet.transport.transfer import fetch
 
     inv = load_inventory(tb.inventory(tmp_path / "inv.toml", hosts=["node1"]))
     outputs = tb.host("node1").home / "outputs-g"

@@ -126,7 +126,7 @@ def test_connections_send_small_packets_at_once(tricky: Testbed, tmp_path: Path)
     waited for the server's delayed ACK (48 ms a `true` here). fleet turns it off."""
     import socket
 
-    from fleet.inventory import load_inventory
+    from fleet.config.inventory import load_inventory
     from fleet.transport import SSHTransport, open_transport
 
     host = load_inventory(tricky.inventory(tmp_path / "inv.toml")).hosts[0]

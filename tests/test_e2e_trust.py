@@ -65,7 +65,7 @@ def test_trust_a_slurm_clusters_login_node(cli: CLI, tb2: Testbed, tmp_path: Pat
     """A [slurm] inventory's login node over SSH: the unknown key stops `fleet up` with the
     command that trusts it, and that command takes the cluster's inventory: recorded in
     known_hosts, or pinned under [slurm]."""
-    from fleet.slurm import load_cluster
+    from fleet.backends.slurm.cluster import load_cluster
 
     login = tb2.hosts[0]
     known = tmp_path / "known_hosts"

@@ -13,7 +13,7 @@ from fleet.errors import (
     WriteError,
     host_error,
 )
-from fleet.group import all_ok
+from fleet.transport.group import all_ok
 
 
 def test_not_ready_is_5_and_names_each_host() -> None:
@@ -58,7 +58,7 @@ def test_an_interrupt_never_waits_on_a_blocked_call() -> None:
 
     import pytest
 
-    from fleet import group
+    from fleet.transport import group
 
     fifo = os.path.join(tempfile.mkdtemp(), "fifo")
     os.mkfifo(fifo)
@@ -87,7 +87,7 @@ def test_a_write_over_the_exec_channel_is_not_cut_by_the_sftp_watch() -> None:
     as slow as it is, keeps its own per-chunk deadlines and is never aborted by it."""
     import time
 
-    from fleet.inventory import Host
+    from fleet.config.inventory import Host
     from fleet.transport import SSHTransport
 
     class NoSftp(SSHTransport):

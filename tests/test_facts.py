@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet import remote
-from fleet.check import parse_listener
-from fleet.inventory import Host
-from fleet.launch import version_problems
-from fleet.probe import Facts, net_for, parse_probe, python_problem, storage_groups
-from fleet.states import NodeStatus
-from fleet.sync import parse_manifest
+from fleet.backends.hosts import node as remote
+from fleet.backends.hosts.check import parse_listener
+from fleet.backends.hosts.prepare import version_problems
+from fleet.config.inventory import Host
+from fleet.facts.probe import Facts, net_for, parse_probe, python_problem, storage_groups
+from fleet.run.states import NodeStatus
 from fleet.transport import (
     BOOT,
     Written,
@@ -28,6 +27,7 @@ from fleet.transport import (
     verify_script,
     write_problem,
 )
+from fleet.transport.sync import parse_manifest
 
 BANNER = "Welcome to the lab cluster; module load cuda/12\n"
 TOKEN = "0123456789abcdef"
@@ -282,7 +282,7 @@ def test_parse_manifest() -> None:
 
 
 def test_an_edit_within_the_second_of_the_last_sync_is_a_change() -> None:
-    from fleet.sync import changed
+    from fleet.transport.sync import changed
     synced = {"v.py": (16, 1700000000_100000000)}
     assert changed({"v.py": (16, 1700000000_900000000)}, synced) == ["v.py"]
     assert changed({"v.py": (16, 1700000000_100000000)}, synced) == []
@@ -303,7 +303,7 @@ def test_a_pid_counts_only_on_the_machine_that_recorded_it() -> None:
 
 # ---- one listing and one bundle per node ------------------------------------------------------
 def test_listing_of_several_directories_in_one_round_trip(tmp_path: Path) -> None:
-    from fleet.sync import listing_script, parse_listing
+    from fleet.transport.sync import listing_script, parse_listing
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.py").write_text("x")
     out = subprocess.run(["sh", "-c", listing_script(
@@ -320,7 +320,7 @@ def test_bundle_unpacks_code_and_run_files_with_modes_and_mtimes(tmp_path: Path)
     """What changed and the run's own files in one tar: each lands at its path under the
     bundle's root, with its mode; synced files keep their mtime, so the next listing finds
     them unchanged."""
-    from fleet.sync import (
+    from fleet.transport.sync import (
         Entry,
         bundle,
         bundle_root,
@@ -367,7 +367,7 @@ def test_probe_learns_home_shell_and_clock_where_a_hello_would(
     import sys
     import time
 
-    from fleet.probe import probe
+    from fleet.facts.probe import probe
     from fleet.transport import LocalTransport
 
     home = tmp_path / "home $(touch pwned) 'q'"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from fleet import hang
+from fleet.backends.hosts.node import parse_ranks
+from fleet.config.inventory import Host
 from fleet.console import Console, printable
 from fleet.errors import RemoteCommandError
-from fleet.gpus import parse_gpus
-from fleet.inventory import Host
-from fleet.remote import parse_ranks
-from fleet.stacks import FlightRecord, dump_script, parse_dump
+from fleet.facts.gpus import parse_gpus
+from fleet.facts.stacks import FlightRecord, dump_script, parse_dump
+from fleet.run import hang
 from fleet.transport import open_transport
 
 FORGED = "\x1b[1A\x1b[2Kfleet: run r-1 succeeded on all 2 node(s)"

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from fleet import remote
+from fleet.backends.hosts import node as remote
+from fleet.config.inventory import Host, Inventory, load_inventory
+from fleet.config.job import Job, Rendezvous, load_job
 from fleet.errors import ConfigError
-from fleet.failure import log_traceback, parse_report
-from fleet.gpus import absent, busy, parse_gpus
-from fleet.inventory import Host, Inventory, load_inventory
-from fleet.job import Job, Rendezvous, load_job
-from fleet.logs import Tagger
+from fleet.facts.failure import log_traceback, parse_report
+from fleet.facts.gpus import absent, busy, parse_gpus
 from fleet.plan import make_plan
 from fleet.render import NODESIDE
+from fleet.run.logs import Tagger
 from tests.test_config import job_file, write
 
 
@@ -288,7 +288,7 @@ def test_summary_traceback_of_a_plain_script() -> None:
 
 # ---- watchdog and debugging env ------------------------------------------------------------
 def test_debug_env_wins_and_flight_recorder_env_points_into_the_run_dir() -> None:
-    from fleet.job import Watchdog
+    from fleet.config.job import Watchdog
     p = plan_of([Host("a", "10.0.0.1", env={"NCCL_DEBUG": "WARN"})], debug=True,
                 watchdog=Watchdog(30.0, nccl_flight_recorder=True))
     env = p.nodes[0].env

@@ -14,14 +14,16 @@ from typing import Any
 
 import pytest
 
-from fleet import lifecycle, remote, state
+from fleet.backends.hosts import node as remote
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import DamagedRecord, Interrupted, RemoteCommandError
-from fleet.failure import first, parse_report
-from fleet.inventory import Host, Inventory
-from fleet.job import Job
+from fleet.facts.failure import first, parse_report
 from fleet.plan import make_plan
-from fleet.states import NodeStatus, RunStatus, overall
+from fleet.run import record as state
+from fleet.run import runner as lifecycle
+from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import clock_offset
 
 S = NodeStatus

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from fleet import preview
-from fleet.inventory import Host, Inventory
-from fleet.job import Job, Rendezvous
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job, Rendezvous
 from fleet.plan import NodeNet, Plan, make_plan, rank_span
 from fleet.render import render_node
-from fleet.state import NodeRecord
-from fleet.sync import Scan
+from fleet.run.record import NodeRecord
+from fleet.transport.sync import Scan
 
 GOLDEN = Path(__file__).parent / "golden"
 

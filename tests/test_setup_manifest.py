@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from fleet import manifest
+from fleet.backends.hosts.setup import MARKER, decide, setup_hash, setup_script
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job, load_job
 from fleet.errors import ConfigError
-from fleet.inventory import Host, Inventory
-from fleet.job import Job, load_job
 from fleet.plan import make_plan
-from fleet.setup import MARKER, decide, setup_hash, setup_script
 from tests.test_config import job_file, write
 
 

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from fleet import manifest, slurm, slurm_run
-from fleet import slurmjob as sj
+from fleet import manifest
+from fleet.backends.slurm import backend as slurm_run
+from fleet.backends.slurm import cluster as slurm
+from fleet.config.inventory import load_inventory
+from fleet.config.job import load_job
 from fleet.console import Console
 from fleet.errors import ConfigError
-from fleet.inventory import load_inventory
-from fleet.job import load_job
-from fleet.states import RunStatus
+from fleet.facts import slurm as sj
+from fleet.run.states import RunStatus
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "it's \"quoted\"", "two words",
            "new\nline", "--flag=$HOME", "*", "; touch {canary}", "{{{{literal}}}}"]

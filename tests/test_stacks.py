@@ -10,8 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fleet.render import NODESIDE
-from fleet.stacks import (
+from fleet.facts.stacks import (
     FlightRecord,
     Frame,
     RankStack,
@@ -24,6 +23,7 @@ from fleet.stacks import (
     report,
     verdict,
 )
+from fleet.render import NODESIDE
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet import remote
+from fleet.backends.hosts import node as remote
+from fleet.config.inventory import Host
 from fleet.errors import TransportError
-from fleet.inventory import Host
-from fleet.link import Link, within
-from fleet.states import NodeStatus
+from fleet.run.states import NodeStatus
 from fleet.transport import LINE_CAP, LocalTransport, Partial, Received, Transport, _Lines
+from fleet.transport.link import Link, within
 
 TOKEN = "0123456789abcdef"
 CHUNK = b"x" * 65536

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet import transfer
 from fleet.nodeside import ferry
-from fleet.transfer import Held, Local, Move, Moved, Need
+from fleet.transport import transfer
+from fleet.transport.transfer import Held, Local, Move, Moved, Need
 
 B = ferry.BLOCK
 MTIME = 1_700_000_000_123_456_789
@@ -1020,7 +1020,7 @@ def test_a_header_of_the_wrong_type_is_bad_not_a_crash(tmp_path: Path,
 
 # ---- the other way: fetch (a pull's engine) from a node, here a local one -----------------------
 def local_node() -> transfer.Transport:
-    from fleet.inventory import Host
+    from fleet.config.inventory import Host
     from fleet.transport import LocalTransport
     return LocalTransport(Host("here", "localhost", transport="local"))
 
@@ -1045,7 +1045,7 @@ class HostileNode(transfer.Transport):
     """A node whose `ferry send` is replaced by a program that sends `frames` after the mark."""
 
     def __init__(self, frames: bytes) -> None:
-        from fleet.inventory import Host
+        from fleet.config.inventory import Host
         super().__init__(Host("evil", "localhost", transport="local"))
         self.frames = frames
 
@@ -1290,7 +1290,7 @@ def test_a_replaced_python_file_loses_its_cached_bytecode(tmp_path: Path) -> Non
 
 
 def test_the_bundle_removes_the_bytecode_of_the_python_files_it_replaces(tmp_path: Path) -> None:
-    from fleet.sync import stale_bytecode
+    from fleet.transport.sync import stale_bytecode
     cache = tmp_path / "pkg" / "__pycache__"
     cache.mkdir(parents=True)
     (cache / "mod.cpython-311.pyc").write_bytes(b"old")

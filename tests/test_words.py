@@ -12,13 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from fleet import remote
-from fleet.inventory import Host, Inventory
-from fleet.job import Job
-from fleet.logs import AfterStop
+from fleet.backends.hosts import node as remote
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job
 from fleet.plan import make_plan
 from fleet.render import render_node
-from fleet.states import NodeStatus
+from fleet.run.logs import AfterStop
+from fleet.run.states import NodeStatus
 
 FAILED_LINE = ("E0415 12:00:01.500000 812 torch/distributed/elastic/multiprocessing/api.py:1003] "
                "failed (exitcode: 1) local_rank: 0 (pid: 901) of binary: /usr/bin/python3")
@@ -210,7 +210,7 @@ def root_cause(code: int, pid: int = 4242) -> str:
 
 
 def test_a_sigkilled_rank_is_named_with_no_foreign_traceback() -> None:
-    from fleet.failure import parse_report, summary
+    from fleet.facts.failure import parse_report, summary
     out = (f"=== log\n[default1]:{C10D_WARNING}\n[default1]:{FUTURE_WARNING}\n{root_cause(-9)}"
            f"=== torchrun/r/attempt_0/1/stderr.log 1000.5\n{C10D_WARNING}\n{FUTURE_WARNING}\n"
            "  with torch.cuda.amp.autocast():\n")
@@ -225,7 +225,7 @@ def test_a_sigkilled_rank_is_named_with_no_foreign_traceback() -> None:
 
 
 def test_the_kernel_log_of_a_sigkill() -> None:
-    from fleet.failure import parse_kernel_log
+    from fleet.facts.failure import parse_kernel_log
     denied = parse_kernel_log("uptime=100.0\nunreadable=dmesg: read kernel buffer failed: "
                               "Operation not permitted\n", "node1", 4242)
     assert denied == ["node1's kernel log could not be read (dmesg: read kernel buffer failed: "
@@ -249,7 +249,7 @@ TRACE = ["Traceback (most recent call last):", '  File "/code/train.py", line 9,
 
 
 def test_an_excerpt_starts_at_its_traceback_line() -> None:
-    from fleet.failure import parse_report, summary
+    from fleet.facts.failure import parse_report, summary
     stderr = "\n".join([C10D_WARNING, FUTURE_WARNING, *TRACE]) + "\n"
     r = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
                      + stderr, "node1", 0)
@@ -259,7 +259,7 @@ def test_an_excerpt_starts_at_its_traceback_line() -> None:
 
 def test_torchs_rank_prefix_on_an_uncaught_exception_is_no_obstacle() -> None:
     """After init_process_group, torch's excepthook writes `[rank1]: ` before every line."""
-    from fleet.failure import parse_report
+    from fleet.facts.failure import parse_report
     stderr = "\n".join([FUTURE_WARNING, *(f"[rank1]: {line}" for line in TRACE)]) + "\n"
     r = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
                      + stderr, "node1", 0)
@@ -270,14 +270,14 @@ def test_torchs_rank_prefix_on_an_uncaught_exception_is_no_obstacle() -> None:
 
 
 def test_a_long_traceback_keeps_its_first_line() -> None:
-    from fleet.failure import TRACE_LINES, excerpt
+    from fleet.facts.failure import TRACE_LINES, excerpt
     frames = [f'  File "/code/deep.py", line {i}, in f\n    f({i})' for i in range(30)]
     text = "\n".join([FUTURE_WARNING, TRACE[0], *frames, "RecursionError: too deep", "bye"])
     block = (excerpt(text) or "").splitlines()
     assert block[0] == TRACE[0] and block[1] == "  ..." and block[-1] == "RecursionError: too deep"
     assert len(block) == TRACE_LINES
     # From torchrun's error file (a script with @record) as well.
-    from fleet.failure import parse_report
+    from fleet.facts.failure import parse_report
     callstack = json.dumps({"message": {"message": "RecursionError", "extraInfo": {
         "py_callstack": "\n".join([TRACE[0], *frames, "RecursionError: too deep"])}}})
     r = parse_report(f"=== log\n{root_cause(1)}=== torchrun/r/attempt_0/1/error.json 1.0\n"
@@ -286,7 +286,7 @@ def test_a_long_traceback_keeps_its_first_line() -> None:
 
 
 def test_a_traceback_the_stderr_tail_cut_is_found_in_the_nodes_log() -> None:
-    from fleet.failure import parse_report
+    from fleet.facts.failure import parse_report
     log = "".join(f"[default1]:{line}\n" for line in [FUTURE_WARNING, *TRACE])
     cut = "\n".join(TRACE[1:]) + "\n"  # no Traceback line
     r = parse_report(f"=== log\n{log}{root_cause(1)}=== torchrun/r/attempt_0/1/stderr.log 1.0\n"
@@ -298,7 +298,7 @@ def test_a_traceback_the_stderr_tail_cut_is_found_in_the_nodes_log() -> None:
 
 
 def test_the_report_script_sends_a_ranks_stderr_from_its_last_traceback(tmp_path: Path) -> None:
-    from fleet.failure import _report_script, parse_report
+    from fleet.facts.failure import _report_script, parse_report
     rank_dir = tmp_path / "torchrun" / "r" / "attempt_0" / "1"
     rank_dir.mkdir(parents=True)
     noise = [f"warning {i}" for i in range(300)]

@@ -13,14 +13,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
-from fleet.group import each
+from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.nodedata import number
+from fleet.run.record import NodeRecord, RunRecord
+from fleet.run.states import NodeStatus
 from fleet.shell import MACHINE_ID, home_word, quote, sh
-from fleet.state import NodeRecord, RunRecord
-from fleet.states import NodeStatus
 from fleet.transport import Received, Transport, open_transport
+from fleet.transport.group import each
 
 R = TypeVar("R")
 

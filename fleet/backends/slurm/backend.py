@@ -18,11 +18,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fleet import failure, hang, manifest, stacks, state
-from fleet import slurmjob as sj
-from fleet.check import FAIL, PASS, WARN, Check, connection_checks
+from fleet import manifest
+from fleet.backends.hosts.check import FAIL, PASS, WARN, Check, connection_checks
+from fleet.backends.slurm.cluster import Cluster, Script, argv, env_file_text, env_of, nproc, render
+from fleet.config.inventory import Host
+from fleet.config.job import Job
 from fleet.console import Console
-from fleet.diagnose import diagnose, format_diagnoses
 from fleet.errors import (
     DamagedRecord,
     FleetError,
@@ -32,20 +33,22 @@ from fleet.errors import (
     RunStopped,
     UsageError,
 )
-from fleet.group import reason
-from fleet.inventory import Host
-from fleet.job import Job
-from fleet.logs import Tagger
+from fleet.facts import failure, stacks
+from fleet.facts import slurm as sj
+from fleet.facts.diagnose import diagnose, format_diagnoses
+from fleet.facts.probe import probe, python_problem
 from fleet.plan import SITE, new_run_id
-from fleet.probe import probe, python_problem
 from fleet.render import NODESIDE
+from fleet.run import hang
+from fleet.run import record as state
+from fleet.run.logs import Tagger
+from fleet.run.signals import SignalGuard
+from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
-from fleet.signals import SignalGuard
-from fleet.slurm import Cluster, Script, argv, env_file_text, env_of, nproc, render
-from fleet.states import RunStatus
-from fleet.sync import scan
-from fleet.transfer import sync_dir
 from fleet.transport import Partial, Transport, open_transport
+from fleet.transport.group import reason
+from fleet.transport.sync import scan
+from fleet.transport.transfer import sync_dir
 
 RECORD = "slurm.json"  # beside run.json in the run's local record
 POLL_S = 1.0
@@ -546,7 +549,7 @@ def on_hang(t: Transport, rec: SlurmRecord, job: Job, silent: float, console: Co
 def take_stacks(t: Transport, rec: SlurmRecord,
                 hung: bool = False) -> tuple[list[str], list[str]]:
     """Every rank's stack on every node of the running job, through a job step on each node
-    (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.stacks).
+    (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.facts.stacks).
     (the report's lines, problems) The NCCL flight recorder is refused on Slurm (check_job)."""
     assert rec.job_id is not None
     r = t.run(sj.step_script(rec.job_id, rec.run_dir, stacks.dump_script(".", rec.run_id)),

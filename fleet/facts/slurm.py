@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 
 from fleet.nodedata import number
+from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
-from fleet.states import RunStatus
 
 # Slurm's job states, by what they mean for a run (squeue/scontrol/sacct spell them alike).
 _ACTIVE = {"PENDING": RunStatus.STARTING, "CONFIGURING": RunStatus.STARTING,

@@ -1,4 +1,4 @@
-"""Hangs: take every rank's stack on every node (fleet.stacks), say which rank is different,
+"""Hangs: take every rank's stack on every node (fleet.facts.stacks), say which rank is different,
 and keep what was seen in the run's local record. Used by `fleet up`'s watchdog (then the run
 is stopped) and by `fleet dump` (the run goes on).
 
@@ -17,13 +17,13 @@ import secrets
 import time
 from pathlib import Path
 
-from fleet import stacks
 from fleet.console import printable
 from fleet.errors import FleetError
-from fleet.group import each, reason
+from fleet.facts import stacks
 from fleet.plan import FR_TRACE
 from fleet.shell import Raw, sh
 from fleet.transport import Transport
+from fleet.transport.group import each, reason
 
 FR_MAX_BYTES = 64 << 20  # a flight recorder dump larger than this stays on its node
 FR_NODE_BYTES = 256 << 20  # all of one node's dumps kept by one dump, together

@@ -11,7 +11,7 @@ from typing import Any
 
 import paramiko
 
-from fleet.inventory import Host
+from fleet.config.inventory import Host
 
 _LOCK = threading.Lock()  # known_hosts files are appended to from parallel connections
 

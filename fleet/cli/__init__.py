@@ -23,22 +23,30 @@ from typing import Annotated, Any
 
 import typer
 
-from fleet import check as fleet_check
-from fleet import hang, hostkeys, launch, lifecycle, preview, remote, slurm, slurm_run, state
-from fleet import logs as fleet_logs
 from fleet import manifest as fleet_manifest
-from fleet import setup as fleet_setup
+from fleet import preview
 from fleet import trust as fleet_trust
+from fleet.backends.hosts import check as fleet_check
+from fleet.backends.hosts import node as remote
+from fleet.backends.hosts import prepare as launch
+from fleet.backends.hosts import setup as fleet_setup
+from fleet.backends.slurm import backend as slurm_run
+from fleet.backends.slurm import cluster as slurm
+from fleet.config import hostkeys
+from fleet.config.inventory import Host, Inventory, load_inventory
+from fleet.config.job import load_job, with_extra_args
 from fleet.console import Console, printable
 from fleet.errors import DamagedRecord, FleetError, Interrupted, UsageError
-from fleet.group import each, reason
-from fleet.inventory import Host, Inventory, load_inventory
-from fleet.job import load_job, with_extra_args
 from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
+from fleet.run import hang
+from fleet.run import logs as fleet_logs
+from fleet.run import record as state
+from fleet.run import runner as lifecycle
+from fleet.run.record import NodeRecord
+from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.shell import join
-from fleet.state import NodeRecord
-from fleet.states import NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
+from fleet.transport.group import each, reason
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a PyTorch distributed job across the hosts of an inventory.")

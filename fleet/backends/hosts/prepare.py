@@ -1,5 +1,5 @@
 """Getting a run ready: connect to every node, probe, plan, preflight, and upload; nothing of
-the job runs anywhere yet (fleet.lifecycle takes it from there)."""
+the job runs anywhere yet (fleet.run.runner takes it from there)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fleet import faults, transfer
-from fleet.check import FAIL, Listeners, port_checks
-from fleet.claim import Claims
+from fleet.backends.hosts.check import FAIL, Listeners, port_checks
+from fleet.backends.hosts.claim import Claims
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
-from fleet.gpus import GpuFacts, absent, busy, gpu_facts
-from fleet.group import all_ok, each
-from fleet.inventory import Host, Inventory
-from fleet.job import Job
-from fleet.nodeside.ferry import part_name
-from fleet.plan import SITE, NodePlan, Plan, make_plan
-from fleet.probe import (
+from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
+from fleet.facts.probe import (
     Facts,
     literal_address,
     master_address,
@@ -28,9 +24,14 @@ from fleet.probe import (
     python_problem,
     storage_groups,
 )
+from fleet.nodeside.ferry import part_name
+from fleet.plan import SITE, NodePlan, Plan, make_plan
 from fleet.render import render_node
+from fleet.run import faults
 from fleet.shell import sh
-from fleet.sync import (
+from fleet.transport import Transport, open_transport, transfer
+from fleet.transport.group import all_ok, each
+from fleet.transport.sync import (
     Entry,
     Scan,
     changed,
@@ -39,8 +40,7 @@ from fleet.sync import (
     parse_listing,
     scan,
 )
-from fleet.sync import send as send_bundle
-from fleet.transport import Transport, open_transport
+from fleet.transport.sync import send as send_bundle
 
 
 class Session:
@@ -221,7 +221,7 @@ SYNCED = ".fleet-synced"  # in a node's code directory: the run whose sync it ho
 
 @dataclass(frozen=True)
 class Sources:
-    """What a launch sends, scanned on this machine before any host is touched (fleet.sync.scan:
+    """What a launch sends, scanned on this machine before any host is touched (transport.sync.scan:
     an unreadable file stops it there), and, once sent, the sha256 of the bytes each node
     received (`sent`: node -> destination path -> hash)."""
 
@@ -278,9 +278,10 @@ def upload(session: Session, plan: Plan, console: Console,
            sources: Sources | None = None) -> Sources:
     """Sync the code and data (once per shared filesystem) and write the rendered scripts on
     every node: one listing each (which also creates the directories); large changes, or
-    ones resuming an interrupted transfer (fleet.transfer.streams), streamed to every node at
-    once by fleet.transfer (relayed node to node); the rest, with the run's files, in one verified
-    bundle each. Raises HostError naming each node that failed (nothing has started yet).
+    ones resuming an interrupted transfer (transport.transfer.streams), streamed to every node
+    at once by transport.transfer (relayed node to node); the rest, with the run's files, in
+    one verified bundle each. Raises HostError naming each node that failed
+    (nothing has started yet).
     Returns the sources with what each node received."""
     sources = sources or scan_sources(plan.job, console)
     leader = {name: group[0] for group in plan.storage for name in group}
@@ -374,7 +375,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
 
 
 def _stream(session: Session, console: Console, sources: Sources, big: list[_Listed]) -> None:
-    """The changes of these nodes, streamed to all of them at once (fleet.transfer)."""
+    """The changes of these nodes, streamed to all of them at once (fleet.transport.transfer)."""
     count = max(len(ls.dirs) for ls in big)
     scans = [next(ls.dirs[k][0] for ls in big if len(ls.dirs) > k) for k in range(count)]
     targets, dirs = [], [transfer.Dir(scans[k], {}, {}, {}) for k in range(count)]

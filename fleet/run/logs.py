@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet import remote
+from fleet.backends.hosts import node as remote
 from fleet.console import Console
 from fleet.errors import FleetError
-from fleet.group import each, reason
-from fleet.state import NodeRecord, RunRecord
-from fleet.states import NodeStatus
+from fleet.run.record import NodeRecord, RunRecord
+from fleet.run.states import NodeStatus
 from fleet.transport import open_transport
+from fleet.transport.group import each, reason
 
 RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)
 # The line stop.sh writes into the node's log where fleet's stop of the node begins.

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.inventory import Host, Inventory
+from fleet.backends.hosts.node import held_script, parse_held
+from fleet.config.inventory import Host, Inventory
 from fleet.plan import NodeNet
-from fleet.remote import held_script, parse_held
 from fleet.shell import home_word, quote
 from fleet.transport import Transport
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet.config.inventory import Host
 from fleet.errors import DamagedRecord, RunNotFound, UsageError
-from fleet.inventory import Host
 from fleet.plan import Plan, rank_span
 
 

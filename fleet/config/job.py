@@ -10,7 +10,7 @@ import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.schema import Table, load_toml
+from fleet.config.schema import Table, load_toml
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 BACKENDS = ("static", "c10d")

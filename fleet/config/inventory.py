@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.job import nproc_value
-from fleet.schema import Table, load_toml
+from fleet.config.job import nproc_value
+from fleet.config.schema import Table, load_toml
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 # An address goes to ssh/paramiko as one argument; refuse anything that could be read as an option
@@ -86,7 +86,7 @@ def take_host_key(t: Table) -> str | None:
     """`host_key`: a pinned key as known_hosts writes it ("ssh-ed25519 AAAA..."), checked."""
     host_key = t.take("host_key", str, None)
     if host_key is not None:
-        from fleet.hostkeys import parse_pinned
+        from fleet.config.hostkeys import parse_pinned
         try:
             parse_pinned(host_key)
         except ValueError as e:

@@ -20,8 +20,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from fleet import failure, faults, hang, manifest, remote, setup, state
-from fleet.claim import claim_all
+from fleet import manifest
+from fleet.backends.hosts import node as remote
+from fleet.backends.hosts import setup
+from fleet.backends.hosts.claim import claim_all
+from fleet.backends.hosts.prepare import (
+    Session,
+    check_job_python,
+    connect,
+    prepare_plan,
+    refuse_held,
+    scan_sources,
+    upload_checked,
+)
+from fleet.config.inventory import Inventory
+from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import (
     CommandTimedOut,
@@ -33,36 +46,28 @@ from fleet.errors import (
     TransportError,
     host_error,
 )
-from fleet.group import each, failures, reason
-from fleet.inventory import Inventory
-from fleet.job import Job
-from fleet.launch import (
-    Session,
-    check_job_python,
-    connect,
-    prepare_plan,
-    refuse_held,
-    scan_sources,
-    upload_checked,
-)
-from fleet.link import RETRY_S, Link
-from fleet.logs import AfterStop, Tagger
+from fleet.facts import failure
 from fleet.plan import NodePlan, Plan, new_run_id
-from fleet.signals import SignalGuard
-from fleet.states import NodeStatus, RunStatus, overall
+from fleet.run import faults, hang
+from fleet.run import record as state
+from fleet.run.logs import AfterStop, Tagger
+from fleet.run.signals import SignalGuard
+from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import Received, Transport
+from fleet.transport.group import each, failures, reason
+from fleet.transport.link import RETRY_S, Link
 
 R = TypeVar("R")
 
 
 class Phase(Enum):
-    """Where `fleet up` is; a fault test can strike at each boundary (see fleet.faults)."""
+    """Where `fleet up` is; a fault test can strike at each boundary (see fleet.run.faults)."""
 
     CONNECT = "connect"
     PROBE = "probe"
     PREFLIGHT = "preflight"
     UPLOAD = "upload"
-    SETUP = "setup"  # struck from the setup's first line of output (fleet.setup)
+    SETUP = "setup"  # struck from the setup's first line of output (fleet.backends.hosts.setup)
     MASTER_START = "master-start"
     WORKER_START = "worker-start"
     STREAM = "stream"

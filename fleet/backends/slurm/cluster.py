@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.errors import ConfigError
-from fleet.inventory import (
+from fleet.config.inventory import (
     ADDRESS,
     IFACE,
     LOCAL_ADDRESSES,
@@ -25,10 +24,11 @@ from fleet.inventory import (
     load_inventory,
     take_host_key,
 )
-from fleet.job import Job, nproc_value
+from fleet.config.job import Job, nproc_value
+from fleet.config.schema import Table, load_toml
+from fleet.errors import ConfigError
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
 from fleet.render import environment
-from fleet.schema import Table, load_toml
 from fleet.shell import quote
 
 # What sbatch accepts, kept to what cannot be read as anything else on an #SBATCH line.

@@ -9,18 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet import faults
+from fleet.backends.hosts.node import connect_script
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import DEFAULT_EXCLUDE, Job
 from fleet.errors import FleetError
-from fleet.gpus import GpuFacts, absent, busy, gpu_facts
-from fleet.group import each, reason
-from fleet.inventory import Host, Inventory
-from fleet.job import DEFAULT_EXCLUDE, Job
+from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
+from fleet.facts.probe import Facts, master_address, net_for, probe, storage_groups
 from fleet.nodedata import number
 from fleet.plan import NodeNet, node_nproc
-from fleet.probe import Facts, master_address, net_for, probe, storage_groups
-from fleet.remote import connect_script
+from fleet.run import faults
 from fleet.shell import sh
 from fleet.transport import SSHTransport, Transport, open_transport
+from fleet.transport.group import each, reason
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 CLOCK_SKEW_WARN_S = 2.0

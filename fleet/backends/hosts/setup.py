@@ -9,14 +9,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fleet import faults
+from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import SetupError, SetupFailed
-from fleet.group import each, failures
-from fleet.job import Job
 from fleet.plan import NodePlan, Plan
+from fleet.run import faults
 from fleet.shell import quote, sh
 from fleet.transport import Transport
+from fleet.transport.group import each, failures
 
 MARKER = ".fleet-setup"  # in the job's directory on the node: the hash of the last good setup
 TAIL_LINES = 20  # of a failed setup's output, in the error

@@ -28,9 +28,9 @@ from typing import Any
 
 import paramiko
 
-from fleet import hostkeys
+from fleet.config import hostkeys
+from fleet.config.inventory import Host
 from fleet.errors import CommandTimedOut, RemoteCommandError, TransportError, WriteError
-from fleet.inventory import Host
 from fleet.nodedata import number
 from fleet.shell import quote
 
@@ -155,7 +155,7 @@ def clock_offset(node_time: str, sent: float, received: float) -> float:
 
 class Pipe(ABC):
     """A process on a node whose stdin is fed from here and whose stdout comes back as it is
-    written (fleet.transfer's receivers). Noise that rc files print comes first on stdout:
+    written (fleet.transport.transfer's receivers). Noise that rc files print comes first on stdout:
     the process marks where its own output begins."""
 
     ERR_KEPT = 4096  # the tail of its stderr kept, for an error message

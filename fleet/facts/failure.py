@@ -7,8 +7,8 @@ import re
 import signal
 from dataclasses import dataclass, replace
 
-from fleet.diagnose import diagnose, format_diagnoses
-from fleet.logs import RANK_PREFIX
+from fleet.facts.diagnose import diagnose, format_diagnoses
+from fleet.run.logs import RANK_PREFIX
 from fleet.shell import Raw, sh
 from fleet.transport import Transport
 

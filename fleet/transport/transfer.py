@@ -41,11 +41,12 @@ from fleet.errors import (
     WorkdirError,
     host_error,
 )
-from fleet.group import each
 from fleet.nodedata import number
 from fleet.nodeside import ferry
 from fleet.shell import quote
-from fleet.sync import (
+from fleet.transport import Pipe, Transport
+from fleet.transport.group import each
+from fleet.transport.sync import (
     Manifest,
     Scan,
     SyncStats,
@@ -55,7 +56,6 @@ from fleet.sync import (
     parse_listing,
     send,
 )
-from fleet.transport import Pipe, Transport
 
 AGENT = Path(ferry.__file__).read_text()
 # The node's python runs the agent from file descriptor 3 (a here-document): its command line
@@ -88,7 +88,7 @@ PROGRESS_LINE_S = 10.0  # without a terminal, a progress line this often
 
 
 # ---- 0. whether a node's changes are streamed at all -------------------------------------------
-BUNDLE_MAX = 8 << 20  # a node's changes up to this size go in its one bundle (fleet.sync.send)
+BUNDLE_MAX = 8 << 20  # a node's changes up to this size go in its one bundle (transport.sync.send)
 
 
 def streams(changed_bytes: int, resumes: bool) -> bool:

@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from fleet.config.job import HEARTBEAT_S
 from fleet.errors import FleetError, TransportError
-from fleet.group import reason
-from fleet.job import HEARTBEAT_S
 from fleet.transport import Transport, open_transport
+from fleet.transport.group import reason
 
 R = TypeVar("R")
 RETRY_S = 1.0  # between fresh connections tried for one purpose

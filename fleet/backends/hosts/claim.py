@@ -12,12 +12,12 @@ from enum import Enum
 from pathlib import Path
 
 from fleet import nodeside
+from fleet.config.inventory import Host
 from fleet.console import Console
 from fleet.errors import HostsBusy, TransportError, host_error
-from fleet.group import each
-from fleet.inventory import Host
 from fleet.shell import home_word, quote
 from fleet.transport import Transport
+from fleet.transport.group import each
 
 SCRIPT = Path(nodeside.__file__).parent / "claim.sh"
 ANSWER_S = 30.0  # how long a node may take to say whether it could be claimed
