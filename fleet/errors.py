@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """fleet's exit codes, one meaning each (the README lists them)."""
+
+    OK = 0
+    FAILED = 1  # the job (or a check) failed
+    BAD_INPUT = 2  # a file, key or argument is wrong: nothing was started
+    UNREACHABLE = 3  # a host could not be reached or asked: the state is unknown there
+    STOPPED = 4  # the run was stopped
+    NOT_READY = 5  # a host answered but is not ready for the job
+    BUSY = 6  # hosts held by another run
+    INTERNAL = 70  # a bug in fleet
+    INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP
+
 
 class FleetError(Exception):
     """Base of every error fleet reports to the user."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILED
 
 
 class ConfigError(FleetError):
     """An inventory or job file is missing, malformed, or says something impossible."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
     def __init__(self, path: object, key: str | None, message: str) -> None:
         self.path = str(path)
@@ -24,25 +40,25 @@ class ConfigError(FleetError):
 class UsageError(FleetError):
     """A command-line argument names nothing that exists or contradicts another."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class WorkdirError(FleetError):
     """A local file that a job's workdir or data would send cannot be read."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class TransportError(FleetError):
     """A node cannot be reached or authenticated, or its connection was lost."""
 
-    exit_code = 3
+    exit_code = ExitCode.UNREACHABLE
 
 
 class CommandTimedOut(FleetError):
     """A command on a node gave no result in time (the node may still be running it)."""
 
-    exit_code = 3
+    exit_code = ExitCode.UNREACHABLE
 
     def __init__(self, host: str, what: str, seconds: float | None) -> None:
         self.host = host
@@ -52,7 +68,7 @@ class CommandTimedOut(FleetError):
 class WriteError(FleetError):
     """A file could not be written on a node in full (a full disk or quota, permissions)."""
 
-    exit_code = 5
+    exit_code = ExitCode.NOT_READY
 
 
 class HostError(FleetError):
@@ -60,7 +76,7 @@ class HostError(FleetError):
     different, a port taken or blocked, a full disk, absent GPUs, a step of fleet's refused);
     nothing was started. Where a host could not be reached, see HostsUnreachable."""
 
-    exit_code = 5
+    exit_code = ExitCode.NOT_READY
     consequence = "; nothing was started"
 
     def __init__(self, action: str, failures: dict[str, str]) -> None:
@@ -73,13 +89,13 @@ class HostError(FleetError):
 class HostsUnreachable(HostError):
     """One or more hosts could not be reached or authenticated, or stopped answering."""
 
-    exit_code = 3
+    exit_code = ExitCode.UNREACHABLE
 
 
 class HostsBusy(HostError):
     """Another fleet run still holds the hosts (`--force` shares them); nothing was started."""
 
-    exit_code = 6
+    exit_code = ExitCode.BUSY
 
 
 def host_error(action: str, errors: dict[str, Exception],
@@ -108,7 +124,7 @@ class SetupError(HostError):
     """A job's setup script failed on some node: the job's own failure (exit 1), before
     anything started anywhere."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
 
 class SetupFailed(FleetError):
@@ -118,7 +134,7 @@ class SetupFailed(FleetError):
 class RemoteCommandError(FleetError):
     """A command fleet ran on a node exited non-zero (the node answered: not a lost link)."""
 
-    exit_code = 5
+    exit_code = ExitCode.NOT_READY
 
     def __init__(self, host: str, command: str, code: int, output: str) -> None:
         self.host, self.command, self.code = host, command, code
@@ -130,29 +146,29 @@ class RemoteCommandError(FleetError):
 class RunNotFound(FleetError):
     """A run id (or 'the latest run') names no run recorded in the state directory."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class DamagedRecord(FleetError):
     """A local run record cannot be read (truncated, edited by hand)."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class JobFailed(FleetError):
     """The job ran and at least one node did not succeed (3: and one could not be asked)."""
 
-    exit_code = 1
+    exit_code = ExitCode.FAILED
 
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        self.exit_code = exit_code
+    def __init__(self, message: str, exit_code: int = ExitCode.FAILED) -> None:
+        self.exit_code = ExitCode(exit_code)
         super().__init__(message)
 
 
 class RunStopped(FleetError):
     """The run was stopped (by `fleet stop`, say) while fleet followed it: not a failure."""
 
-    exit_code = 4
+    exit_code = ExitCode.STOPPED
 
 
 class Interrupted(BaseException):
@@ -160,7 +176,7 @@ class Interrupted(BaseException):
     Like KeyboardInterrupt, not an Exception: no `except FleetError` may take it for a node's
     failure and carry on."""
 
-    exit_code = 130
+    exit_code = ExitCode.INTERRUPTED
 
     def __init__(self, signame: str, outcome: str = "") -> None:
         self.signame = signame
@@ -170,4 +186,11 @@ class Interrupted(BaseException):
 class InternalError(FleetError):
     """A bug in fleet: reported in one line (the traceback with --debug), never as a crash."""
 
-    exit_code = 70
+    exit_code = ExitCode.INTERNAL
+
+
+class NotEveryNode(FleetError):
+    """A command about a recorded run reached some nodes but not all (each named above it):
+    what it says of those is unknown."""
+
+    exit_code = ExitCode.UNREACHABLE

@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from fleet.backends.hosts import node as remote
+from fleet.backends.hosts.prepare import Session
+from fleet.backends.hosts.run import HostsRun
+from fleet.backends.hosts.stop import stop_nodes
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
 from fleet.console import Console
@@ -22,7 +25,7 @@ from fleet.errors import DamagedRecord, Interrupted, RemoteCommandError
 from fleet.facts.failure import first, parse_report
 from fleet.plan import make_plan
 from fleet.run import record as state
-from fleet.run import runner as lifecycle
+from fleet.run.guard import Guard
 from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import clock_offset
 
@@ -97,21 +100,26 @@ class FakeTransport:
 
 
 def guard_for(tmp_path: Path, fail: set[str] | None = None,
-              delay: float = 0.0) -> lifecycle.Guard:
+              delay: float = 0.0) -> Guard:
     hosts = tuple(Host(name=f"n{i}", address=f"10.0.0.{i}") for i in (1, 2, 3))
     inv = Inventory(tmp_path / "inv.toml", hosts)
     job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
               script="t.py")
     plan = make_plan(inv, job, "j-1")
-    session = lifecycle.Session({h.name: FakeTransport(h.name, fail=h.name in (fail or set()),
-                                                       delay=delay)
-                                 for h in hosts})  # type: ignore[dict-item]
-    return lifecycle.Guard(session, plan, Console(out=io.StringIO(), err=io.StringIO()),
-                           tmp_path / "record")
+    session = Session({h.name: FakeTransport(h.name, fail=h.name in (fail or set()),
+                                             delay=delay)
+                       for h in hosts})  # type: ignore[dict-item]
+    console = Console(out=io.StringIO(), err=io.StringIO())
+    return Guard(HostsRun(session, plan, console, tmp_path / "record"), console)
 
 
-def stops(g: lifecycle.Guard) -> list[str]:
-    return [n for n, t in g.session.t.items()
+def hosts(g: Guard) -> HostsRun:
+    assert isinstance(g.run, HostsRun)
+    return g.run
+
+
+def stops(g: Guard) -> list[str]:
+    return [n for n, t in hosts(g).session.t.items()
             if any("stop.sh" in s for s in t.scripts)]  # type: ignore[attr-defined]
 
 
@@ -119,11 +127,11 @@ def test_an_exception_stops_every_node_once_any_may_run(tmp_path: Path) -> None:
     """n3 was never started: it is marked stopped too, so that it says why it never ran."""
     g = guard_for(tmp_path)
     with pytest.raises(ValueError), g:
-        g.may_run.update({"n1", "n2"})
+        hosts(g).may_run.update({"n1", "n2"})
         raise ValueError("bug")
     assert stops(g) == ["n1", "n2", "n3"]
     assert any("fleet up, after an error: ValueError: bug" in s
-               for s in g.session.t["n1"].scripts)  # type: ignore[attr-defined]
+               for s in hosts(g).session.t["n1"].scripts)  # type: ignore[attr-defined]
 
 
 def test_two_signals_5ms_apart_end_in_one_complete_teardown(tmp_path: Path) -> None:
@@ -140,7 +148,7 @@ def test_two_signals_5ms_apart_end_in_one_complete_teardown(tmp_path: Path) -> N
 
     sender = threading.Thread(target=send)
     with pytest.raises(Interrupted) as e, g:
-        g.may_run.update({"n1", "n2", "n3"})
+        hosts(g).may_run.update({"n1", "n2", "n3"})
         sender.start()
         time.sleep(5)
     sender.join()
@@ -153,7 +161,7 @@ def test_two_signals_5ms_apart_end_in_one_complete_teardown(tmp_path: Path) -> N
 def test_an_interrupt_never_claims_a_stop_that_failed(tmp_path: Path) -> None:
     g = guard_for(tmp_path, fail={"n2"})
     with pytest.raises(Interrupted) as e, g:
-        g.may_run.update({"n1", "n2"})
+        hosts(g).may_run.update({"n1", "n2"})
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)
     assert "could not be stopped on n2 (it may still run there)" in str(e.value)
@@ -163,35 +171,35 @@ def test_an_interrupt_never_claims_a_stop_that_failed(tmp_path: Path) -> None:
 def test_an_interrupted_setup_is_stopped_before_its_directories_go(tmp_path: Path) -> None:
     """No job process started, but a setup (pip, say) may still run on the nodes."""
     g = guard_for(tmp_path)
-    g.record_dir.mkdir()
+    hosts(g).record_dir.mkdir()
     with pytest.raises(Interrupted) as e, g:
-        g.setting_up.update({"n1", "n2", "n3"})
+        hosts(g).setting_up.update({"n1", "n2", "n3"})
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
     assert sorted(stops(g)) == ["n1", "n2", "n3"]
     assert "nothing had been started on any node" in str(e.value)
-    for t in g.session.t.values():
+    for t in hosts(g).session.t.values():
         stop_at = next(i for i, s in enumerate(t.scripts) if "stop.sh" in s)
         assert any("rm -rf" in s for s in t.scripts[stop_at:])  # removed after the stop
-    assert not g.record_dir.exists()
+    assert not hosts(g).record_dir.exists()
 
 
 def test_nothing_started_nothing_stopped_nothing_kept(tmp_path: Path) -> None:
     g = guard_for(tmp_path)
-    g.record_dir.mkdir()
+    hosts(g).record_dir.mkdir()
     with pytest.raises(Interrupted) as e, g:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
     assert stops(g) == []
     assert "nothing had been started on any node" in str(e.value)
-    removed = [n for n, t in g.session.t.items() if any("rm -rf" in s for s in t.scripts)]
-    assert removed == ["n1", "n2", "n3"] and not g.record_dir.exists()
+    removed = [n for n, t in hosts(g).session.t.items() if any("rm -rf" in s for s in t.scripts)]
+    assert removed == ["n1", "n2", "n3"] and not hosts(g).record_dir.exists()
 
 
 def test_a_node_that_cannot_be_stopped_is_named_only_if_it_may_run(tmp_path: Path) -> None:
     g = guard_for(tmp_path, fail={"n2", "n3"})
     with pytest.raises(Interrupted) as e, g:
-        g.may_run.update({"n1", "n2"})
+        hosts(g).may_run.update({"n1", "n2"})
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
     assert "could not be stopped on n2 (it may still run there)" in str(e.value)
@@ -200,11 +208,11 @@ def test_a_node_that_cannot_be_stopped_is_named_only_if_it_may_run(tmp_path: Pat
 def test_an_ended_or_detached_run_is_left_alone(tmp_path: Path) -> None:
     g = guard_for(tmp_path)
     with g:
-        g.may_run.update({"n1"})
+        hosts(g).may_run.update({"n1"})
         g.ended = True
     d = guard_for(tmp_path)
     with d:
-        d.may_run.update({"n1"})
+        hosts(d).may_run.update({"n1"})
         d.released = True
     assert stops(g) == [] and stops(d) == []
 
@@ -243,7 +251,7 @@ def test_every_node_is_marked_before_any_is_signalled(tmp_path: Path) -> None:
     g = guard_for(tmp_path, delay=0.05)
     order: list[str] = []
     lock = threading.Lock()
-    for t in g.session.t.values():
+    for t in hosts(g).session.t.values():
         run = t.run
 
         def logged(script: str, timeout: float | None = 60.0, what: str = "",
@@ -253,7 +261,8 @@ def test_every_node_is_marked_before_any_is_signalled(tmp_path: Path) -> None:
             return run(script, timeout, what)
 
         t.run = logged  # type: ignore[method-assign]
-    assert lifecycle.stop_nodes(g.session, g.plan.nodes, g.console, "fleet stop", g.key) == {}
+    run = hosts(g)
+    assert stop_nodes(run.session, run.plan.nodes, g.console, "fleet stop", run.key) == {}
     assert order == ["mark"] * 3 + ["stop"] * 3
 
 

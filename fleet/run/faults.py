@@ -14,6 +14,21 @@ import os
 import signal
 import sys
 import time
+from enum import Enum
+
+
+class Phase(Enum):
+    """Where `fleet up` is; a fault test can strike at each boundary."""
+
+    CONNECT = "connect"
+    PROBE = "probe"
+    PREFLIGHT = "preflight"
+    UPLOAD = "upload"
+    SETUP = "setup"  # struck from the setup's first line of output (hosts.setup)
+    MASTER_START = "master-start"
+    WORKER_START = "worker-start"
+    STREAM = "stream"
+    STOP = "stop"
 
 
 def point(phase: str) -> None:

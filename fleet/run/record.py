@@ -43,6 +43,7 @@ class RunRecord:
     # stop record is fleet's only if it carries the key derived from it (see stop_key). Empty
     # in records written before there was one: their stop records are taken as they read.
     secret: str = ""
+    backend: str = "hosts"  # which backend ran it (fleet.backends.named): what answers for it
 
     @property
     def dir(self) -> Path:
@@ -155,8 +156,10 @@ def parse_record(text: str) -> RunRecord:
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
                              n.get("rank_base"), n.get("nproc"))
                   for n in data["nodes"])
+    # Records older than the field: a Slurm run's had no nodes and a slurm.json beside it.
+    backend = data.get("backend") or ("hosts" if nodes else "slurm")
     return RunRecord(data["run_id"], data["job"], data["started"], nodes,
-                     str(data.get("controller", "")), str(data.get("secret", "")))
+                     str(data.get("controller", "")), str(data.get("secret", "")), str(backend))
 
 
 def load(run_id: str | None = None) -> RunRecord:

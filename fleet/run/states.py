@@ -4,7 +4,15 @@ in several modules), with what follows from each: terminal or not, the exit code
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
+
+FAIL_FAST = "fail-fast"  # the stop cause a node's failure gives its peers: `fail-fast: n2 failed`
+
+
+def by_fail_fast(stopped_by: str, node: str | None = None) -> bool:
+    """Whether a stop record's cause is a fail-fast (set off by `node`, where given)."""
+    return stopped_by.startswith(f"{FAIL_FAST}: {node} " if node else FAIL_FAST)
 
 
 class NodeStatus(Enum):
@@ -58,3 +66,34 @@ def overall(nodes: Iterable[NodeStatus]) -> RunStatus:
     if NodeStatus.STOPPED in seen:
         return RunStatus.STOPPED
     return RunStatus.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How one node's part of a run ended, as the run's report says it."""
+
+    name: str
+    node_rank: int
+    status: NodeStatus
+    code: int | None = None
+    detail: str = ""  # who stopped it, or why it could not be reached
+    own_failure: str = ""  # failed although stopped: how its own part had failed before
+
+    def describe(self) -> str:
+        if self.status is NodeStatus.UNREACHABLE:
+            return f"is unreachable ({self.detail})"
+        words: str = self.status.value
+        exit_words = ""
+        if self.code is not None:
+            signal_part = f", signal {self.code - 128}" if self.code > 128 else ""
+            exit_words = f"exit {self.code}{signal_part}"
+        if self.own_failure:
+            # The stop came after the failure: its exit code may be the stop's, not the cause.
+            then = f"; then {exit_words}" if exit_words else ""
+            return (f"{words}: {self.own_failure} before the stop ({self.detail}) reached "
+                    f"it{then}")
+        if exit_words:
+            words += f" ({exit_words})"
+        if self.status is NodeStatus.STOPPED and self.detail:
+            words += f" by {self.detail}"
+        return words

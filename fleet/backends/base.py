@@ -1,0 +1,175 @@
+"""The seam between the one runner (fleet.run) and a backend (hosts over SSH, a Slurm cluster):
+the verbs in which backends really differ, and nothing that is the same for all of them.
+
+A backend prepares a run (connect, probe, plan, preflight, record: nothing runs yet), schedules
+it, reports what happens as a stream of events, stops it, and answers for a recorded run
+(describe, list, cancel, logs, dump, delete). The runner owns the rest: the guard and its
+teardown, the monitor (fail-fast, the hang watchdog), the report's verdict and the exit code.
+(torchx's `Scheduler` and torch elastic's agent draw the same line.)"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.backends.hosts.check import Check
+from fleet.config.inventory import Inventory
+from fleet.config.job import Job
+from fleet.console import Console
+from fleet.run.record import RunRecord
+from fleet.run.states import NodeOutcome, RunStatus
+from fleet.trust import KeyStatus
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `fleet up` was asked for, beyond the job."""
+
+    detach: bool = False
+    checks: bool = True  # the preflight's port checks (--skip-checks)
+    force: bool = False  # start although another run holds the hosts
+    allow_mismatch: bool = False  # nodes with different python/torch versions
+    force_setup: bool = False  # the job's setup again, changed or not
+
+
+# ---- what a running job reports: pushed by the backend, decided on by the runner -----------
+@dataclass(frozen=True)
+class NodeEnded:
+    """A node's part ended (or was lost: status UNREACHABLE); the runner fails fast on it."""
+
+    outcome: NodeOutcome
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """Nothing else happened: how long no node has printed a line (the watchdog's clock; 0
+    while the job cannot print yet, waiting in a queue)."""
+
+    silent: float
+
+
+Event = NodeEnded | Quiet
+
+
+@dataclass(frozen=True)
+class Final:
+    """How a run ended, in the backend's words: `run X <status> <words>`."""
+
+    status: RunStatus
+    words: str = ""
+
+
+class Run(ABC):
+    """One run of a backend, from its preparation on; the runner's guard owns it from then."""
+
+    run_id: str
+    record_dir: Path  # the local record, dropped if nothing ever started
+    job: Job
+
+    @abstractmethod
+    def schedule(self, options: Options) -> None:
+        """Send what the job needs and start it everywhere (hosts: upload, setup, start,
+        master first; Slurm: sync, submit). From the first start attempted, `started()` holds."""
+
+    @abstractmethod
+    def started(self) -> bool:
+        """Whether anything of the job may run somewhere: a teardown must then stop it."""
+
+    @abstractmethod
+    def detached(self) -> str | None:
+        """After a detached schedule: the run goes on without fleet; what to say of it. None
+        where the job already ended: its end is reported as an attached run's."""
+
+    @abstractmethod
+    def events(self) -> Generator[Event, None, None]:
+        """Until every part of the job has ended and every log line is shown: each node's
+        end as it happens, and a Quiet about once a second otherwise."""
+
+    @abstractmethod
+    def stop(self, by: str, skip: set[str] | None = None) -> dict[str, str]:
+        """Stop whatever of the job may run (but the nodes in `skip`), saying who stops it;
+        returns per node the problem, where it may still hold a process."""
+
+    @abstractmethod
+    def forget(self) -> str:
+        """Nothing ever started: remove what the preparation left (best effort); what to
+        say of it."""
+
+    @abstractmethod
+    def stopped_words(self, problems: dict[str, str]) -> str:
+        """What a teardown's stop achieved, for the person (and `Interrupted`'s message)."""
+
+    @abstractmethod
+    def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
+        """Every rank's stack (but on the nodes in `skip`, which ended): (the report's lines,
+        problems)."""
+
+    @abstractmethod
+    def halted_words(self) -> str:
+        """What the watchdog's stop did, for the verdict of a hung run."""
+
+    @abstractmethod
+    def report(self, outcomes: dict[str, NodeOutcome]) -> Final:
+        """Per node how it ended; for a failure the first failing rank and its traceback."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Connections closed, claims released."""
+
+
+class Backend(ABC):
+    """Hosts or Slurm: how a run is made, and what is known of a recorded one."""
+
+    name: str
+
+    @abstractmethod
+    def prepare(self, job: Job, console: Console, options: Options) -> Run:
+        """Connect, probe, plan, preflight, record: nothing of the job runs yet. A bad input
+        or an unreachable host raises before anything is left anywhere."""
+
+    @abstractmethod
+    def checks(self, job: Job, collective: bool) -> list[Check]:
+        """`fleet check`: per host (or login node) and check, pass / warn / fail with the fix;
+        nothing is started. `collective` (a short all_reduce after) is refused where it cannot
+        run."""
+
+    @abstractmethod
+    def trust_inventory(self, path: Path) -> Inventory | None:
+        """The hosts whose keys `fleet trust` shows; None where fleet connects to none."""
+
+    @abstractmethod
+    def pin_keys(self, statuses: list[KeyStatus], path: Path) -> int:
+        """Pin the new keys in the inventory file; how many were."""
+
+    @abstractmethod
+    def describe(self, rec: RunRecord) -> tuple[RunStatus, list[str]]:
+        """`fleet status`: the run's state and the lines that say it per node."""
+
+    @abstractmethod
+    def state_word(self, rec: RunRecord) -> str:
+        """`fleet ps`: the run's state in a word (or `unknown (why)`)."""
+
+    @abstractmethod
+    def cancel(self, rec: RunRecord, console: Console) -> None:
+        """`fleet stop`: end the run everywhere, nothing of it left."""
+
+    @abstractmethod
+    def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
+             rank: int | None) -> int:
+        """Print the run's logs from the first line (until its end with `follow`); returns
+        how many lines were shown."""
+
+    @abstractmethod
+    def dump(self, rec: RunRecord) -> tuple[list[str], list[str]]:
+        """Every rank's stack while the run goes on: (lines, problems)."""
+
+    @abstractmethod
+    def delete(self, rec: RunRecord, console: Console) -> None:
+        """`fleet rm`: the run's directories where it ran (its local record is the caller's)."""
+
+    @abstractmethod
+    def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
+        """`fleet show`: what exactly ran."""

@@ -1,0 +1,153 @@
+"""The hosts backend: runs on the SSH hosts of an inventory (fleet.backends.hosts.run), and what
+later commands ask of a recorded run there, each node asked over its own connection."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from fleet.backends.base import Backend, Options
+from fleet.backends.hosts import check as fleet_check
+from fleet.backends.hosts import node as remote
+from fleet.backends.hosts.run import HostsRun, prepare
+from fleet.config.inventory import Inventory, load_inventory
+from fleet.config.job import Job
+from fleet.console import Console
+from fleet.errors import DamagedRecord, NotEveryNode, UsageError
+from fleet.run import hang
+from fleet.run import logs as fleet_logs
+from fleet.run.record import NodeRecord, RunRecord
+from fleet.run.states import NodeStatus, RunStatus, overall
+from fleet.transport import Transport, open_transport
+from fleet.transport.group import each, reason
+from fleet.trust import KeyStatus, record_inventory
+
+
+class HostsBackend(Backend):
+    name = "hosts"
+
+    def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
+        return prepare(job, console, options)
+
+    def checks(self, job: Job, collective: bool) -> list[fleet_check.Check]:
+        return fleet_check.run_checks(load_inventory(job.inventory), job)
+
+    def trust_inventory(self, path: Path) -> Inventory:
+        return load_inventory(path)
+
+    def pin_keys(self, statuses: list[KeyStatus], path: Path) -> int:
+        return record_inventory(statuses, path)
+
+    def describe(self, rec: RunRecord) -> tuple[RunStatus, list[str]]:
+        head = f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
+        if rec.never_started():
+            return RunStatus.NEVER_STARTED, [
+                f"{head}{RunStatus.NEVER_STARTED.value}\n  the `fleet up` that prepared it ended "
+                "(it was killed, or its machine stopped) before it started any node: nothing of "
+                f"it runs; `fleet rm {rec.run_id}` removes what it left on the nodes"]
+        results = states(rec)
+        final = overall(status(r) for r in results.values())
+        lines = [f"{head}{final.value}"]
+        for n in rec.nodes:
+            r = results[n.host.name]
+            where = f"  {n.host.name:<16} {n.ranks()}"
+            if isinstance(r, Exception):
+                lines.append(f"{where}  unreachable (may still be running): {reason(r)}")
+                continue
+            if r.status is NodeStatus.MISSING:
+                lines.append(f"{where}  missing (no run directory there)")
+                continue
+            code = f" (exit {r.code})" if r.code is not None else ""
+            by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else \
+                f": {r.own_failure} before the stop ({r.stopped_by}) reached it" \
+                if r.own_failure else ""
+            took = f"  {r.elapsed}s" if r.elapsed is not None else ""
+            lines.append(f"{where}  {r.status.value}{code}{by}{took}")
+        return final, lines
+
+    def state_word(self, rec: RunRecord) -> str:
+        if rec.never_started():
+            return RunStatus.NEVER_STARTED.value
+        return overall(status(s) for s in states(rec).values()).value
+
+    def cancel(self, rec: RunRecord, console: Console) -> None:
+        console.hosts([n.host.name for n in rec.nodes])
+        results = remote.stop_recorded(rec, "fleet stop")
+        bad = 0
+        for name, r in results.items():
+            if isinstance(r, Exception):
+                bad += 1
+                console.phase(name, f"could not stop: {reason(r)}; the run may still be "
+                                    f"running there: run `fleet stop {rec.run_id}` again once "
+                                    "it answers")
+            elif r:
+                bad += 1
+                console.phase(name, f"still alive after SIGKILL: {r}")
+            else:
+                console.phase(name, "stopped (nothing of the run left)")
+        if bad:
+            raise NotEveryNode(f"run {rec.run_id} could not be stopped on {bad} node(s)")
+        console.info(f"run {rec.run_id} stopped on every node")
+
+    def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
+             rank: int | None) -> int:
+        if node is not None and node not in {n.host.name for n in rec.nodes}:
+            raise UsageError(f"run {rec.run_id} has no node {node!r}")
+        keep = rec.dir if node is None and rank is None else None
+        problems, shown = fleet_logs.attach(rec, console, follow, node, rank, keep)
+        for name, why in problems.items():
+            console.phase(name, f"unreachable: {why}")
+        if problems:
+            raise NotEveryNode(f"run {rec.run_id}: the logs of {', '.join(problems)} could "
+                               "not be read")
+        if rank is not None and not shown:
+            raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}"
+                             + (f" on {node}" if node else "") + " (lines that workers did "
+                             "not print through the launcher carry no rank)")
+        return shown
+
+    def dump(self, rec: RunRecord) -> tuple[list[str], list[str]]:
+        def connect(n: NodeRecord) -> Transport:
+            return open_transport(n.host)
+
+        opened = each(((n.host.name, n) for n in rec.nodes), connect)
+        try:
+            nodes = {n.host.name: (t, t.path(n.run_dir)) for n in rec.nodes
+                     if isinstance(t := opened[n.host.name], Transport)}
+            lines, problems = hang.take(nodes, rec.run_id, rec.dir)
+        finally:
+            for t in opened.values():
+                if isinstance(t, Transport):
+                    t.close()
+        return lines, [f"{name}: unreachable: {reason(r)}" for name, r in opened.items()
+                       if isinstance(r, Exception)] + problems
+
+    def delete(self, rec: RunRecord, console: Console) -> None:
+        console.hosts([n.host.name for n in rec.nodes])
+        results = remote.on_nodes(rec, remote.remove)
+        bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
+        for name, r in results.items():
+            console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")
+        if bad:
+            console.info(f"the local record of {rec.run_id} is kept until every node is clean")
+            raise NotEveryNode(f"run {rec.run_id}: {', '.join(bad)} could not be cleaned")
+
+    def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
+        path = rec.dir / "manifest.json"
+        try:
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            raise UsageError(f"run {rec.run_id} has no manifest ({path}): it never got past its "
+                             "setup, or an older fleet started it") from None
+        except ValueError as e:
+            raise DamagedRecord(f"{path}: cannot be read ({e})") from e
+
+
+def states(rec: RunRecord) -> dict[str, remote.NodeState | Exception]:
+    return remote.on_nodes(rec, lambda t, d: remote.state(t, d, rec.stop_key(t.host.name)))
+
+
+def status(r: remote.NodeState | Exception) -> NodeStatus:
+    return r.status if isinstance(r, remote.NodeState) else NodeStatus.UNREACHABLE

@@ -1,0 +1,180 @@
+"""A running job on hosts as a stream of events: every node's log followed (tagged by host and
+rank), its end watched on a channel beside the log's, and its connection asked every heartbeat;
+a node's end or loss is pushed as it happens (the runner's monitor decides what follows)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, TypeVar
+
+from fleet.backends.base import Event, NodeEnded, Quiet
+from fleet.backends.hosts import node as remote
+from fleet.errors import FleetError
+from fleet.plan import NodePlan
+from fleet.run import faults
+from fleet.run.faults import Phase
+from fleet.run.logs import AfterStop, Tagger
+from fleet.run.states import NodeOutcome, NodeStatus
+from fleet.transport import Received, Transport
+from fleet.transport.group import reason
+from fleet.transport.link import Link
+
+if TYPE_CHECKING:
+    from fleet.backends.hosts.run import HostsRun
+
+R = TypeVar("R")
+
+
+def follow_events(run: HostsRun) -> Generator[Event, None, None]:
+    """Until every node has ended and every log is read. A stream whose connection broke goes
+    on from where it was on a fresh one; a node lost, then reached again, also says how it
+    ended (a second NodeEnded)."""
+    plan, console, pids, logdir = run.plan, run.console, run.pids, run.record_dir
+    events: queue.Queue[tuple[str, str, object]] = queue.Queue()
+    finished = threading.Event()
+    index = {n.host.name: i for i, n in enumerate(plan.nodes)}
+    nodes = {n.host.name: n for n in plan.nodes}
+    received = {n.host.name: Received() for n in plan.nodes}
+    outcomes: dict[str, NodeOutcome] = {}
+    drained: set[str] = set()  # nodes whose log was read to its end (or can no more be)
+    ends: set[str] = set()  # nodes whose end watcher has said what it knows
+
+    def follow(node: NodePlan) -> None:
+        name = node.host.name
+        link = run.links[name]
+        local_log = open(logdir / f"{name}.log", "w", buffering=1)  # noqa: SIM115
+        tag = Tagger(name, node.rank_base, lambda: remote.ranks(link.t, node.run_dir))
+        quiet = after_stop(run, node, link)
+
+        def on_lines(lines: list[str]) -> None:
+            local_log.write("".join(line + "\n" for line in lines))
+            console.lines(index[name], [(tg.tag, tg.text) for tg in map(tag, quiet(lines))])
+            quiet.tell()
+
+        try:
+            events.put(("drained", name, on_link(link, finished, lambda t: remote.follow(
+                t, node.run_dir, pids.get(name), on_lines, finished, received[name]))))
+        except Exception as e:
+            events.put(("drained", name, e))
+        finally:
+            local_log.close()
+
+    def watch(node: NodePlan) -> None:
+        name = node.host.name
+        pid = pids.get(name)
+        if pid is None:  # no wrapper to wait for: its log's end says it all
+            events.put(("end", name, None))
+            return
+        try:
+            events.put(("end", name, on_link(run.links[name], finished, lambda t: remote.wait_end(
+                t, node.run_dir, pid, run.key(name), finished))))
+        except Exception as e:
+            events.put(("end", name, e))
+
+    def keep(node: NodePlan) -> None:
+        name = node.host.name
+        run.links[name].keep(finished, lambda: name in outcomes,
+                             lambda why: events.put(("lost", name, why)))
+
+    threads = [threading.Thread(target=fn, args=(n,), daemon=True)
+               for n in plan.nodes for fn in (follow, watch, keep)]
+    for th in threads:
+        th.start()
+    faults.point(Phase.STREAM.value)
+    try:
+        # A node lost, then reached again, also says how it ended.
+        while not all(n in outcomes and n in drained and (n not in run.lost or n in ends)
+                      for n in nodes):
+            try:
+                kind, name, result = events.get(timeout=1.0)
+            except queue.Empty:
+                yield Quiet(time.monotonic() - max(r.arrived for r in received.values()))
+                continue
+            node = nodes[name]
+            outcome = None
+            if kind == "end":
+                ends.add(name)
+            if kind == "drained":
+                drained.add(name)
+                if name not in outcomes and isinstance(result, int | Exception):
+                    outcome = _outcome(run, node, result)
+                elif isinstance(result, Exception):
+                    console.phase(name, f"the rest of its log could not be read: "
+                                        f"{reason(result)} (`fleet logs {plan.run_id} --node "
+                                        f"{name}` reads it from the node)")
+            elif kind == "end" and isinstance(result, remote.NodeState) and result.done:
+                known = outcomes.get(name)
+                outcome = NodeOutcome(name, node.node_rank, result.status, result.code,
+                                      result.stopped_by, result.own_failure)
+                if known is not None:
+                    if known.status is NodeStatus.UNREACHABLE:
+                        # Lost, then reached by the stop: what it says now is what happened.
+                        console.phase(name, f"answered again: {outcome.describe()}")
+                        outcomes[name] = outcome
+                        yield NodeEnded(outcome)
+                    continue  # its loss already set off the fail-fast
+            elif kind == "end" and isinstance(result, Exception) and name not in outcomes:
+                outcome = _outcome(run, node, result)
+            elif kind == "lost" and name not in outcomes:
+                run.lost.add(name)
+                run.links[name].t.close()  # its streams go on from a fresh connection
+                outcome = NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
+                                      str(result))
+                if run.stopping:
+                    run.links[name].give_up()  # the stop already under way missed it
+            if outcome is not None:
+                outcomes[name] = outcome
+                yield NodeEnded(outcome)
+    finally:
+        finished.set()
+
+
+def on_link(link: Link, stop: threading.Event, fn: Callable[[Transport], R]) -> R:
+    """fn(the node's connection), again on a fresh one each time the connection breaks, until
+    the link is given up (then the last error) or `stop` is set."""
+    while True:
+        generation = link.generation
+        try:
+            return fn(link.t)
+        except FleetError:
+            if stop.is_set() or not link.recover(generation, stop):
+                raise
+
+
+def after_stop(run: HostsRun, node: NodePlan, link: Link) -> AfterStop:
+    """The attached stream's filter for one node: from the line where fleet's stop of it began
+    (the node confirms its stop record), what it prints is hidden here, once said so."""
+    name = node.host.name
+
+    def confirm() -> str:
+        with contextlib.suppress(FleetError):
+            return remote.state(link.t, node.run_dir, run.key(name)).stopped_by
+        return ""
+
+    def announce(by: str) -> None:
+        run.console.phase(name, f"what it prints while it is stopped ({by}) is not shown "
+                                f"here: `fleet logs {run.run_id} --node {name}` has it")
+
+    return AfterStop(confirm, announce)
+
+
+def _outcome(run: HostsRun, node: NodePlan, result: int | Exception) -> NodeOutcome:
+    name = node.host.name
+    if not isinstance(result, Exception):
+        try:
+            st = remote.state(run.links[name].t, node.run_dir, run.key(name))
+        except FleetError as e:
+            result = e
+        else:
+            if st.done:
+                return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by,
+                                   st.own_failure)
+            # Its log stream ended while it still ran: fleet lost sight of it, and says so.
+            return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
+                               f"its log stream ended while it was still {st.status.value}")
+    run.links[name].give_up()
+    return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None, reason(result))

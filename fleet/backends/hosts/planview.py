@@ -1,0 +1,78 @@
+"""`fleet plan` on a host list: each node's rank, env and command, and what `up` would move;
+with `probe`, as the nodes answer (read-only: nothing is created on them)."""
+
+from __future__ import annotations
+
+import sys
+
+from fleet import preview
+from fleet.backends.hosts import prepare as launch
+from fleet.backends.hosts import setup as fleet_setup
+from fleet.config.inventory import load_inventory
+from fleet.config.job import Job
+from fleet.console import Console
+from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
+from fleet.shell import join
+
+
+def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, str], preview.Preview]:
+    """The plan, each node's setup decision and the data's preview."""
+    inv = load_inventory(job.inventory)
+    console = Console(out=sys.stderr)
+    sources = launch.scan_sources(job, console)  # as `up` does, before any host is touched
+    if not probe:
+        p = make_plan(inv, job, new_run_id(job.name))
+        return p, fleet_setup.decide(p, None), preview.preview(p, sources.code, sources.data)
+    console.hosts([h.name for h in inv.hosts])
+    session = launch.connect(inv, console)
+    try:
+        p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
+                                create=False, allow_mismatch=True)
+        setups = fleet_setup.decide(p, fleet_setup.recorded(session.t, p) if job.setup else {})
+        moves = preview.preview(p, sources.code, sources.data,
+                                preview.list_nodes(session.t, p),
+                                tuple(n for n, f in session.facts.items() if not f.storage))
+    finally:
+        session.close()
+    return p, setups, moves
+
+
+def lines(p: Plan, setups: dict[str, str], moves: preview.Preview) -> list[str]:
+    job = p.job
+    out = [f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
+           f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}"]
+    out += [f"note: {note}" for note in p.notes]
+    out += [f"shared storage: {', '.join(group)} (one workdir; code and data synced once)"
+            for group in p.storage if len(group) > 1]
+    for n in p.nodes:
+        h = n.host
+        out.append(f"\n[{h.name}] node rank {n.node_rank}, {h.transport} "
+                   f"{(h.user + '@') if h.user else ''}{h.address}"
+                   f"{':' + str(h.port) if h.port else ''}")
+        out.append(f"  interface: {n.net.interface or '-'} ({n.net.reason})")
+        span = rank_span(n.rank_base, n.nproc)
+        gpus = f" on GPU(s) {','.join(map(str, h.gpus))}" if h.gpus else ""
+        world = f" of world size {n.world_size}" if n.world_size else ""
+        out.append(f"  processes: {n.nproc}{gpus}" + (f", {span}{world}" if span else world))
+        out.append(f"  code dir:  {n.code_dir}")
+        if job.setup:
+            out.append(f"  setup:     {setups[h.name]}")
+        out.append(f"  run dir:   {n.run_dir}")
+        out += [f"  env {k}={v}" for k, v in masked(n.env, job.secret_env).items()]
+        out.append(f"  command:   {join(n.argv)}")
+    out.append("")
+    return out + preview.lines(moves)
+
+
+def as_json(p: Plan, moves: preview.Preview) -> dict[str, object]:
+    return {"run_id": p.run_id, "job": p.job.name, "notes": list(p.notes),
+            "storage": [list(g) for g in p.storage], "nodes": [
+        {"host": n.host.name, "address": n.host.address, "transport": n.host.transport,
+         "node_rank": n.node_rank, "nnodes": n.nnodes, "nproc_per_node": n.nproc,
+         "rank_base": n.rank_base, "world_size": n.world_size,
+         "gpus": list(n.host.gpus) if n.host.gpus else None,
+         "master_addr": n.master_addr, "master_port": n.master_port,
+         "interface": n.net.interface, "interface_reason": n.net.reason,
+         "run_dir": n.run_dir, "code_dir": n.code_dir,
+         "env": masked(n.env, p.job.secret_env), "argv": list(n.argv)}
+        for n in p.nodes], "data": preview.as_json(moves)}

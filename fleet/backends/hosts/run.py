@@ -1,0 +1,241 @@
+"""A run on SSH hosts behind the backend seam: prepare (connect, claim, probe, plan, preflight,
+record), schedule (upload, setup, start: the master first), stop, and the report of how each
+node ended."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Generator
+from pathlib import Path
+
+from fleet import manifest
+from fleet.backends.base import Event, Final, Options, Run
+from fleet.backends.hosts import node as remote
+from fleet.backends.hosts import setup
+from fleet.backends.hosts.claim import claim_all
+from fleet.backends.hosts.events import follow_events
+from fleet.backends.hosts.prepare import (
+    Session,
+    Sources,
+    check_job_python,
+    connect,
+    prepare_plan,
+    refuse_held,
+    scan_sources,
+    upload_checked,
+)
+from fleet.backends.hosts.stop import stop_nodes
+from fleet.config.inventory import load_inventory
+from fleet.config.job import Job
+from fleet.console import Console
+from fleet.errors import StartError, host_error
+from fleet.facts import failure
+from fleet.plan import NodePlan, Plan, new_run_id
+from fleet.run import faults, hang
+from fleet.run import record as state
+from fleet.run.faults import Phase
+from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, by_fail_fast, overall
+from fleet.transport.group import each
+from fleet.transport.link import Link
+
+
+def prepare(job: Job, console: Console, options: Options) -> HostsRun:
+    """Everything before the first write a run owns: an unreadable file, an unreachable or busy
+    host, a bad python stop it here, with nothing left anywhere."""
+    inventory = load_inventory(job.inventory)
+    run_id = new_run_id(job.name)
+    console.hosts([h.name for h in inventory.hosts])
+    console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
+    sources = scan_sources(job, console)  # an unreadable file stops it before any connection
+    faults.point(Phase.CONNECT.value)
+    session = connect(inventory, console)
+    try:
+        # Before anything is written: another launch preparing these hosts stops this one.
+        session.claims = claim_all(session.t, inventory.hosts, run_id, console)
+        faults.point(Phase.PROBE.value)
+        held = options.checks and not options.force
+        plan = prepare_plan(session, inventory, job, run_id, console,
+                            allow_mismatch=options.allow_mismatch, held=held)
+        faults.point(Phase.PREFLIGHT.value)
+        if held:
+            refuse_held(session)
+        record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
+    except BaseException:
+        session.close()
+        raise
+    return HostsRun(session, plan, console, record.dir, record.secret, sources)
+
+
+class HostsRun(Run):
+    def __init__(self, session: Session, plan: Plan, console: Console, record_dir: Path,
+                 secret: str = "", sources: Sources | None = None) -> None:
+        self.session, self.plan, self.console = session, plan, console
+        self.run_id, self.job, self.record_dir = plan.run_id, plan.job, record_dir
+        self.secret = secret  # the run's (RunRecord.secret): what proves a stop record fleet's
+        self.sources = sources
+        self.may_run: set[str] = set()  # nodes where a start was even attempted
+        self.setting_up: set[str] = set()  # nodes where the job's setup may run
+        self.pids: dict[str, int] = {}
+        limit = plan.job.watchdog.unreachable_after
+        self.links = {n.host.name: Link(session.t, n.host.name, limit) for n in plan.nodes}
+        self.lost: set[str] = set()  # nodes that answered nothing for unreachable_after
+        self.stopping = False  # a stop of every node is under way
+
+    def key(self, host: str) -> str:
+        """The node's stop key (record.stop_key)."""
+        return state.stop_key(self.secret, self.run_id, host)
+
+    # ---- schedule -------------------------------------------------------------------------
+    def schedule(self, options: Options) -> None:
+        session, plan, console = self.session, self.plan, self.console
+        faults.point(Phase.UPLOAD.value)
+        assert self.sources is not None
+        sent = upload_checked(session, plan, console, options.checks, self.sources)
+        if self.job.setup is not None:
+            self.setting_up.update(n.host.name for n in plan.nodes)
+        hashes = setup.run(session.t, plan, console, options.force_setup)
+        if self.job.python is not None:
+            plan = self.plan = check_job_python(session, plan, console, options.allow_mismatch)
+        m = manifest.record(plan, hashes, self.record_dir, sent)
+        session.t[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
+                                                manifest.dumps(m).encode(), 0o600)
+        # A detached run is confirmed by the master's open port, where fleet knows torchrun
+        # opens one (a `command` may not).
+        self.pids = self.start_all(wait_port=options.detach and self.job.launcher != "command")
+        session.release()  # its nodes run: the next launch sees them (refuse_held)
+
+    def start_all(self, wait_port: bool = False) -> dict[str, int]:
+        """Start the master, then the others in parallel at once: their torchrun waits for
+        the master's store itself, and meanwhile imports torch as the master's does. With
+        `wait_port` (a detached run, which fleet will not watch), then wait until the master's
+        rendezvous port is open. Each node counts as possibly running from the moment its
+        start is attempted."""
+        plan, session, console = self.plan, self.session, self.console
+        m = plan.master
+        tm = session.t[m.host.name]
+        state.mark_launched(self.record_dir)
+        self.may_run.add(m.host.name)
+        pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
+        console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
+        faults.point(Phase.MASTER_START.value)
+        others = plan.nodes[1:]
+        self.may_run.update(n.host.name for n in others)
+        results = each(((n.host.name, n) for n in others), lambda n: remote.start(
+            session.t[n.host.name], n.run_dir, plan.run_id))
+        bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
+        if bad:
+            raise host_error("starting the job", bad, StartError)
+        started = {name: pid for name, pid in results.items() if isinstance(pid, int)}
+        for name, pid in started.items():
+            console.phase(name, f"started (pid {pid})")
+        faults.point(Phase.WORKER_START.value)
+        pids.update(started)
+        if wait_port:
+            remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port,
+                             plan.job.start_timeout, self.key(m.host.name))
+            console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
+        return pids
+
+    def started(self) -> bool:
+        return bool(self.may_run)
+
+    def detached(self) -> str:
+        return f"run {self.run_id} started; follow it with `fleet logs -f {self.run_id}`"
+
+    def events(self) -> Generator[Event, None, None]:
+        return follow_events(self)
+
+    # ---- stop -----------------------------------------------------------------------------
+    def stop(self, by: str, skip: set[str] | None = None) -> dict[str, str]:
+        """A node not started yet is marked stopped too, so that it never starts and says
+        why."""
+        self.stopping = True
+        faults.point(Phase.STOP.value)
+        nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
+        if not skip:
+            self.console.info(f"stopping the job on {len(nodes)} node(s)")
+        problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
+                              self.lost, self.plan.job.watchdog.unreachable_after)
+        return {n: why for n, why in problems.items() if n in self.may_run}
+
+    def forget(self) -> str:
+        """Before any start, the run directories go again (best effort), after a stop of
+        whatever of the run may be there (a setup still running); and the local record."""
+        def forget(n: NodePlan) -> None:
+            t = self.session.t[n.host.name]
+            if n.host.name in self.setting_up:
+                remote.stop(t, n.run_dir, "fleet up, before anything started",
+                            self.key(n.host.name))
+            t.run(remote.remove_script(n.run_dir), what="clean up")
+
+        each(((n.host.name, n) for n in self.plan.nodes), forget)
+        shutil.rmtree(self.record_dir, ignore_errors=True)
+        return "nothing had been started on any node"
+
+    def stopped_words(self, problems: dict[str, str]) -> str:
+        if not problems:
+            return "the job was stopped on every node"
+        names = ", ".join(problems)
+        return (f"the job could not be stopped on {names} (it may still run there); finish the "
+                f"stop with `fleet stop {self.run_id}` once it answers")
+
+    def halted_words(self) -> str:
+        return "it was stopped on every node"
+
+    def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
+        live = {n.host.name: (self.session.t[n.host.name], n.run_dir) for n in self.plan.nodes
+                if n.host.name not in skip}
+        return hang.take(live, self.run_id, self.record_dir, hung=hung)
+
+    # ---- report ---------------------------------------------------------------------------
+    def report(self, outcomes: dict[str, NodeOutcome]) -> Final:
+        """Per node how it ended; for a failure, the first failing rank and its traceback;
+        what was stopped, by whom, and what may still run."""
+        ordered = [outcomes[n.host.name] for n in self.plan.nodes]
+        final = report(self.session, self.plan, ordered, self.console)
+        if final is RunStatus.SUCCEEDED:
+            return Final(final, f"on all {len(ordered)} node(s)")
+        if final is RunStatus.STOPPED:
+            by = next((o.detail for o in ordered if o.status is NodeStatus.STOPPED), "")
+            return Final(final, f" by {by}" if by else "")
+        return Final(final)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
+           console: Console) -> RunStatus:
+    for o in outcomes:
+        console.phase(o.name, o.describe())
+    failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
+    found = each(((o.name, o) for o in failed), lambda o: failure.explain(
+        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
+        kernel_log=True))
+    causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
+    root = failure.first(causes)
+    lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
+    lost_first = {o.name for o in outcomes if by_fail_fast(o.detail, o.name)}
+    if root is not None:
+        for line in failure.summary(root):
+            console.info(line)
+    elif lost:
+        console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
+    elif failed:
+        console.info(f"first failure: {failed[0].name} (node rank {failed[0].node_rank}), no "
+                     f"error report found there: see `fleet logs {plan.run_id} --node "
+                     f"{failed[0].name}`")
+    first_name = root.node if root else (lost[0].name if lost else
+                                         failed[0].name if failed else None)
+    others = [o for o in failed if o.name != first_name]
+    if others:
+        console.info("also failed: " + ", ".join(o.name for o in others))
+    # Not a node lost, then stopped once it answered: the fail-fast was its own.
+    collateral = [o.name for o in outcomes if o.status is NodeStatus.STOPPED
+                  and by_fail_fast(o.detail) and o.name not in lost_first]
+    if collateral:
+        console.info("stopped as a consequence: " + ", ".join(collateral))
+    for o in lost:
+        console.info(f"{o.name} could not be reached: its part of the run may still be running; "
+                     f"stop it with `fleet stop {plan.run_id}` once it answers")
+    return overall(o.status for o in outcomes)

@@ -1,0 +1,77 @@
+"""Stopping a run on hosts: every node's stop recorded before any is signalled, and a node whose
+connection failed (or that was lost) retried on fresh connections for a while."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+from fleet.backends.hosts import node as remote
+from fleet.backends.hosts.prepare import Session
+from fleet.console import Console
+from fleet.errors import CommandTimedOut, FleetError, TransportError
+from fleet.plan import NodePlan
+from fleet.transport import Transport
+from fleet.transport.group import each, failures, reason
+from fleet.transport.link import RETRY_S, Link
+
+
+def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: str,
+               key: Callable[[str], str], links: dict[str, Link] | None = None,
+               lost: set[str] | None = None, retry_for: float = 0.0) -> dict[str, str]:
+    """Stop the run on these nodes, every node's stop recorded before any is signalled
+    (node.stop_together). Where a node's connection fails (or it was lost), the stop is
+    retried on fresh connections for `retry_for` seconds: a node that stalled for a while is
+    stopped once it answers again."""
+    links, lost = links or {}, lost or set()
+
+    def target(n: NodePlan) -> remote.Target:
+        @contextlib.contextmanager
+        def held() -> Iterator[tuple[Transport, str, str]]:
+            link = links.get(n.host.name)
+            yield (link.t if link else session.t[n.host.name]), n.run_dir, key(n.host.name)
+        return held
+
+    reachable = [n for n in nodes if n.host.name not in lost]
+    results = remote.stop_together([(n.host.name, target(n)) for n in reachable], by)
+    why = {n.host.name: "it was lost" for n in nodes if n.host.name in lost}
+    why.update({name: reason(r) for name, r in results.items()
+                if isinstance(r, TransportError | CommandTimedOut)})
+    again = [n for n in nodes if n.host.name in why and n.host.name in links]
+    results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
+        links[n.host.name], n, by, key(n.host.name), why[n.host.name], retry_for, console)))
+    problems = failures(results)
+    for name, r in results.items():
+        if isinstance(r, list) and r:
+            problems[name] = f"processes still alive after SIGKILL: {r}"
+    for name, problem in problems.items():
+        console.phase(name, f"stop failed: {problem}")
+    return problems
+
+
+def stop_afresh(link: Link, node: NodePlan, by: str, key: str, why: str, retry_for: float,
+                console: Console) -> list[int]:
+    """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
+    link is given up then)."""
+    name = node.host.name
+    console.phase(name, f"no stop on its connection ({why}); trying fresh connections for up "
+                        f"to {retry_for:g}s (watchdog.unreachable_after)")
+    deadline = time.monotonic() + retry_for
+    while True:
+        try:
+            t = link.fresh(max(deadline - time.monotonic(), 1.0), link.generation)
+            break
+        except FleetError as e:
+            if time.monotonic() + RETRY_S >= deadline:
+                link.give_up()
+                raise TransportError(f"no fresh connection answered within {retry_for:g}s: "
+                                     f"{e}") from e
+            time.sleep(RETRY_S)
+    try:
+        left = remote.stop(t, node.run_dir, by, key)
+    except FleetError:
+        link.give_up()
+        raise
+    console.phase(name, "answered on a fresh connection: the stop reached it")
+    return left

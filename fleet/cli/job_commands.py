@@ -1,0 +1,179 @@
+"""The commands that start from a job or an inventory: up, plan, check, trust, export slurm."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet import backends
+from fleet import trust as fleet_trust
+from fleet.backends.base import Options
+from fleet.backends.hosts import check as fleet_check
+from fleet.backends.hosts import planview
+from fleet.backends.slurm import cluster as slurm
+from fleet.cli.app import ExtraArgs, InvOpt, JobArg, app, echo
+from fleet.config import hostkeys
+from fleet.config.job import load_job, with_extra_args
+from fleet.console import Console
+from fleet.errors import UsageError
+from fleet.run import runner
+
+
+@app.command()
+def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
+       detach: Annotated[bool, typer.Option("--detach", "-d",
+                                            help="Return once every node has started.")] = False,
+       skip_checks: Annotated[bool, typer.Option(
+           "--skip-checks", help="Start even if the preflight port checks fail.")] = False,
+       force: Annotated[bool, typer.Option(
+           "--force", help="Start even if another fleet run still holds these hosts.")] = False,
+       allow_mismatch: Annotated[bool, typer.Option(
+           "--allow-version-mismatch",
+           help="Start (with a warning) although nodes have different python/torch versions.")
+       ] = False,
+       debug_env: Annotated[bool, typer.Option(
+           "--debug", help="Render the distributed debugging env on every node (NCCL_DEBUG=INFO, "
+                           "TORCH_DISTRIBUTED_DEBUG=DETAIL, ...); `fleet --debug up` is fleet's "
+                           "own traceback.")] = False,
+       force_setup: Annotated[bool, typer.Option(
+           "--setup", help="Run the job's setup again on every node, changed or not.")] = False,
+       ) -> None:
+    """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
+    job = with_extra_args(load_job(job_path, inventory), extra or [])
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
+    runner.up(backends.for_inventory(job.inventory), job, Console(), Options(
+        detach=detach, checks=not skip_checks, force=force, allow_mismatch=allow_mismatch,
+        force_setup=force_setup))
+
+
+@app.command()
+def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+         debug_env: Annotated[bool, typer.Option(
+             "--debug", help="With the distributed debugging env of `fleet up --debug`.")
+         ] = False,
+         probe: Annotated[bool, typer.Option(
+             "--probe", help="Connect (read-only) to show the detected interfaces, addresses "
+                             "and paths, and what `up` would send to which node, by which "
+                             "route.")] = False,
+         ) -> None:
+    """Dry run: each node's rank, env and command, and the data to sync; without --probe nothing
+    is connected to."""
+    job = with_extra_args(load_job(job_path, inventory), extra or [])
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
+    p, setups, moves = planview.survey(job, probe)
+    if as_json:
+        print(json.dumps(planview.as_json(p, moves), indent=2))
+        return
+    for line in planview.lines(p, setups, moves):
+        echo(line)
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Write the job for another scheduler.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("slurm")
+def export_slurm(
+        job_path: JobArg, inventory: InvOpt = None,
+        output: Annotated[Path | None, typer.Option(
+            "--output", "-o", help="Write the script to this file (default: stdout).")] = None,
+        partition: Annotated[str | None, typer.Option(help="sbatch --partition.")] = None,
+        time_limit: Annotated[str | None, typer.Option(
+            "--time", help="sbatch --time (minutes, HH:MM:SS, D-HH:MM:SS).")] = None,
+        account: Annotated[str | None, typer.Option(help="sbatch --account.")] = None,
+        nodes: Annotated[int | None, typer.Option(
+            help="Nodes (default: the inventory's [slurm] nodes, or its number of hosts).")
+        ] = None,
+        gpus_per_node: Annotated[str | None, typer.Option(
+            "--gpus-per-node", help="sbatch --gpus-per-node (4, or a100:4).")] = None,
+        debug_env: Annotated[bool, typer.Option(
+            "--debug", help="With the distributed debugging env of `fleet up --debug`.")
+        ] = False,
+        ) -> None:
+    """A standalone sbatch script for the job (fleet not needed to run it): one torchrun per
+    node with the node rank from Slurm, fail-fast srun, the same NIC choice as fleet."""
+    job = load_job(job_path, inventory)
+    if debug_env:
+        job = dataclasses.replace(job, debug=True)
+    cluster = slurm.with_options(slurm.cluster_for(job.inventory), partition=partition,
+                                 time=time_limit, account=account, nodes=nodes,
+                                 gpus_per_node=gpus_per_node)
+    text = slurm.export_script(job, cluster)
+    if output is None:
+        print(text, end="")
+        return
+    try:
+        output.write_text(text)
+        output.chmod(0o755)
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e}") from e
+    echo(f"fleet: wrote {output}; submit it with `sbatch {output}`", err=True)
+
+
+@app.command()
+def check(job_path: JobArg, inventory: InvOpt = None,
+          collective: Annotated[bool, typer.Option(
+              "--collective", help="Also run a short all_reduce and print bandwidth per size.")
+          ] = False) -> None:
+    """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk (on a
+    Slurm cluster: the login node, Slurm's clients, and whether Slurm would take the job)."""
+    job = load_job(job_path, inventory)
+    backend = backends.for_inventory(job.inventory)
+    checks = backend.checks(job, collective)
+    echo(fleet_check.table(checks))
+    failed = [c for c in checks if c.status == fleet_check.FAIL]
+    warned = [c for c in checks if c.status == fleet_check.WARN]
+    echo(f"\n{len(failed)} failed, {len(warned)} warning(s), "
+         f"{len(checks) - len(failed) - len(warned)} passed")
+    if failed:
+        raise typer.Exit(1)
+    if collective:
+        runner.up(backend, fleet_check.collective_job(job), Console())
+
+
+@app.command()
+def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (TOML).")],
+          accept: Annotated[bool, typer.Option(
+              "--accept", help="Record the NEW keys shown (a CHANGED key never is).")] = False,
+          to: Annotated[str, typer.Option(
+              "--to", help="Where to record: known_hosts (the file fleet reads for the host: "
+                           "the inventory's `known_hosts`, else ssh_config's "
+                           "UserKnownHostsFile, else ~/.ssh/known_hosts) or inventory (pin "
+                           "`host_key` per host).")
+          ] = "known_hosts") -> None:
+    """Show each host's key fingerprint, and with --accept record the new ones."""
+    if to not in ("known_hosts", "inventory"):
+        raise UsageError("--to must be known_hosts or inventory")
+    backend = backends.for_inventory(inventory_path)
+    inv = backend.trust_inventory(inventory_path)
+    if inv is None:
+        echo("the login node is this machine: no host key to trust")
+        return
+    statuses = fleet_trust.survey(inv)
+    width = max((len(s.host) for s in statuses), default=4)
+    for s in statuses:
+        fp = hostkeys.fingerprint(s.key) if s.key is not None else ""
+        echo(f"{s.host:<{width}}  {s.state.upper():<11} {fp} {s.detail}".rstrip())
+    new = [s for s in statuses if s.state == "new"]
+    if accept and new:
+        if to == "inventory":
+            n = backend.pin_keys(statuses, inventory_path)
+            echo(f"pinned {n} key(s) in {inventory_path}")
+        else:
+            for path, n in fleet_trust.record_known_hosts(statuses).items():
+                echo(f"recorded {n} key(s) in {path}")
+        new = []
+    bad = [s for s in statuses if s.state in ("changed", "unreachable")]
+    if bad or new:
+        if new:
+            echo("check the fingerprints above, then record them with --accept", err=True)
+        raise typer.Exit(1)
+
+

@@ -1,0 +1,157 @@
+"""The commands about a recorded run: status, ps, logs, stop, rm, show, diff, dump; each asks
+the backend that ran it (the run record says which)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fleet import backends
+from fleet import manifest as fleet_manifest
+from fleet.backends.hosts import node as remote
+from fleet.cli.app import RunArg, app, echo
+from fleet.config.inventory import Host, load_inventory
+from fleet.console import Console
+from fleet.errors import FleetError
+from fleet.run import hang
+from fleet.run import record as state
+from fleet.transport import open_transport
+from fleet.transport.group import each, reason
+
+
+@app.command()
+def stop(run_id: RunArg = None) -> None:
+    """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
+    rec = state.load(run_id)
+    backends.for_record(rec).cancel(rec, Console())
+
+
+@app.command()
+def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
+    """Remove a finished run: its directory on every node and its local record."""
+    console = Console()
+    rec = state.load(run_id)
+    backends.for_record(rec).delete(rec, console)
+    shutil.rmtree(rec.dir, ignore_errors=True)
+    console.info(f"run {rec.run_id} removed")
+
+
+@app.command()
+def status(run_id: RunArg = None) -> None:
+    """Each node's state for a run; exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node
+    could not be asked), 4 stopped."""
+    rec = state.load(run_id)
+    final, lines = backends.for_record(rec).describe(rec)
+    echo("\n".join(lines))
+    if final.exit_code:
+        raise typer.Exit(final.exit_code)
+
+
+@app.command()
+def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run, "
+                                               "not only the last 10.")] = False,
+       hosts: Annotated[Path | None, typer.Option(
+           "--hosts", help="Instead: the runs alive on the hosts of this inventory, whoever "
+                           "started them.")] = None) -> None:
+    """Recorded runs, newest last, each with its state across its nodes."""
+    if hosts is not None:
+        _ps_hosts(hosts)
+        return
+    runs, damaged = state.all_runs()
+    for path, why in damaged.items():
+        echo(f"fleet: skipping a damaged run record {path} ({why})", err=True)
+    runs = runs if all_runs else runs[-10:]
+
+    def word(rec: state.RunRecord) -> str:
+        try:
+            return backends.for_record(rec).state_word(rec)
+        except FleetError as e:
+            return f"unknown ({reason(e)})"
+
+    results = each(((r.run_id, r) for r in runs), word)
+    for rec in runs:
+        r = results[rec.run_id]
+        said = r if isinstance(r, str) else f"unknown ({reason(r)})"
+        names = ",".join(n.host.name for n in rec.nodes)
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
+        echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
+
+
+def _ps_hosts(path: Path) -> None:
+    inv = load_inventory(path)
+
+    def alive(h: Host) -> list[str]:
+        with open_transport(h) as t:
+            return remote.held_by(t, f"{t.path(t.host.workdir)}/runs")
+
+    results = each(((h.name, h) for h in inv.hosts), alive)
+    bad = 0
+    for name, r in results.items():
+        if isinstance(r, Exception):
+            bad += 1
+            echo(f"{name}: unreachable: {reason(r)}", err=True)
+            continue
+        for held in r:
+            run_id, _, node = held.partition("/")
+            echo(f"{run_id:<40} running      {name} (as node {node})")
+    if bad:
+        raise typer.Exit(3)
+
+
+@app.command()
+def logs(run_id: RunArg = None,
+         follow: Annotated[bool, typer.Option("--follow", "-f",
+                                              help="Keep following a live run.")] = False,
+         node: Annotated[str | None, typer.Option("--node", help="Only this host.")] = None,
+         rank: Annotated[int | None, typer.Option("--rank", help="Only this global rank.")] = None,
+         ) -> None:
+    """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
+    rec = state.load(run_id)
+    backends.for_record(rec).logs(rec, Console(), follow, node, rank)
+
+
+@app.command()
+def show(run_id: RunArg = None,
+         as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
+         ) -> None:
+    """What exactly ran: job and inventory, each node's env, command and versions, the code's
+    commit and diff, the synced files' hashes, setup (on Slurm: the job id, the script's env
+    and command, the nodes)."""
+    m = _manifest(state.load(run_id))
+    if as_json:
+        print(fleet_manifest.dumps(m), end="")
+        return
+    for line in fleet_manifest.show(m):
+        echo(line)
+
+
+@app.command("diff")
+def diff_runs(run_a: Annotated[str, typer.Argument(help="The earlier run.")],
+              run_b: Annotated[str, typer.Argument(help="The later run.")]) -> None:
+    """What changed between two runs: code, files, hosts, env, commands, versions, setup."""
+    a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
+    changes = fleet_manifest.diff(a, b)
+    for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
+        echo(line)
+
+
+def _manifest(rec: state.RunRecord) -> dict[str, Any]:
+    return backends.for_record(rec).manifest(rec, Console())
+
+
+@app.command()
+def dump(run_id: RunArg = None) -> None:
+    """Every rank's Python stack on every node of a running run, grouped (the rank that is
+    different named first); the run goes on. Kept in the run's record too."""
+    rec = state.load(run_id)
+    lines, problems = backends.for_record(rec).dump(rec)
+    for line in lines + problems:
+        echo(line)
+    saved = hang.save(rec.dir, f"fleet dump of run {rec.run_id}", lines + problems)
+    echo(f"(kept in {saved})", err=True)
+    if problems:
+        raise typer.Exit(3)

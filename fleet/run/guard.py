@@ -1,0 +1,55 @@
+"""The one teardown of a run, whatever its backend: from the moment anything may run, every way
+out (success, a failing node, a lost node, an exception, any number of signals) passes through
+`Guard.__exit__`, which stops what may run, or removes what was prepared where nothing ever
+started (torch's elastic agent does the same with `_shutdown()` in a `finally`)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from fleet.backends.base import Run
+from fleet.console import Console
+from fleet.errors import Interrupted
+from fleet.run.signals import SignalGuard
+from fleet.transport.group import reason
+
+
+class Guard(SignalGuard):
+    """Signals: the first one ends the run (it raises Interrupted where the main thread is);
+    any later one is only counted, so that nothing can cut the teardown short."""
+
+    def __init__(self, run: Run, console: Console) -> None:
+        super().__init__()
+        self.run, self.console = run, console
+        self.ended = False  # every part of the job ended by itself: nothing left to stop
+        self.released = False  # detached on purpose: the run goes on without fleet
+        self.hang: str | None = None  # the watchdog's verdict, where it stopped the run
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.hold()
+        try:
+            if self.released and exc is None:
+                return
+            if self.ended:
+                if isinstance(exc, Interrupted):
+                    raise Interrupted(exc.signame, "the run had already ended") from None
+                return
+            if self.run.started():
+                words = self.run.stopped_words(self.run.stop(why(exc)))
+            else:  # no run ever existed: what was prepared for it goes
+                words = self.run.forget()
+            if isinstance(exc, Interrupted):
+                raise Interrupted(exc.signame, words) from None
+            self.console.info(words)
+        finally:
+            self.release_signals()
+
+
+def why(exc: BaseException | None) -> str:
+    """Who stops the run, as its stop records say."""
+    if isinstance(exc, Interrupted):
+        return f"fleet up, interrupted ({exc.signame})"
+    if exc is None:
+        return "fleet up, which ended before the run"
+    return f"fleet up, after an error: {reason(exc) if isinstance(exc, Exception) else exc}"

@@ -1,0 +1,74 @@
+"""The monitor of a running job, the same for every backend: it follows the backend's events,
+fails fast (the first node that fails or is lost stops every other one), and keeps the hang
+watchdog (no line from any node for hang_timeout: every rank's stack, then a stop)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from fleet.backends.base import Event, NodeEnded, Quiet, Run
+from fleet.console import Console
+from fleet.run import hang
+from fleet.run.guard import Guard
+from fleet.run.states import FAIL_FAST, NodeOutcome, NodeStatus
+
+
+def monitor(run: Run, guard: Guard, console: Console) -> dict[str, NodeOutcome]:
+    """Until every part of the job has ended: each node's outcome, the last word for each."""
+    m = Monitor(run, guard, console)
+    with contextlib.closing(run.events()) as events:  # closed on any way out: its threads end
+        for event in events:
+            m.on(event)
+    return m.outcomes
+
+
+class Monitor:
+    """What the events so far mean: the outcomes, and whether a stop is under way."""
+
+    def __init__(self, run: Run, guard: Guard, console: Console) -> None:
+        self.run, self.guard, self.console = run, guard, console
+        self.outcomes: dict[str, NodeOutcome] = {}
+        self.stopping = False
+
+    def ended(self) -> set[str]:
+        return {n for n, o in self.outcomes.items() if o.status.is_terminal}
+
+    def on(self, event: Event) -> None:
+        if isinstance(event, Quiet):
+            limit = self.run.job.watchdog.hang_timeout
+            if limit and not self.stopping and event.silent > limit:
+                self.stopping = True
+                self.guard.hang = on_hang(self.run, self.console, event.silent, self.ended())
+            return
+        assert isinstance(event, NodeEnded)
+        o = event.outcome
+        self.outcomes[o.name] = o
+        if o.status is NodeStatus.SUCCEEDED or self.stopping:
+            return
+        self.stopping = True
+        if o.status is NodeStatus.STOPPED:
+            by = o.detail or "a stop"
+            self.console.info(f"{o.name} (node rank {o.node_rank}) was stopped by {by}; "
+                              "stopping the job on every other node")
+        else:
+            by = f"{FAIL_FAST}: {o.name} {o.status.value}"
+            self.console.info(f"{o.name} (node rank {o.node_rank}) {o.describe()}; stopping "
+                              "the job on every other node")
+        # Every node not known to have ended, the unreachable ones too.
+        self.run.stop(by, skip=self.ended())
+
+
+def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
+    """No node printed for hang_timeout: take every rank's stack, say which rank is different
+    (or, before any rank started, which node has not joined), keep it, stop the run; returns
+    the verdict."""
+    limit = run.job.watchdog.hang_timeout
+    console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
+                 f"{limit:g}s); taking every rank's stack")
+    lines, problems = run.stacks(True, skip)
+    for line in lines + problems:
+        console.info(f"  {line}")
+    saved = hang.save(run.record_dir, f"hang of run {run.run_id}: no output for "
+                      f"{silent:.0f}s", lines + problems)
+    run.stop(f"watchdog: no output for {limit:g}s (a hang)", skip=skip)
+    return f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
