@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import manifest
+from fleet import manifest, manifest_view
 from fleet.backends.hosts.setup import MARKER, decide, setup_hash, setup_script
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, load_job
@@ -135,7 +135,7 @@ def test_manifest_masks_secrets_and_shows_what_ran(tmp_path: Path) -> None:
     m = a_manifest(tmp_path)
     text = manifest.dumps(m)
     assert "s3cret" not in text and '"API_TOKEN": "***"' in text
-    lines = manifest.show(m)
+    lines = manifest_view.show(m)
     assert lines[1] == "code: commit c1, clean; 1 file(s) synced"
     assert any(line.startswith("[a] node rank 0, 10.0.0.1, 1 process(es); python 3.11.7, "
                                "torch 2.14.1") for line in lines)
@@ -150,11 +150,11 @@ def test_diff_names_code_files_env_versions_and_hosts(tmp_path: Path) -> None:
     b["nodes"]["a"]["versions"]["torch"] = "2.15.0"
     b["nodes"]["a"]["setup"] = "def"
     del b["nodes"]["c"]
-    assert manifest.diff(a, b) == [
+    assert manifest_view.diff(a, b) == [
         "code: clean -> dirty (2 diff lines)", "file new.py: added", "file train.py: changed",
         "host c: only in j-1", "a: setup abc -> def", "a: env LR 0.1 -> 0.2",
         "a: torch 2.14.1 -> 2.15.0", "b: env LR 0.1 -> 0.2"]
-    assert manifest.diff(a, a) == []
+    assert manifest_view.diff(a, a) == []
 
 
 def test_diff_replaces_the_run_id_only_where_it_stands_alone(tmp_path: Path) -> None:
@@ -165,9 +165,9 @@ def test_diff_replaces_the_run_id_only_where_it_stands_alone(tmp_path: Path) -> 
     for m, rid in ((a, "j-1"), (b, "j-2")):
         m["nodes"]["a"]["argv"] = ["python3", f"/h/fleet/runs/{rid}/a/x", "--rdzv-id", rid,
                                    "/h/fleet/code/j-1c1eb3c5/train.py"]
-    assert manifest.diff(a, b) == []
+    assert manifest_view.diff(a, b) == []
     b["nodes"]["a"]["argv"][-1] = "/h/fleet/code/j-2c1eb3c5/train.py"
-    assert manifest.diff(a, b) == [
+    assert manifest_view.diff(a, b) == [
         "a: command python3 /h/fleet/runs/RUN/a/x --rdzv-id RUN /h/fleet/code/j-1c1eb3c5/"
         "train.py -> python3 /h/fleet/runs/RUN/a/x --rdzv-id RUN /h/fleet/code/j-2c1eb3c5/"
         "train.py"]

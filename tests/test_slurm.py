@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet import manifest
-from fleet.backends.slurm import backend as slurm_run
+from fleet import manifest, manifest_view
 from fleet.backends.slurm import cluster as slurm
+from fleet.backends.slurm import manifest as slurm_mf
+from fleet.backends.slurm import watch as slurm_watch
 from fleet.config.inventory import load_inventory
 from fleet.config.job import load_job
 from fleet.console import Console
@@ -481,7 +482,7 @@ def test_state_words_name_the_reason_a_job_waits() -> None:
 
 def test_announcer_says_each_change_once() -> None:
     err = io.StringIO()
-    say = slurm_run.Announcer(Console(out=io.StringIO(), err=err, color=False), "14")
+    say = slurm_watch.Announcer(Console(out=io.StringIO(), err=err, color=False), "14")
     for line in ("14|PENDING||None", "14|PENDING||None", "14|PENDING||Resources",
                  "14|PENDING||Resources", "14|PENDING||Priority", "14|RUNNING|node[1-2]|None",
                  "14|RUNNING|node[1-2]|None", "14|COMPLETED|node[1-2]|None"):
@@ -544,7 +545,7 @@ def slurm_manifest(tmp: Path, run_id: str, job_id: str, lr: str = "0.1") -> dict
     job = load_job(job_file(tmp, f'[env]\nLR = "{lr}"\nAPI_TOKEN = "s3cret"\n'))
     cluster = slurm.load_cluster(job.inventory)
     s = slurm.Script(code_dir="/w/code/j-1c1eb3c5", run_dir=f"/w/runs/{run_id}", run_id=run_id)
-    return manifest.build_slurm(
+    return slurm_mf.build_slurm(
         job, cluster, run_id, job_id, f"/w/runs/{run_id}/job.sbatch",
         slurm.env_of(job, cluster, run_id), [w for g in slurm.argv(job, cluster, s) for w in g],
         {"commit": "c1", "dirty": False, "diff": ""}, {"train.py": "h1"}, None)
@@ -554,7 +555,7 @@ def test_slurm_manifest_masks_secrets_and_shows_the_job_and_its_nodes(tmp_path: 
     m = slurm_manifest(tmp_path, "j-1", "12")
     text = manifest.dumps(m)
     assert "s3cret" not in text and "c-secret" not in text
-    lines = manifest.show(m)
+    lines = manifest_view.show(m)
     assert lines[1] == "code: commit c1, clean; 1 file(s) synced"
     assert lines[2].startswith("slurm: job 12 through localhost (") and \
         "nodes 2, partition gpu, time 01:00:00" in lines[2]
@@ -565,37 +566,37 @@ def test_slurm_manifest_masks_secrets_and_shows_the_job_and_its_nodes(tmp_path: 
     assert "-m torch.distributed.run" in command and '--node-rank "$SLURM_NODEID"' in command
     assert lines[-1] == "nodes: none had reported yet when fleet last asked Slurm"
     log = "fleet: preflight on node1: python=3.11.7 torch=2.3.1\n"
-    ran = manifest.with_allocation(
+    ran = slurm_mf.with_allocation(
         m, "node[1-2]", "COMPLETED",
         sj.node_entries({"node1": sj.NodeInfo("node1", 0, 0),
                          "node2": sj.NodeInfo("node2", 1, 0)}, log, 2), True)
-    lines = manifest.show(ran)
+    lines = manifest_view.show(ran)
     assert lines[2].endswith(": COMPLETED on node[1-2]")
     assert lines[-2:] == ["[node1] node rank 0, 2 process(es); python 3.11.7, torch 2.3.1",
                           "[node2] node rank 1, 2 process(es); versions unknown"]
-    assert manifest.show(manifest.with_allocation(m, "", "CANCELLED", {}, True))[-1] == \
+    assert manifest_view.show(slurm_mf.with_allocation(m, "", "CANCELLED", {}, True))[-1] == \
         "nodes: none reported (the job ended before its preflight ran on any node)"
 
 
 def test_diff_of_slurm_runs_and_of_a_slurm_run_with_a_host_run(tmp_path: Path) -> None:
     log = "fleet: preflight on node1: python=3.11.7 torch=2.3.1\n"
     nodes = {"node1": sj.NodeInfo("node1", 0, 0)}
-    a = manifest.with_allocation(slurm_manifest(tmp_path, "j-1", "12"), "node[1-2]",
+    a = slurm_mf.with_allocation(slurm_manifest(tmp_path, "j-1", "12"), "node[1-2]",
                                  "COMPLETED", sj.node_entries(nodes, log, 2), True)
-    assert manifest.diff(a, copy.deepcopy(a)) == []
-    b = manifest.with_allocation(slurm_manifest(tmp_path, "j-2", "13", lr="0.2"), "node[2-3]",
+    assert manifest_view.diff(a, copy.deepcopy(a)) == []
+    b = slurm_mf.with_allocation(slurm_manifest(tmp_path, "j-2", "13", lr="0.2"), "node[2-3]",
                                  "COMPLETED", sj.node_entries(
                                      nodes, log.replace("2.3.1", "2.4.0"), 2), True)
     b["files"] = {"train.py": "h2"}
     b["inventory"]["slurm"]["partition"] = "big"
-    assert manifest.diff(a, b) == [
+    assert manifest_view.diff(a, b) == [
         "file train.py: changed", "slurm: partition gpu -> big",
         "slurm: nodes node[1-2] -> node[2-3]", "env LR 0.1 -> 0.2",
         "node1: torch 2.3.1 -> 2.4.0"]
     hosts = {"run_id": "j-3", "job": {**a["job"], "env": {"LR": "0.3"}},
              "inventory": {"path": "hosts.toml"}, "code": a["code"], "files": a["files"],
              "data": None, "nodes": {"gpu-a": {}, "gpu-b": {}}}
-    assert manifest.diff(a, hosts) == [
+    assert manifest_view.diff(a, hosts) == [
         f"ran on: Slurm ({tmp_path / 'cluster.toml'}: job 12 on node[1-2]) -> hosts "
         "(hosts.toml: gpu-a, gpu-b)", "job env API_TOKEN *** -> (unset)",
         "job env LR 0.1 -> 0.3",

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fleet import backends
+from fleet import backends, manifest_view
 from fleet import manifest as fleet_manifest
 from fleet.backends.hosts import node as remote
 from fleet.cli.app import RunArg, app, echo
@@ -125,7 +125,7 @@ def show(run_id: RunArg = None,
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
-    for line in fleet_manifest.show(m):
+    for line in manifest_view.show(m):
         echo(line)
 
 
@@ -134,7 +134,7 @@ def diff_runs(run_a: Annotated[str, typer.Argument(help="The earlier run.")],
               run_b: Annotated[str, typer.Argument(help="The later run.")]) -> None:
     """What changed between two runs: code, files, hosts, env, commands, versions, setup."""
     a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
-    changes = fleet_manifest.diff(a, b)
+    changes = manifest_view.diff(a, b)
     for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
         echo(line)
 

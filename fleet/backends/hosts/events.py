@@ -9,12 +9,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 from fleet.backends.base import Event, NodeEnded, Quiet
 from fleet.backends.hosts import node as remote
+from fleet.console import Console
 from fleet.errors import FleetError
-from fleet.plan import NodePlan
+from fleet.plan import NodePlan, Plan
 from fleet.run import faults
 from fleet.run.faults import Phase
 from fleet.run.logs import AfterStop, Tagger
@@ -23,13 +25,25 @@ from fleet.transport import Received, Transport
 from fleet.transport.group import reason
 from fleet.transport.link import Link
 
-if TYPE_CHECKING:
-    from fleet.backends.hosts.run import HostsRun
-
 R = TypeVar("R")
 
 
-def follow_events(run: HostsRun) -> Generator[Event, None, None]:
+class Followed(Protocol):
+    """What following a run's nodes needs of it (fleet.backends.hosts.run.Followed)."""
+
+    run_id: str
+    plan: Plan
+    console: Console
+    record_dir: Path  # where each node's log is kept
+    pids: dict[str, int]
+    links: dict[str, Link]
+    lost: set[str]
+    stopping: bool
+
+    def key(self, host: str) -> str: ...
+
+
+def follow_events(run: Followed) -> Generator[Event, None, None]:
     """Until every node has ended and every log is read. A stream whose connection broke goes
     on from where it was on a fresh one; a node lost, then reached again, also says how it
     ended (a second NodeEnded)."""
@@ -145,7 +159,7 @@ def on_link(link: Link, stop: threading.Event, fn: Callable[[Transport], R]) -> 
                 raise
 
 
-def after_stop(run: HostsRun, node: NodePlan, link: Link) -> AfterStop:
+def after_stop(run: Followed, node: NodePlan, link: Link) -> AfterStop:
     """The attached stream's filter for one node: from the line where fleet's stop of it began
     (the node confirms its stop record), what it prints is hidden here, once said so."""
     name = node.host.name
@@ -162,7 +176,7 @@ def after_stop(run: HostsRun, node: NodePlan, link: Link) -> AfterStop:
     return AfterStop(confirm, announce)
 
 
-def _outcome(run: HostsRun, node: NodePlan, result: int | Exception) -> NodeOutcome:
+def _outcome(run: Followed, node: NodePlan, result: int | Exception) -> NodeOutcome:
     name = node.host.name
     if not isinstance(result, Exception):
         try:

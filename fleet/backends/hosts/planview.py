@@ -8,6 +8,7 @@ import sys
 from fleet import preview
 from fleet.backends.hosts import prepare as launch
 from fleet.backends.hosts import setup as fleet_setup
+from fleet.backends.hosts.upload import scan_sources
 from fleet.config.inventory import load_inventory
 from fleet.config.job import Job
 from fleet.console import Console
@@ -19,7 +20,7 @@ def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, str], preview.Preview
     """The plan, each node's setup decision and the data's preview."""
     inv = load_inventory(job.inventory)
     console = Console(out=sys.stderr)
-    sources = launch.scan_sources(job, console)  # as `up` does, before any host is touched
+    sources = scan_sources(job, console)  # as `up` does, before any host is touched
     if not probe:
         p = make_plan(inv, job, new_run_id(job.name))
         return p, fleet_setup.decide(p, None), preview.preview(p, sources.code, sources.data)

@@ -16,15 +16,13 @@ from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
 from fleet.backends.hosts.prepare import (
     Session,
-    Sources,
     check_job_python,
     connect,
     prepare_plan,
     refuse_held,
-    scan_sources,
-    upload_checked,
 )
 from fleet.backends.hosts.stop import stop_nodes
+from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
 from fleet.config.inventory import load_inventory
 from fleet.config.job import Job
 from fleet.console import Console

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from fleet import manifest
+from fleet.backends.slurm import manifest as slurm_manifest
 from fleet.backends.slurm.jobs import SlurmRecord, job_info, node_infos, record_dir
 from fleet.console import Console
 from fleet.errors import (
@@ -34,7 +35,7 @@ def allocation(t: Transport, rec: SlurmRecord, m: dict[str, Any],
     entries = sj.node_entries(node_infos(t, rec.run_dir), log, rec.nproc)
     # Slurm forgetting the job (None) means it ended long ago: nothing more will come.
     complete = info is None or info.status.is_terminal
-    return manifest.with_allocation(m, info.nodes if info else "",
+    return slurm_manifest.with_allocation(m, info.nodes if info else "",
                                     info.state if info else rec.final, entries, complete)
 
 

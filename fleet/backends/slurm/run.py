@@ -12,6 +12,7 @@ from collections.abc import Generator
 
 from fleet import manifest
 from fleet.backends.base import Event, Final, Options, Run
+from fleet.backends.slurm import manifest as slurm_manifest
 from fleet.backends.slurm.cluster import Cluster, Script, argv, env_file_text, env_of, nproc, render
 from fleet.backends.slurm.jobs import SlurmRecord, cancel, preflight, record_dir, save, take_stacks
 from fleet.backends.slurm.report import keep_allocation, report
@@ -108,7 +109,7 @@ class SlurmRun(Run):
         save(rec, self.started_at)
         console.phase("slurm", f"submitted job {job_id} ({self.cluster.nodes} node(s), "
                                "srun --kill-on-bad-exit=1)")
-        m = manifest.record_slurm(
+        m = slurm_manifest.record_slurm(
             job, self.cluster, rec.run_id, job_id, f"{rec.run_dir}/job.sbatch",
             env_of(job, self.cluster, s.run_id, s.data_dir),
             [w for group in argv(job, self.cluster, s) for w in group], self.record_dir)
