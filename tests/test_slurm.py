@@ -18,6 +18,7 @@ import pytest
 from fleet import manifest, manifest_view
 from fleet.backends.slurm import cluster as slurm
 from fleet.backends.slurm import manifest as slurm_mf
+from fleet.backends.slurm import script as slurm_script
 from fleet.backends.slurm import watch as slurm_watch
 from fleet.config.inventory import load_inventory
 from fleet.config.job import load_job
@@ -49,7 +50,7 @@ def job_file(tmp: Path, body: str = "", inventory: str = "cluster.toml") -> Path
 def export(tmp: Path, body: str = "", inv_body: str = "", **options: object) -> str:
     cluster_inv(tmp, inv_body)
     job = load_job(job_file(tmp, body))
-    return slurm.export_script(job, slurm.with_options(slurm.cluster_for(job.inventory),
+    return slurm_script.export_script(job, slurm.with_options(slurm.cluster_for(job.inventory),
                                                        **options))
 
 
@@ -125,7 +126,7 @@ def test_host_list_gives_defaults(tmp_path: Path) -> None:
         (3, "/venv/bin/python", "4", None, None)
     assert c.env == {"NCCL_IB_DISABLE": "1"}  # a host's own env is not every node's
     job = load_job(job_file(tmp_path, inventory="hosts.toml"))
-    text = slurm.export_script(job, c)
+    text = slurm_script.export_script(job, c)
     assert "#SBATCH --nodes=3" in text and "#SBATCH --gpus-per-node=4" in text
     assert "--nproc-per-node 4" in text  # one process per chosen GPU, as on the hosts
     assert f"cd {tmp_path}" in text  # the code where it is: a shared home
@@ -137,7 +138,7 @@ def test_host_list_with_uneven_nodes_is_refused(tmp_path: Path) -> None:
           'nproc_per_node = 8\n[[hosts]]\nname = "b"\naddress = "10.0.0.2"\n')
     job = load_job(job_file(tmp_path, inventory="hosts.toml"))
     with pytest.raises(ConfigError, match="same number of processes on every node"):
-        slurm.export_script(job, slurm.cluster_for(job.inventory))
+        slurm_script.export_script(job, slurm.cluster_for(job.inventory))
 
 
 @pytest.mark.parametrize("launcher, extra", [("accelerate", ""),
@@ -154,7 +155,7 @@ def test_other_launchers_are_refused_naming_the_key(tmp_path: Path, launcher: st
         cluster_inv(tmp_path)
         job = load_job(job_file(tmp_path, body))
     with pytest.raises(ConfigError) as e:
-        slurm.export_script(job, slurm.cluster_for(job.inventory))
+        slurm_script.export_script(job, slurm.cluster_for(job.inventory))
     assert e.value.key == "launcher" and e.value.path == str(tmp_path / "job.toml")
     assert "only \"torchrun\"" in str(e.value)
 
@@ -206,7 +207,7 @@ def test_c10d_debug_secrets_and_module(tmp_path: Path) -> None:
     write(tmp_path / "job.toml", 'inventory = "cluster.toml"\nmodule = "pkg"\ndebug = true\n'
           'secret_env = ["HIDDEN"]\n[env]\nHIDDEN = "s3cret"\nHF_TOKEN = "hf_x"\nA = "1"\n'
           '[rendezvous]\nbackend = "c10d"\nport = 29600\n')
-    text = slurm.export_script(load_job(tmp_path / "job.toml"),
+    text = slurm_script.export_script(load_job(tmp_path / "job.toml"),
                                slurm.cluster_for(tmp_path / "cluster.toml"))
     bash_ok(text, tmp_path)
     assert '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR":29600' in text
@@ -253,7 +254,7 @@ def test_hostile_strings_arrive_literally(tmp_path: Path) -> None:
           f'script = "train.py"\nargs = {toml_args}\n[env]\nHOSTILE = {json.dumps(env_value)}\n')
     job = load_job(tmp_path / "job.toml")
     cluster = slurm.cluster_for(job.inventory)
-    text = slurm.render(job, cluster, slurm.Script(code_dir=str(code)))
+    text = slurm_script.render(job, cluster, slurm_script.Script(code_dir=str(code)))
     script = write(tmp_path / "job.sbatch", text)
     out = tmp_path / "out.json"
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
@@ -458,7 +459,7 @@ def test_flight_recorder_is_refused_not_ignored(tmp_path: Path) -> None:
     cluster_inv(tmp_path)
     job = load_job(job_file(tmp_path, "[watchdog]\nnccl_flight_recorder = true\n"))
     with pytest.raises(ConfigError) as e:
-        slurm.export_script(job, slurm.cluster_for(job.inventory))
+        slurm_script.export_script(job, slurm.cluster_for(job.inventory))
     assert e.value.key == "watchdog.nccl_flight_recorder"
     assert e.value.path == str(tmp_path / "job.toml") and "not wired on Slurm" in str(e.value)
 
@@ -544,10 +545,12 @@ def slurm_manifest(tmp: Path, run_id: str, job_id: str, lr: str = "0.1") -> dict
     cluster_inv(tmp, 'env = { CLUSTER_TOKEN = "c-secret" }\n')
     job = load_job(job_file(tmp, f'[env]\nLR = "{lr}"\nAPI_TOKEN = "s3cret"\n'))
     cluster = slurm.load_cluster(job.inventory)
-    s = slurm.Script(code_dir="/w/code/j-1c1eb3c5", run_dir=f"/w/runs/{run_id}", run_id=run_id)
+    s = slurm_script.Script(code_dir="/w/code/j-1c1eb3c5", run_dir=f"/w/runs/{run_id}",
+                            run_id=run_id)
     return slurm_mf.build_slurm(
         job, cluster, run_id, job_id, f"/w/runs/{run_id}/job.sbatch",
-        slurm.env_of(job, cluster, run_id), [w for g in slurm.argv(job, cluster, s) for w in g],
+        slurm_script.env_of(job, cluster, run_id),
+        [w for g in slurm_script.argv(job, cluster, s) for w in g],
         {"commit": "c1", "dirty": False, "diff": ""}, {"train.py": "h1"}, None)
 
 

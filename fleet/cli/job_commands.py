@@ -15,6 +15,7 @@ from fleet.backends.base import Options
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import planview
 from fleet.backends.slurm import cluster as slurm
+from fleet.backends.slurm import script as slurm_script
 from fleet.cli.app import ExtraArgs, InvOpt, JobArg, app, echo
 from fleet.config import hostkeys
 from fleet.config.job import load_job, with_extra_args
@@ -105,7 +106,7 @@ def export_slurm(
     cluster = slurm.with_options(slurm.cluster_for(job.inventory), partition=partition,
                                  time=time_limit, account=account, nodes=nodes,
                                  gpus_per_node=gpus_per_node)
-    text = slurm.export_script(job, cluster)
+    text = slurm_script.export_script(job, cluster)
     if output is None:
         print(text, end="")
         return

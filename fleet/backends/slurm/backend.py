@@ -11,7 +11,7 @@ from typing import Any
 
 from fleet.backends.base import Backend, Options
 from fleet.backends.hosts.check import FAIL, PASS, WARN, Check, connection_checks
-from fleet.backends.slurm.cluster import Cluster, Script, load_cluster, render
+from fleet.backends.slurm.cluster import Cluster, load_cluster
 from fleet.backends.slurm.jobs import (
     SlurmRecord,
     cancel,
@@ -24,6 +24,7 @@ from fleet.backends.slurm.jobs import (
 )
 from fleet.backends.slurm.report import manifest_of
 from fleet.backends.slurm.run import SlurmRun, prepare
+from fleet.backends.slurm.script import Script, render
 from fleet.backends.slurm.watch import Announcer, watch
 from fleet.config.inventory import Inventory
 from fleet.config.job import Job

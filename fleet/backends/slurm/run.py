@@ -13,9 +13,10 @@ from collections.abc import Generator
 from fleet import manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.slurm import manifest as slurm_manifest
-from fleet.backends.slurm.cluster import Cluster, Script, argv, env_file_text, env_of, nproc, render
+from fleet.backends.slurm.cluster import Cluster
 from fleet.backends.slurm.jobs import SlurmRecord, cancel, preflight, record_dir, save, take_stacks
 from fleet.backends.slurm.report import keep_allocation, report
+from fleet.backends.slurm.script import Script, argv, env_file_text, env_of, nproc, render
 from fleet.backends.slurm.watch import DETACH_WAIT_S, Announcer, Watch, wait_started
 from fleet.config.job import Job
 from fleet.console import Console
