@@ -2,8 +2,8 @@
 job runs, fleet cancels it, says so and exits 130, and no process of the job is left on any
 node; a second Ctrl-C, even one that lands while scancel is still under way, does not cut the
 cancel short; before the submission (the data still on its way to the login node), nothing is
-submitted and nothing is left on the login node (what fleet says then, and what `fleet
-status` says of that run, are bugs: the two xfail tests at the end).
+submitted, fleet says so, nothing is left on the login node, and `fleet status` never calls
+that run unknown.
 
 SIGINT goes to fleet's own PID, as a terminal's Ctrl-C reaches it: fleet runs the Slurm
 clients in sessions of their own, so the terminal's signal never reaches them."""
@@ -281,21 +281,12 @@ def test_ctrl_c_before_the_submission_submits_nothing(
     assert not any(r.left.values()), f"left on the nodes: {r.left}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: slurm_run.up syncs the code and data before its Guard is entered, and nothing there "
-    "turns Interrupted into one with an outcome (lifecycle.up does: 'nothing had been started "
-    "on any node'); fleet says only 'interrupted (SIGINT)'"))
 def test_ctrl_c_before_the_submission_says_nothing_was_submitted(
         before_submission: BeforeSubmission) -> None:
     r = before_submission
     assert "fleet: interrupted (SIGINT): nothing had been submitted to Slurm" in r.err, r.err
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug: the run is recorded (slurm.json, job_id null) before the sync; slurm_run.status "
-    "calls a run with no job id and no final word 'unknown' (exit 3) and says 'Slurm no "
-    "longer knows the job', where Slurm never had one (on hosts such a run is 'never "
-    "started', exit 1)"))
 def test_status_of_a_run_interrupted_before_the_submission(
         before_submission: BeforeSubmission) -> None:
     code, text = before_submission.status

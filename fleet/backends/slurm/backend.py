@@ -123,6 +123,21 @@ def stop(rec: SlurmRecord, console: Console) -> None:
     console.info(f"run {rec.run_id} stopped")
 
 
+def unsubmitted(rec: RunRecord, srec: SlurmRecord) -> tuple[RunStatus, list[str]] | None:
+    """A run whose `fleet up` has not submitted it (yet, or ever: it was killed): what Slurm
+    never had is not asked about."""
+    if srec.job_id is not None or rec.launched:
+        return None
+    head = f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
+    if rec.never_started():
+        return RunStatus.NEVER_STARTED, [
+            f"{head}{RunStatus.NEVER_STARTED.value}\n  the `fleet up` that prepared it ended (it "
+            "was killed, or its machine stopped) before it submitted the job to Slurm: nothing "
+            f"of it runs; `fleet rm {rec.run_id}` removes its directory on the login node"]
+    return RunStatus.STARTING, [f"{head}{RunStatus.STARTING.value}\n  its `fleet up` has not "
+                                "submitted it to Slurm yet (it is sending the code and data)"]
+
+
 def status(rec: SlurmRecord, started: float) -> tuple[RunStatus, list[str]]:
     """The run's state from Slurm (the recorded last word where Slurm forgot the job), and
     lines saying it per node."""
@@ -186,10 +201,13 @@ class SlurmBackend(Backend):
         return record_inventory(statuses, path, cluster=True)
 
     def describe(self, rec: RunRecord) -> tuple[RunStatus, list[str]]:
-        return status(load(rec), rec.started)
+        srec = load(rec)
+        return unsubmitted(rec, srec) or status(srec, rec.started)
 
     def state_word(self, rec: RunRecord) -> str:
-        return f"{status(load(rec), rec.started)[0].value} (slurm)"
+        srec = load(rec)
+        said = unsubmitted(rec, srec) or status(srec, rec.started)
+        return f"{said[0].value} (slurm)"
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         stop(load(rec), console)

@@ -50,7 +50,10 @@ def save(rec: SlurmRecord, started: float) -> None:
         d.mkdir(parents=True, exist_ok=True)
         # The run's record (no host nodes: Slurm chooses them); the rest is in slurm.json.
         state.write_atomic(d / "run.json", json.dumps(dataclasses.asdict(state.RunRecord(
-            rec.run_id, rec.job, started, (), backend="slurm"))) + "\n")
+            rec.run_id, rec.job, started, (), controller=state.controller_id(),
+            backend="slurm"))) + "\n")
+        if rec.job_id is not None:
+            state.mark_launched(d)  # from now on Slurm says what runs
         state.write_atomic(d / RECORD, json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
     except OSError as e:
         raise UsageError(f"cannot record the run in {d}: {e}; set FLEET_STATE_DIR (or "
