@@ -24,7 +24,7 @@ from fleet.plan import make_plan
 from fleet.run import record as state
 from fleet.run import runner as lifecycle
 from fleet.run.states import NodeStatus, RunStatus, overall
-from fleet.transport import clock_offset
+from fleet.transport.framing import clock_offset
 
 S = NodeStatus
 

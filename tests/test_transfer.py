@@ -1021,7 +1021,7 @@ def test_a_header_of_the_wrong_type_is_bad_not_a_crash(tmp_path: Path,
 # ---- the other way: fetch (a pull's engine) from a node, here a local one -----------------------
 def local_node() -> transfer.Transport:
     from fleet.config.inventory import Host
-    from fleet.transport import LocalTransport
+    from fleet.transport.local import LocalTransport
     return LocalTransport(Host("here", "localhost", transport="local"))
 
 
@@ -1062,7 +1062,7 @@ class HostileNode(transfer.Transport):
     def pipe(self, script: str) -> transfer.Pipe:
         import re
 
-        from fleet.transport import _LocalPipe
+        from fleet.transport.local import _LocalPipe
         mark = re.search(r"FERRY-[0-9a-f]{16}", script)
         assert mark
         payload = (b"rc noise\n" + mark.group().encode() + b"\n" + self.frames).hex()
