@@ -109,14 +109,3 @@ class Console:
         from following and tearing down the run; the job's log stays on the nodes."""
         with contextlib.suppress(OSError, ValueError):
             print(text, file=stream, flush=True)
-
-
-def ranges(values: list[int]) -> str:
-    """Sorted integers as runs: [0, 1, 2, 5] -> "0-2, 5"."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][-1] + 1:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)

@@ -301,7 +301,7 @@ def test_the_same_engine_fetches_from_a_node_over_ssh(tb: Testbed, tmp_path: Pat
     connection, verified, strictly placed; nothing of it left on the node."""
     from fleet.config.inventory import load_inventory
     from fleet.transport import open_transport
-    from fleet.transport.transfer import fetch
+    from fleet.transport.transfer.pull import fetch
 
     inv = load_inventory(tb.inventory(tmp_path / "inv.toml", hosts=["node1"]))
     outputs = tb.host("node1").home / "outputs-g"

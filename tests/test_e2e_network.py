@@ -127,7 +127,8 @@ def test_connections_send_small_packets_at_once(tricky: Testbed, tmp_path: Path)
     import socket
 
     from fleet.config.inventory import load_inventory
-    from fleet.transport import SSHTransport, open_transport
+    from fleet.transport import open_transport
+    from fleet.transport.ssh import SSHTransport
 
     host = load_inventory(tricky.inventory(tmp_path / "inv.toml")).hosts[0]
     with open_transport(host) as t:

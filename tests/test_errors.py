@@ -88,7 +88,7 @@ def test_a_write_over_the_exec_channel_is_not_cut_by_the_sftp_watch() -> None:
     import time
 
     from fleet.config.inventory import Host
-    from fleet.transport import SSHTransport
+    from fleet.transport.ssh import SSHTransport
 
     class NoSftp(SSHTransport):
         STALL_S = 0.3

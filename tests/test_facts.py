@@ -17,16 +17,16 @@ from fleet.backends.hosts.prepare import version_problems
 from fleet.config.inventory import Host
 from fleet.facts.probe import Facts, net_for, parse_probe, python_problem, storage_groups
 from fleet.run.states import NodeStatus
-from fleet.transport import (
+from fleet.transport.framing import (
     BOOT,
     Written,
-    _Lines,
     frame,
     parse_verify,
     unframe,
     verify_script,
     write_problem,
 )
+from fleet.transport.lines import Lines
 from fleet.transport.sync import parse_manifest
 
 BANNER = "Welcome to the lab cluster; module load cuda/12\n"
@@ -51,7 +51,7 @@ def test_noise_without_a_final_newline_keeps_the_output() -> None:
     raw = f"Loading modules...\nFLEET-{TOKEN}-BEGIN\nx=1\n\nFLEET-{TOKEN}-END\n"
     assert unframe(raw, TOKEN)[:2] == ("x=1\n", "Loading modules...")
     got: list[str] = []
-    lines = _Lines(TOKEN, got.extend)
+    lines = Lines(TOKEN, got.extend)
     lines.feed(raw.encode())
     lines.close()
     assert got == ["x=1"]
@@ -69,7 +69,7 @@ def test_a_banner_cannot_forge_the_marker() -> None:
 
 def test_streamed_lines_after_the_marker_only_blank_lines_kept() -> None:
     got: list[str] = []
-    lines = _Lines(TOKEN, got.extend)
+    lines = Lines(TOKEN, got.extend)
     stream = (BANNER + f"FLEET-{TOKEN}-BEGIN\n" + "[default0]:a\n\n\nb\n" +
               f"\nFLEET-{TOKEN}-END\n" + "trailing noise\n").encode()
     for i in range(0, len(stream), 7):  # chunks that cut lines and markers anywhere
@@ -368,7 +368,7 @@ def test_probe_learns_home_shell_and_clock_where_a_hello_would(
     import time
 
     from fleet.facts.probe import probe
-    from fleet.transport import LocalTransport
+    from fleet.transport.local import LocalTransport
 
     home = tmp_path / "home $(touch pwned) 'q'"
     (home / "venv" / "bin").mkdir(parents=True)

@@ -27,7 +27,7 @@ from fleet.plan import make_plan
 from fleet.run import record as state
 from fleet.run.guard import Guard
 from fleet.run.states import NodeStatus, RunStatus, overall
-from fleet.transport import clock_offset
+from fleet.transport.framing import clock_offset
 
 S = NodeStatus
 

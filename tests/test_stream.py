@@ -19,15 +19,17 @@ from fleet.backends.hosts import node as remote
 from fleet.config.inventory import Host
 from fleet.errors import TransportError
 from fleet.run.states import NodeStatus
-from fleet.transport import LINE_CAP, LocalTransport, Partial, Received, Transport, _Lines
+from fleet.transport.base import Transport
+from fleet.transport.lines import LINE_CAP, Lines, Partial, Received
 from fleet.transport.link import Link, within
+from fleet.transport.local import LocalTransport
 
 TOKEN = "0123456789abcdef"
 CHUNK = b"x" * 65536
 
 
-def flood(mib: int) -> _Lines:
-    lines = _Lines(None, lambda out: None)
+def flood(mib: int) -> Lines:
+    lines = Lines(None, lambda out: None)
     for _ in range(mib * 16):
         lines.feed(CHUNK)
     lines.feed(b"\n")
@@ -56,7 +58,7 @@ def test_a_flood_holds_no_more_than_the_cap() -> None:
 
 def test_a_line_over_the_cap_comes_in_pieces_and_says_so() -> None:
     got: list[str] = []
-    lines = _Lines(None, got.extend, cap=1000)
+    lines = Lines(None, got.extend, cap=1000)
     line = "".join(f"{i:09d}," for i in range(250))  # 2500 bytes
     for i in range(0, len(line), 300):
         lines.feed(line[i:i + 300].encode())
@@ -71,7 +73,7 @@ def test_a_line_over_the_cap_comes_in_pieces_and_says_so() -> None:
 
 def test_pieces_never_split_a_character() -> None:
     got: list[str] = []
-    lines = _Lines(None, got.extend, cap=1000)
+    lines = Lines(None, got.extend, cap=1000)
     data = ("é" * 1500 + "\n").encode()  # 2 bytes each: the cap falls inside one
     for i in range(0, len(data), 99):
         lines.feed(data[i:i + 99])
@@ -90,7 +92,7 @@ class Clock:
 
 def test_a_progress_bar_shows_a_state_every_interval_and_its_last_as_the_line() -> None:
     clock, got = Clock(), []
-    lines = _Lines(None, got.extend, clock=clock, progress_s=5)
+    lines = Lines(None, got.extend, clock=clock, progress_s=5)
     lines.feed(b"epoch 1\n\r  0%|")
     for pct in range(10, 100, 10):  # each state whole once the next began: 0% shown at once
         clock.now += 1
@@ -109,7 +111,7 @@ def test_a_progress_bar_shows_a_state_every_interval_and_its_last_as_the_line() 
 
 def test_carriage_return_newline_is_one_end_of_line_even_across_chunks() -> None:
     got: list[str] = []
-    lines = _Lines(None, got.extend)
+    lines = Lines(None, got.extend)
     lines.feed(b"a\r")
     lines.feed(b"\nb\r\nc")
     lines.close()
@@ -119,7 +121,7 @@ def test_carriage_return_newline_is_one_end_of_line_even_across_chunks() -> None
 def test_bytes_count_for_the_watchdog_though_they_end_no_line() -> None:
     clock, got = Clock(), []
     seen = Received()
-    lines = _Lines(None, got.extend, seen, clock=clock, progress_s=5)
+    lines = Lines(None, got.extend, seen, clock=clock, progress_s=5)
     lines.feed(b"\r 1%")
     clock.now += 3
     lines.feed(b"\r 2%")
@@ -133,12 +135,12 @@ def test_offset_resumes_a_stream_where_it_broke() -> None:
     framed = f"banner\nFLEET-{TOKEN}-BEGIN\n".encode() + log
     first: list[str] = []
     seen = Received()
-    lines = _Lines(TOKEN, first.extend, seen)
+    lines = Lines(TOKEN, first.extend, seen)
     cut = len(framed) - 3000  # the connection breaks here, mid-line
     for i in range(0, cut, 777):
         lines.feed(framed[i:min(i + 777, cut)])
     rest: list[str] = []
-    again = _Lines(TOKEN, rest.extend, seen)
+    again = Lines(TOKEN, rest.extend, seen)
     again.feed(f"\nFLEET-{TOKEN}-BEGIN\n".encode() + log[seen.offset:] +
                f"\n\nFLEET-{TOKEN}-END\n".encode())
     again.close()
@@ -201,7 +203,7 @@ class FakeTransport(Transport):
             time.sleep(timeout or 0)
         if self.mode != "ok" or self.closed:
             raise TransportError("connection to 10.0.0.1 was lost")
-        from fleet.transport import Result
+        from fleet.transport.framing import Result
         return Result(what, 0, "", "")
 
     def stream(self, script, on_lines, stop=None, received=None):  # type: ignore[no-untyped-def]

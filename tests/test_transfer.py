@@ -2,7 +2,8 @@
 from send_file applied by a real Receiver in a scratch directory (a new file, a delta, a resume,
 a shrink, a touch, a give-up, a bad hash, a write error); hostile streams refused with nothing
 written outside the root; the relay's HMAC handshake over real sockets on 127.0.0.1; and
-transfer.py's pure steps (what a node holds and needs, the moves, the chains, the reports)."""
+fleet.transport.transfer's pure steps (what a node holds and needs, the moves, the chains, the
+reports)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from fleet.errors import WorkdirError
 from fleet.nodeside import ferry
-from fleet.transport import transfer
-from fleet.transport.transfer import Held, Local, Move, Moved, Need
+from fleet.transport.base import Pipe, Transport
+from fleet.transport.transfer import plan, progress, pull, push, report
+from fleet.transport.transfer.plan import Held, Local, Move, Moved, Need
 
 B = ferry.BLOCK
 MTIME = 1_700_000_000_123_456_789
@@ -46,7 +49,7 @@ def put(path: Path, content: bytes, mode: int = 0o644, mtime_ns: int = MTIME) ->
 
 
 def local(rel: str, path: Path, hashed: bool = True) -> Local:
-    return transfer.local_file(rel, path, hashed)
+    return push.local_file(rel, path, hashed)
 
 
 def send(lf: Local, blocks: list[int] | None, readers: list[int], root: int = 0,
@@ -207,7 +210,7 @@ def test_cmd_hash_lists_the_partial_file_over_the_file_and_skips_what_is_not_the
     put(tmp_path / "b.bin", data(10, 3))
     out = io.StringIO()
     ferry.cmd_hash(str(tmp_path), ["d/a.bin", "b.bin", "missing"], out)
-    held = transfer.parse_held(out.getvalue(), {"d/a.bin", "b.bin", "missing"})
+    held = plan.parse_held(out.getvalue(), {"d/a.bin", "b.bin", "missing"})
     assert set(held) == {"d/a.bin", "b.bin"}
     # the partial file's whole block, then the file's blocks after it (an interrupted update)
     _, whole, blocks = ferry.hash_file(str(tmp_path / "d/.a.bin.fleet-part"))
@@ -223,10 +226,10 @@ def test_held_script_under_a_real_sh_hashes_each_directory(tmp_path: Path) -> No
     put(two / "sub/y", b"y" * (B + 1))
     put(two / "sub/.z.fleet-part", b"z")
     asks = [(str(one), ["x", "gone"]), (str(two), ["sub/y", "sub/z"])]
-    script = transfer.held_script(sys.executable, asks)
+    script = plan.held_script(sys.executable, asks)
     r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    helds = transfer.parse_helds(r.stdout, asks)
+    helds = plan.parse_helds(r.stdout, asks)
     assert [sorted(h) for h in helds] == [["x"], ["sub/y", "sub/z"]]
     assert helds[0]["x"].sha == sha(b"x" * 10) and helds[0]["x"].kind == "file"
     assert helds[1]["sub/y"].blocks == (ferry.digest(b"y" * B), ferry.digest(b"y"))
@@ -293,7 +296,7 @@ def test_a_delta_sends_only_the_changed_block_and_keeps_the_rest(tmp_path: Path)
     put(tmp_path / "src/f.bin", new, mode=0o755)
     lf = local("f.bin", tmp_path / "src/f.bin")
     size, whole, blocks = ferry.hash_file(str(dest))
-    nd = transfer.need(lf, Held("file", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("file", size, whole, tuple(blocks)))
     assert nd == Need(blocks=(2,))
     frames = send(lf, list(nd.blocks or ()), [0])
     assert kinds(frames) == "FDE"
@@ -314,7 +317,7 @@ def test_a_file_that_grows_sends_the_new_blocks_and_the_changed_last_one(tmp_pat
     put(tmp_path / "src/f", new)
     lf = local("f", tmp_path / "src/f")
     size, whole, blocks = ferry.hash_file(str(tmp_path / "dst/f"))
-    nd = transfer.need(lf, Held("file", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("file", size, whole, tuple(blocks)))
     assert nd.blocks == (1, 2)  # block 1 was short there
     node = Node(tmp_path / "dst")
     node.feed(*send(lf, list(nd.blocks or ()), [0]), Z)
@@ -328,9 +331,9 @@ def test_a_partial_file_holding_the_first_blocks_is_resumed(tmp_path: Path) -> N
     lf = local("d/f.bin", tmp_path / "src/d/f.bin")
     out = io.StringIO()
     ferry.cmd_hash(str(tmp_path / "dst"), ["d/f.bin"], out)
-    held = transfer.parse_held(out.getvalue(), {"d/f.bin"})["d/f.bin"]
+    held = plan.parse_held(out.getvalue(), {"d/f.bin"})["d/f.bin"]
     assert held.kind == "part"
-    nd = transfer.need(lf, held)
+    nd = plan.need(lf, held)
     assert nd == Need(blocks=(2, 3))
     frames = send(lf, [2, 3], [0])
     assert kinds(frames) == "FDDE"
@@ -348,7 +351,7 @@ def test_a_complete_partial_file_is_verified_and_renamed_with_no_data_sent(
     put(tmp_path / "dst/.f.fleet-part", content)
     lf = local("f", tmp_path / "src/f")
     size, whole, blocks = ferry.hash_file(str(tmp_path / "dst/.f.fleet-part"))
-    nd = transfer.need(lf, Held("part", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("part", size, whole, tuple(blocks)))
     assert nd == Need(blocks=())  # not a touch: the file is not in place yet
     frames = send(lf, [], [0])
     assert kinds(frames) == "FE"
@@ -363,7 +366,7 @@ def test_a_file_that_shrinks_keeps_its_start_and_is_cut(tmp_path: Path) -> None:
     put(tmp_path / "src/f", new)
     lf = local("f", tmp_path / "src/f")
     size, whole, blocks = ferry.hash_file(str(tmp_path / "dst/f"))
-    nd = transfer.need(lf, Held("file", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("file", size, whole, tuple(blocks)))
     assert nd == Need(blocks=())
     node = Node(tmp_path / "dst")
     node.feed(*send(lf, [], [0]), Z)
@@ -380,7 +383,7 @@ def test_a_partial_file_longer_than_the_file_is_cut_to_its_size(tmp_path: Path) 
     put(tmp_path / "dst/.f.fleet-part", old)
     lf = local("f", tmp_path / "src/f")
     size, whole, blocks = ferry.hash_file(str(tmp_path / "dst/.f.fleet-part"))
-    nd = transfer.need(lf, Held("part", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("part", size, whole, tuple(blocks)))
     assert nd == Need(blocks=())
     node = Node(tmp_path / "dst")
     node.feed(*send(lf, [], [0]), Z)
@@ -395,7 +398,7 @@ def test_a_file_that_shrinks_inside_a_block_gets_its_last_block_again(tmp_path: 
     put(tmp_path / "src/f", new)
     lf = local("f", tmp_path / "src/f")
     size, whole, blocks = ferry.hash_file(str(tmp_path / "dst/f"))
-    nd = transfer.need(lf, Held("file", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("file", size, whole, tuple(blocks)))
     assert nd == Need(blocks=(1,))
     Node(tmp_path / "dst").feed(*send(lf, [1], [0]), Z)
     assert (tmp_path / "dst/f").read_bytes() == new
@@ -456,7 +459,7 @@ def test_an_x_frame_keeps_the_partial_file_for_the_next_attempt(tmp_path: Path) 
     # the next attempt sends only the rest
     lf = local("f", tmp_path / "src/f")
     size, whole, blocks = ferry.hash_file(str(tmp_path / "dst/.f.fleet-part"))
-    nd = transfer.need(lf, Held("part", size, whole, tuple(blocks)))
+    nd = plan.need(lf, Held("part", size, whole, tuple(blocks)))
     assert nd == Need(blocks=(2, 3))
     node.feed(*send(lf, [2, 3], [0]), Z)
     assert tree(tmp_path / "dst") == ["f"] and (tmp_path / "dst/f").read_bytes() == content
@@ -506,7 +509,7 @@ def test_a_write_error_is_reported_once_and_the_stream_still_taken(tmp_path: Pat
     assert isinstance(err["free"], int)
     assert node.recv.failed == err and node.recv.broken and node.recv.files == 0
     assert root.read_bytes() == b"a regular file, not a directory"
-    assert transfer.problem_text(err) == f"cannot write {root / 'd/a'}: Not a directory"
+    assert report.problem_text(err) == f"cannot write {root / 'd/a'}: Not a directory"
 
 
 def test_a_write_error_on_one_root_stops_writes_to_the_others_too(tmp_path: Path) -> None:
@@ -760,7 +763,7 @@ def test_accept_from_gives_up_with_bad_at_its_deadline() -> None:
         server.close()
 
 
-# ---- transfer.py: what a node holds and needs ---------------------------------------------------
+# ---- plan: what a node holds and needs ----------------------------------------------------------
 def d(c: str) -> str:
     return c * ferry.DIGEST_HEX
 
@@ -776,7 +779,7 @@ def test_parse_held_reads_good_lines() -> None:
     out = "\n".join([line("a", "file", 2 * B, SHA, d("1") + d("2")),
                      line("dir/b c", "part", 5, SHA, d("3")),
                      line("e", "file", 0, SHA, "")]) + "\n"
-    assert transfer.parse_held(out, {"a", "dir/b c", "e"}) == {
+    assert plan.parse_held(out, {"a", "dir/b c", "e"}) == {
         "a": Held("file", 2 * B, SHA, (d("1"), d("2"))),
         "dir/b c": Held("part", 5, SHA, (d("3"),)),
         "e": Held("file", 0, SHA, ()),
@@ -803,13 +806,13 @@ def test_parse_held_reads_good_lines() -> None:
 ])
 def test_parse_held_skips_a_malformed_line(bad: str) -> None:
     good = line("b", "file", 1, SHA, d("9"))
-    assert transfer.parse_held(bad + "\n" + good, {"a", "b"}) == {
+    assert plan.parse_held(bad + "\n" + good, {"a", "b"}) == {
         "b": Held("file", 1, SHA, (d("9"),))}
 
 
 @pytest.mark.parametrize("rel", [["a"], {"a": 1}])
 def test_parse_held_skips_a_line_whose_path_is_not_a_string(rel: object) -> None:
-    assert transfer.parse_held(line(rel, "file", 1, SHA, d("1")), {"a"}) == {}
+    assert plan.parse_held(line(rel, "file", 1, SHA, d("1")), {"a"}) == {}
 
 
 def lf(size: int, blocks: tuple[str, ...] | None, whole: str | None = SHA) -> Local:
@@ -817,76 +820,76 @@ def lf(size: int, blocks: tuple[str, ...] | None, whole: str | None = SHA) -> Lo
 
 
 def test_need_everything_where_nothing_is_held_or_nothing_was_hashed() -> None:
-    assert transfer.need(lf(3 * B, (d("1"), d("2"), d("3"))), None) == Need()
-    assert transfer.need(lf(B, None), Held("file", B, SHA, (d("1"),))) == Need()
+    assert plan.need(lf(3 * B, (d("1"), d("2"), d("3"))), None) == Need()
+    assert plan.need(lf(B, None), Held("file", B, SHA, (d("1"),))) == Need()
     assert Need().blocks is None and not Need().touch
 
 
 def test_need_only_a_touch_where_the_same_content_is_there() -> None:
     blocks = (d("1"), d("2"))
-    assert transfer.need(lf(2 * B, blocks), Held("file", 2 * B, SHA, blocks)) == Need(touch=True)
+    assert plan.need(lf(2 * B, blocks), Held("file", 2 * B, SHA, blocks)) == Need(touch=True)
     # the same sha in a partial file is not in place yet; another sha is not the same content
-    assert transfer.need(lf(2 * B, blocks), Held("part", 2 * B, SHA, blocks)) == Need(blocks=())
-    assert transfer.need(lf(2 * B, blocks), Held("file", 2 * B, "b" * 64, blocks)) == \
+    assert plan.need(lf(2 * B, blocks), Held("part", 2 * B, SHA, blocks)) == Need(blocks=())
+    assert plan.need(lf(2 * B, blocks), Held("file", 2 * B, "b" * 64, blocks)) == \
         Need(blocks=())
 
 
 def test_need_the_rest_of_a_partial_file() -> None:
     mine = (d("1"), d("2"), d("3"), d("4"))
-    assert transfer.need(lf(4 * B, mine), Held("part", 2 * B, "c" * 64, mine[:2])) == \
+    assert plan.need(lf(4 * B, mine), Held("part", 2 * B, "c" * 64, mine[:2])) == \
         Need(blocks=(2, 3))
-    assert transfer.need(lf(4 * B, mine), Held("part", 0, "c" * 64, ())) == \
+    assert plan.need(lf(4 * B, mine), Held("part", 0, "c" * 64, ())) == \
         Need(blocks=(0, 1, 2, 3))
 
 
 def test_need_just_the_block_that_differs_in_the_middle() -> None:
     mine = (d("1"), d("2"), d("3"), d("4"))
     there = (d("1"), d("x"), d("3"), d("4"))
-    assert transfer.need(lf(4 * B, mine), Held("file", 4 * B, "c" * 64, there)) == \
+    assert plan.need(lf(4 * B, mine), Held("file", 4 * B, "c" * 64, there)) == \
         Need(blocks=(1,))
 
 
-# ---- transfer.py: the moves ---------------------------------------------------------------------
+# ---- plan: the moves ----------------------------------------------------------------------------
 F4 = lf(4 * B - 10, (d("1"), d("2"), d("3"), d("4")))
 
 
 def test_plan_moves_sends_the_union_of_what_the_writers_need() -> None:
-    [m] = transfer.plan_moves([(0, F4, {0: Need(blocks=(3, 1)), 2: Need(blocks=(1, 2)),
+    [m] = plan.plan_moves([(0, F4, {0: Need(blocks=(3, 1)), 2: Need(blocks=(1, 2)),
                                         1: Need(touch=True)})])
     assert m == Move(0, F4, (1, 2, 3), (0, 2), (1,))
-    assert transfer.moved_bytes(m) == 3 * B - 10
+    assert plan.moved_bytes(m) == 3 * B - 10
 
 
 def test_plan_moves_sends_every_block_if_any_writer_needs_every_block() -> None:
     for needs in ({0: Need(), 1: Need(blocks=(1,))}, {0: Need(blocks=(1,)), 1: Need()},
                   {0: Need(blocks=(1,)), 1: Need(), 2: Need(blocks=(2,))}):
-        [m] = transfer.plan_moves([(1, F4, needs)])
+        [m] = plan.plan_moves([(1, F4, needs)])
         assert m.blocks is None and m.root == 1 and m.writers == tuple(sorted(needs))
-        assert transfer.moved_bytes(m) == F4.size
+        assert plan.moved_bytes(m) == F4.size
 
 
 def test_plan_moves_keeps_a_file_only_touched_and_drops_one_nobody_needs() -> None:
     other = lf(5, (d("5"),))
-    moves = transfer.plan_moves([(0, F4, {0: Need(touch=True), 1: Need(touch=True)}),
+    moves = plan.plan_moves([(0, F4, {0: Need(touch=True), 1: Need(touch=True)}),
                                  (0, other, {})])
     assert moves == [Move(0, F4, (), (), (0, 1))]
-    assert transfer.moved_bytes(moves[0]) == 0
+    assert plan.moved_bytes(moves[0]) == 0
 
 
 def test_plan_moves_a_writer_that_holds_it_all_already_still_writes_it() -> None:
-    [m] = transfer.plan_moves([(0, F4, {0: Need(blocks=())})])
-    assert m.blocks == () and m.writers == (0,) and transfer.moved_bytes(m) == 0
+    [m] = plan.plan_moves([(0, F4, {0: Need(blocks=())})])
+    assert m.blocks == () and m.writers == (0,) and plan.moved_bytes(m) == 0
 
 
 def test_moved_per_node_counts_what_each_writer_writes_kept_and_touched_per_root() -> None:
     small = lf(10, (d("9"),))
-    moves = transfer.plan_moves([
+    moves = plan.plan_moves([
         (0, F4, {0: Need(blocks=(1,)), 1: Need(blocks=(3,)), 2: Need(touch=True)}),
         (0, small, {1: Need(touch=True), 2: Need()}),
         (1, small, {0: Need(blocks=())})])
     # nodes 0 and 1 each write the blocks both need (the stream carries their union)
     both = B + (F4.size - 3 * B)
-    assert transfer.moved_per_node(moves) == {
+    assert plan.moved_per_node(moves) == {
         (0, 0): Moved(files=1, sent=both, kept=F4.size - both, touched=0),
         (1, 0): Moved(files=1, sent=both, kept=F4.size - both, touched=1),
         (2, 0): Moved(files=1, sent=10, kept=0, touched=1),
@@ -894,24 +897,24 @@ def test_moved_per_node_counts_what_each_writer_writes_kept_and_touched_per_root
     }
 
 
-# ---- transfer.py: the route ---------------------------------------------------------------------
+# ---- plan: the route ----------------------------------------------------------------------------
 def test_chains_all_linked_is_one_chain() -> None:
-    assert transfer.chains(["a", "b", "c"], {"a": True, "b": True}) == [["a", "b", "c"]]
+    assert plan.chains(["a", "b", "c"], {"a": True, "b": True}) == [["a", "b", "c"]]
 
 
 def test_chains_a_break_in_the_middle_feeds_the_next_node_from_here() -> None:
-    assert transfer.chains(["a", "b", "c", "d"], {"a": True, "b": False, "c": True}) == \
+    assert plan.chains(["a", "b", "c", "d"], {"a": True, "b": False, "c": True}) == \
         [["a", "b"], ["c", "d"]]
-    assert transfer.chains(["a", "b", "c"], {"a": True}) == [["a", "b"], ["c"]]  # unknown: cut
+    assert plan.chains(["a", "b", "c"], {"a": True}) == [["a", "b"], ["c"]]  # unknown: cut
 
 
 def test_chains_all_broken_is_one_chain_a_node() -> None:
-    assert transfer.chains(["a", "b", "c"], {"a": False, "b": False}) == [["a"], ["b"], ["c"]]
-    assert transfer.chains(["a"], {}) == [["a"]]
-    assert transfer.chains([], {}) == []
+    assert plan.chains(["a", "b", "c"], {"a": False, "b": False}) == [["a"], ["b"], ["c"]]
+    assert plan.chains(["a"], {}) == [["a"]]
+    assert plan.chains([], {}) == []
 
 
-# ---- transfer.py: the reports -------------------------------------------------------------------
+# ---- report: the reports ------------------------------------------------------------------------
 @pytest.mark.parametrize("obj,want", [
     ({"port": 40000}, {"port": 40000, "why": ""}),
     ({"port": 0, "why": "cannot listen on node2: Name or service not known"}, None),
@@ -929,7 +932,7 @@ def test_chains_all_broken_is_one_chain_a_node() -> None:
 ])
 def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
                                             want: dict[str, object] | None) -> None:
-    assert transfer.parse_report(json.dumps(obj).encode()) == (want or obj)
+    assert report.parse_report(json.dumps(obj).encode()) == (want or obj)
 
 
 @pytest.mark.parametrize("text", [
@@ -949,48 +952,48 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
     b"Welcome to node1! Last login: ...",
 ])
 def test_parse_report_rejects_what_is_not_a_report(text: bytes) -> None:
-    assert transfer.parse_report(text) is None
+    assert report.parse_report(text) is None
 
 
 def test_parse_report_rejects_an_overlong_line() -> None:
-    ok = json.dumps({"error": {"msg": "x" * (transfer.LINE_MAX - 30)}}).encode()
-    assert len(ok) <= transfer.LINE_MAX and transfer.parse_report(ok) is not None
-    long = json.dumps({"error": {"msg": "x" * transfer.LINE_MAX}}).encode()
-    assert transfer.parse_report(long) is None
+    ok = json.dumps({"error": {"msg": "x" * (report.LINE_MAX - 30)}}).encode()
+    assert len(ok) <= report.LINE_MAX and report.parse_report(ok) is not None
+    long = json.dumps({"error": {"msg": "x" * report.LINE_MAX}}).encode()
+    assert report.parse_report(long) is None
 
 
 def test_problem_text_for_a_full_disk_names_the_path_the_free_space_and_the_partial_file(
 ) -> None:
     for code in ("ENOSPC", "EDQUOT"):
-        text = transfer.problem_text({"path": "/w/data/shard.bin", "errno": code, "kept": True,
+        text = report.problem_text({"path": "/w/data/shard.bin", "errno": code, "kept": True,
                                       "msg": "No space left on device", "free": 3 << 29})
         assert text.startswith("no space left writing /w/data/shard.bin (1.5 GiB free there): ")
         assert "set `workdir` for this host to a larger disk" in text
         assert "(in /w/data/.shard.bin.fleet-part)" in text
         assert "sends only the rest" in text
-    text = transfer.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x", "kept": True})
+    text = report.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x", "kept": True})
     assert "free there" not in text and "(in .top.bin.fleet-part)" in text
     # a delta's partial copy is removed on failure: the message must not promise it
-    text = transfer.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x",
+    text = report.problem_text({"path": "top.bin", "errno": "ENOSPC", "msg": "x",
                                   "kept": False})
     assert "fleet-part" not in text and "Nothing of that file was kept" in text
 
 
 def test_problem_text_for_other_errors() -> None:
-    assert transfer.problem_text({"path": "/w/f", "errno": "EACCES",
+    assert report.problem_text({"path": "/w/f", "errno": "EACCES",
                                   "msg": "Permission denied", "free": 10}) == \
         "cannot write /w/f: Permission denied"
-    assert transfer.problem_text({"path": "/w/f"}) == "cannot write /w/f: failed"
-    assert transfer.problem_text({"msg": "the stream ended before its end", "relay": "in"}) == \
+    assert report.problem_text({"path": "/w/f"}) == "cannot write /w/f: failed"
+    assert report.problem_text({"msg": "the stream ended before its end", "relay": "in"}) == \
         "the stream ended before its end"
-    assert transfer.problem_text({}) == "failed"
+    assert report.problem_text({}) == "failed"
 
 
 def test_problem_text_of_a_real_full_disk_error_from_a_receiver(tmp_path: Path) -> None:
     err = ferry._problem(OSError(28, "No space left on device"), str(tmp_path / "d/f.bin"))
     assert err["errno"] == "ENOSPC" and isinstance(err["free"], int)
     err["kept"] = True
-    text = transfer.problem_text(err)
+    text = report.problem_text(err)
     assert text.startswith(f"no space left writing {tmp_path / 'd/f.bin'} (")
     assert str(tmp_path / "d/.f.bin.fleet-part") in text
 
@@ -1000,7 +1003,7 @@ def test_problem_text_of_a_real_full_disk_error_from_a_receiver(tmp_path: Path) 
     (5 << 20, "5.0 MiB"), (3 << 30, "3.0 GiB"), (2 << 40, "2.0 TiB"), (4096 << 40, "4096.0 TiB"),
 ])
 def test_human(n: int, text: str) -> None:
-    assert transfer.human(n) == text
+    assert report.human(n) == text
 
 
 # ---- a malformed header that is JSON: refused, not a crash --------------------------------------
@@ -1019,9 +1022,9 @@ def test_a_header_of_the_wrong_type_is_bad_not_a_crash(tmp_path: Path,
 
 
 # ---- the other way: fetch (a pull's engine) from a node, here a local one -----------------------
-def local_node() -> transfer.Transport:
+def local_node() -> Transport:
     from fleet.config.inventory import Host
-    from fleet.transport import LocalTransport
+    from fleet.transport.local import LocalTransport
     return LocalTransport(Host("here", "localhost", transport="local"))
 
 
@@ -1032,7 +1035,7 @@ def test_fetch_brings_a_nodes_files_here_verified(tmp_path: Path) -> None:
     (node / "ckpt" / "model.pt").write_bytes(big)
     (node / "log.txt").write_text("done\n")
     here.mkdir()
-    got = transfer.fetch(local_node(), sys.executable, str(node),
+    got = pull.fetch(local_node(), sys.executable, str(node),
                          ["ckpt/model.pt", "log.txt", "missing.bin"], here)
     assert (here / "ckpt" / "model.pt").read_bytes() == big
     assert (here / "log.txt").read_text() == "done\n"
@@ -1041,7 +1044,7 @@ def test_fetch_brings_a_nodes_files_here_verified(tmp_path: Path) -> None:
     assert not list(here.rglob("*.fleet-part"))
 
 
-class HostileNode(transfer.Transport):
+class HostileNode(Transport):
     """A node whose `ferry send` is replaced by a program that sends `frames` after the mark."""
 
     def __init__(self, frames: bytes) -> None:
@@ -1059,10 +1062,10 @@ class HostileNode(transfer.Transport):
     def _put(self, path: str, data: bytes, mode: int) -> str:
         raise NotImplementedError
 
-    def pipe(self, script: str) -> transfer.Pipe:
+    def pipe(self, script: str) -> Pipe:
         import re
 
-        from fleet.transport import _LocalPipe
+        from fleet.transport.local import _LocalPipe
         mark = re.search(r"FERRY-[0-9a-f]{16}", script)
         assert mark
         payload = (b"rc noise\n" + mark.group().encode() + b"\n" + self.frames).hex()
@@ -1081,8 +1084,8 @@ def evil_file(path: str, data: bytes = b"pwned\n") -> bytes:
 def test_fetch_refuses_a_path_that_leaves_the_destination(tmp_path: Path, path: str) -> None:
     here = tmp_path / "here"
     here.mkdir()
-    with pytest.raises(transfer.WorkdirError, match="broke the protocol"):
-        transfer.fetch(HostileNode(evil_file(path)), sys.executable, "/x", ["a"], here)
+    with pytest.raises(WorkdirError, match="broke the protocol"):
+        pull.fetch(HostileNode(evil_file(path)), sys.executable, "/x", ["a"], here)
     assert not (tmp_path / "escaped").exists() and not list(here.iterdir())
 
 
@@ -1091,8 +1094,8 @@ def test_fetch_never_writes_through_a_link_in_the_destination(tmp_path: Path) ->
     here.mkdir()
     outside.mkdir()
     (here / "ckpt").symlink_to(outside)
-    with pytest.raises(transfer.WorkdirError, match="symbolic link"):
-        transfer.fetch(HostileNode(evil_file("ckpt/x.pt") + ferry.frame(b"Z", b"")),
+    with pytest.raises(WorkdirError, match="symbolic link"):
+        pull.fetch(HostileNode(evil_file("ckpt/x.pt") + ferry.frame(b"Z", b"")),
                        sys.executable, "/x", ["ckpt/x.pt"], here)
     assert not list(outside.iterdir())
 
@@ -1104,8 +1107,8 @@ def test_fetch_keeps_nothing_whose_hash_the_node_got_wrong(tmp_path: Path) -> No
                                 "mtime": 0, "blocks": None, "for": [0]})
               + ferry.frame(b"D", b"abc") + ferry.meta(b"E", {"sha256": "0" * 64})
               + ferry.frame(b"Z", b""))
-    with pytest.raises(transfer.WorkdirError, match="w.pt"):
-        transfer.fetch(HostileNode(frames), sys.executable, "/x", ["w.pt"], here)
+    with pytest.raises(WorkdirError, match="w.pt"):
+        pull.fetch(HostileNode(frames), sys.executable, "/x", ["w.pt"], here)
     assert not list(here.iterdir())
 
 
@@ -1118,8 +1121,8 @@ class Clock:
         return self.now
 
 
-def bar_states(at: dict[str, int], expected: int) -> dict[str, transfer.NodeState]:
-    return {n: transfer.NodeState(n, expected=expected, at=a) for n, a in at.items()}
+def bar_states(at: dict[str, int], expected: int) -> dict[str, report.NodeState]:
+    return {n: report.NodeState(n, expected=expected, at=a) for n, a in at.items()}
 
 
 def test_without_a_terminal_progress_is_a_line_every_ten_seconds(tmp_path: Path) -> None:
@@ -1127,7 +1130,7 @@ def test_without_a_terminal_progress_is_a_line_every_ten_seconds(tmp_path: Path)
     err = io.StringIO()
     clock = Clock()
     states = bar_states({"node1": 0, "node2": 0}, 100 << 20)
-    bar = transfer.Bar(Console(out=io.StringIO(), err=err), 100 << 20, states,
+    bar = progress.Bar(Console(out=io.StringIO(), err=err), 100 << 20, states,
                        ["node1", "node2"], clock)
     for step in range(1, 26):  # 25 s, a frame every second
         clock.now += 1
@@ -1143,7 +1146,7 @@ def test_without_a_terminal_progress_is_a_line_every_ten_seconds(tmp_path: Path)
 def test_progress_names_each_node_where_they_differ() -> None:
     from fleet.console import Console
     states = bar_states({"node1": 60 << 20, "node2": 30 << 20}, 100 << 20)
-    bar = transfer.Bar(Console(out=io.StringIO(), err=io.StringIO()), 100 << 20, states,
+    bar = progress.Bar(Console(out=io.StringIO(), err=io.StringIO()), 100 << 20, states,
                        ["node1", "node2"], Clock())
     assert bar.text(bar.t0 + 10).endswith("  node1 60% node2 30%")
 
@@ -1156,7 +1159,7 @@ def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -
             return True
     err, clock = Tty(), Clock()
     states = bar_states({"node1": 0}, 64 << 20)
-    bar = transfer.Bar(Console(out=io.StringIO(), err=err), 64 << 20, states, ["node1"], clock)
+    bar = progress.Bar(Console(out=io.StringIO(), err=err), 64 << 20, states, ["node1"], clock)
     for _ in range(8):
         clock.now += 0.5
         states["node1"].at += 4 << 20
@@ -1209,8 +1212,8 @@ def test_a_relayed_touch_is_not_obeyed(tmp_path: Path) -> None:
 def test_fetch_writes_only_the_files_asked_for(tmp_path: Path) -> None:
     here = tmp_path / "here"
     here.mkdir()
-    with pytest.raises(transfer.WorkdirError, match="was not asked for"):
-        transfer.fetch(HostileNode(evil_file(".git/hooks/pre-commit") + ferry.frame(b"Z", b"")),
+    with pytest.raises(WorkdirError, match="was not asked for"):
+        pull.fetch(HostileNode(evil_file(".git/hooks/pre-commit") + ferry.frame(b"Z", b"")),
                        sys.executable, "/x", ["ckpt.pt"], here)
     assert not list(here.iterdir())
 
@@ -1222,15 +1225,15 @@ def test_fetch_takes_no_set_id_bit_and_no_write_for_others(tmp_path: Path) -> No
                                 "mtime": MTIME, "blocks": None, "for": [0]})
               + ferry.frame(b"D", b"hi") + ferry.meta(b"E", {"sha256": sha(b"hi")})
               + ferry.frame(b"Z", b""))
-    transfer.fetch(HostileNode(frames), sys.executable, "/x", ["tool"], here)
+    pull.fetch(HostileNode(frames), sys.executable, "/x", ["tool"], here)
     assert stat.S_IMODE(os.stat(here / "tool").st_mode) == 0o755
 
 
 def test_fetch_refuses_a_stream_cut_before_its_end(tmp_path: Path) -> None:
     here = tmp_path / "here"
     here.mkdir()
-    with pytest.raises(transfer.WorkdirError, match="ended before its end"):
-        transfer.fetch(HostileNode(evil_file("a")), sys.executable, "/x", ["a"], here)
+    with pytest.raises(WorkdirError, match="ended before its end"):
+        pull.fetch(HostileNode(evil_file("a")), sys.executable, "/x", ["a"], here)
 
 
 def test_an_interrupted_update_resumes_with_only_the_changed_blocks(tmp_path: Path) -> None:
@@ -1245,9 +1248,9 @@ def test_an_interrupted_update_resumes_with_only_the_changed_blocks(tmp_path: Pa
     put(tmp_path / "src/f", new)
     out = io.StringIO()
     ferry.cmd_hash(str(dst), ["f"], out)
-    held = transfer.parse_held(out.getvalue(), {"f"})["f"]
+    held = plan.parse_held(out.getvalue(), {"f"})["f"]
     lf = local("f", tmp_path / "src/f", hashed=True)
-    nd = transfer.need(lf, held)
+    nd = plan.need(lf, held)
     assert nd == Need(blocks=(9,))
     node = Node(dst)
     node.feed(*send(lf, [9], [0]), Z)
@@ -1264,7 +1267,7 @@ def test_a_line_printed_while_the_bar_is_drawn_takes_its_place() -> None:
     err, clock = Tty(), Clock()
     console = Console(out=io.StringIO(), err=err)
     states = bar_states({"node1": 0}, 64 << 20)
-    bar = transfer.Bar(console, 64 << 20, states, ["node1"], clock)
+    bar = progress.Bar(console, 64 << 20, states, ["node1"], clock)
     clock.now += 1
     states["node1"].at = 8 << 20
     bar.tick()

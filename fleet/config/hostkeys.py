@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import threading
 from dataclasses import dataclass
@@ -12,6 +10,7 @@ from typing import Any
 import paramiko
 
 from fleet.config.inventory import Host
+from fleet.config.pinned import parse_pinned
 
 _LOCK = threading.Lock()  # known_hosts files are appended to from parallel connections
 
@@ -28,19 +27,6 @@ def fingerprint(key: paramiko.PKey | None) -> str:
     if key is None:
         return "unknown"
     return f"{key.get_name()} {key.fingerprint}"
-
-
-def parse_pinned(text: str) -> paramiko.PKey:
-    """`ssh-ed25519 AAAA...` (as in known_hosts, without the host) to a key; ValueError if not."""
-    parts = text.split()
-    if len(parts) < 2:
-        raise ValueError("expected '<type> <base64 key>', as a line of known_hosts without the "
-                         "host name")
-    try:
-        blob = base64.b64decode(parts[1], validate=True)
-        return paramiko.PKey.from_type_string(parts[0], blob)
-    except (binascii.Error, paramiko.SSHException, ValueError, TypeError) as e:
-        raise ValueError(f"not a valid {parts[0]} public key: {e}") from e
 
 
 def key_name(hostname: str, port: int) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.config.job import nproc_value
+from fleet.config.pinned import parse_pinned
 from fleet.config.schema import Table, load_toml
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
@@ -86,7 +87,6 @@ def take_host_key(t: Table) -> str | None:
     """`host_key`: a pinned key as known_hosts writes it ("ssh-ed25519 AAAA..."), checked."""
     host_key = t.take("host_key", str, None)
     if host_key is not None:
-        from fleet.config.hostkeys import parse_pinned
         try:
             parse_pinned(host_key)
         except ValueError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet.console import ranges
+from fleet.indices import ranges
 from fleet.nodedata import number
 from fleet.transport import Transport
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from fleet.console import printable, ranges
+from fleet.console import printable
+from fleet.indices import ranges
 from fleet.nodedata import number
 from fleet.plan import FR_PIPE, FR_TRACE
 from fleet.shell import quote

@@ -14,7 +14,8 @@ from typing import TypeVar
 
 from fleet.config.job import HEARTBEAT_S
 from fleet.errors import FleetError, TransportError
-from fleet.transport import Transport, open_transport
+from fleet.transport import open_transport
+from fleet.transport.base import Transport
 from fleet.transport.group import reason
 
 R = TypeVar("R")

@@ -17,7 +17,7 @@ from pathlib import Path
 from fleet.errors import WorkdirError
 from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
-from fleet.transport import Transport
+from fleet.transport.base import Transport
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime in nanoseconds)
 NS = 10**9

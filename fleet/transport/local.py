@@ -1,0 +1,116 @@
+"""This machine as a node: plain subprocesses and files, no SSH server needed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import subprocess
+import threading
+from collections.abc import Callable
+
+from fleet.errors import CommandTimedOut
+from fleet.transport.base import CHUNK, TICK_S, Pipe, Transport, kill_on, named
+from fleet.transport.framing import Result
+from fleet.transport.lines import Lines, Received
+
+
+class _LocalPipe(Pipe):
+    def __init__(self, script: str) -> None:
+        super().__init__()
+        self.p = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                  start_new_session=True)
+        threading.Thread(target=self._drain_err, daemon=True).start()
+
+    def _drain_err(self) -> None:
+        assert self.p.stderr is not None
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := os.read(self.p.stderr.fileno(), CHUNK):
+                self._keep_err(chunk)
+
+    def send(self, data: bytes) -> None:
+        assert self.p.stdin is not None
+        try:
+            self.p.stdin.write(data)
+        except ValueError as e:  # closed here
+            raise OSError("closed") from e
+
+    def recv(self, n: int) -> bytes:
+        assert self.p.stdout is not None
+        try:
+            return os.read(self.p.stdout.fileno(), n)
+        except (OSError, ValueError):
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.p.stdin is not None
+            self.p.stdin.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.p.pid, 9)
+
+    def status(self, timeout: float) -> int | None:
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class LocalTransport(Transport):
+    """This machine, as a node: plain subprocesses and files, no SSH server needed."""
+
+    def connect(self, hello: bool = True) -> None:
+        if hello:
+            self._hello()
+
+    def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
+        try:
+            # Its own session: a Ctrl-C at the terminal reaches fleet, which decides; it must
+            # not also kill a stop.sh half-way through its grace period.
+            p = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL, errors="replace",
+                               start_new_session=True)
+        except subprocess.TimeoutExpired as e:
+            raise CommandTimedOut(self.host.name, named(script, what), timeout) from e
+        return Result(named(script, what), p.returncode, p.stdout, p.stderr)
+
+    def _put(self, path: str, data: bytes, mode: int) -> str:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            try:
+                os.fchmod(fd, mode)
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            return str(e)
+        return ""
+
+    def pipe(self, script: str) -> Pipe:
+        return _LocalPipe(script)
+
+    def stream(self, script: str, on_lines: Callable[[list[str]], None],
+               stop: threading.Event | None = None, received: Received | None = None) -> int:
+        p = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        assert p.stdout is not None
+        watcher = kill_on(stop, p.kill)
+        lines = Lines(None, on_lines, received)
+        fd = p.stdout.fileno()
+        while True:
+            if not select.select([fd], [], [], TICK_S)[0]:
+                lines.tick()
+                continue
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            lines.feed(chunk)
+        lines.close()
+        p.stdout.close()
+        code = p.wait()
+        if watcher:
+            watcher.set()
+        return -1 if stop is not None and stop.is_set() else code
+

@@ -1,0 +1,343 @@
+"""A node over SSH: scripts on the exec channel, files over SFTP (the exec channel where the
+server has none, or where rc-file output garbles it), output streamed as it comes."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import paramiko
+
+from fleet.config.inventory import Host
+from fleet.errors import CommandTimedOut, TransportError
+from fleet.shell import quote
+from fleet.transport.base import CHUNK, TICK_S, Pipe, Transport, kill_on, named
+from fleet.transport.connection import open_client
+from fleet.transport.framing import BOOT, Result, frame, unframe
+from fleet.transport.lines import Lines, Received
+
+EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
+PUT_CHUNK = 1 << 20  # bytes per SFTP write call: the unit of progress a stalled write is seen by
+
+
+class _SSHPipe(Pipe):
+    def __init__(self, chan: paramiko.Channel) -> None:
+        super().__init__()
+        self.chan = chan
+        threading.Thread(target=self._drain_err, daemon=True).start()
+
+    def _drain_err(self) -> None:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            while chunk := self.chan.recv_stderr(CHUNK):
+                self._keep_err(chunk)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (paramiko.SSHException, EOFError) as e:
+            raise OSError(str(e) or "the connection closed") from e
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return bytes(self.chan.recv(n))
+        except (paramiko.SSHException, EOFError):
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.chan.close()
+
+    def status(self, timeout: float) -> int | None:
+        if not self.chan.status_event.wait(timeout):
+            return None
+        return int(self.chan.recv_exit_status())
+
+
+class _Progress:
+    """A deadline that moves with progress: if nothing moved for `limit` seconds, `give_up` is
+    called (closing the connection, so that whatever waits on it fails at once) and `stalled`
+    says so. A transfer as long as it likes, as long as it goes on."""
+
+    def __init__(self, limit: float, give_up: Callable[[], None]) -> None:
+        self.limit, self.give_up = limit, give_up
+        self.last = time.monotonic()
+        self.count = 0
+        self.stalled = False
+        self.done = threading.Event()
+
+    def moved(self) -> None:
+        self.last = time.monotonic()
+        self.count += 1
+
+    def sent(self, total: int) -> str:
+        return f"{min(self.count * PUT_CHUNK, total)} of {total} bytes sent"
+
+    def _watch(self) -> None:
+        while not self.done.wait(min(1.0, self.limit / 4)):
+            if time.monotonic() - self.last > self.limit:
+                self.stalled = True
+                self.give_up()
+                return
+
+    def __enter__(self) -> _Progress:
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+
+class SSHTransport(Transport):
+    """A node over SSH (paramiko via Fabric's config), host keys verified, never auto-added."""
+
+    STALL_S = 20.0  # a file write that moves no byte for this long: the node is lost
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()
+
+    def connect(self, hello: bool = True) -> None:
+        self._client = open_client(self.host)
+        if hello:
+            self._hello()
+
+    def _transport(self) -> paramiko.Transport:
+        t = self._client.get_transport() if self._client else None
+        if t is None or not t.is_active():
+            raise TransportError(f"connection to {self.host.address} was lost")
+        return t
+
+    def _session(self) -> paramiko.Channel:
+        chan = self._transport().open_session(timeout=10)
+        chan.exec_command(BOOT)
+        return chan
+
+    def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
+        what = named(script, what)
+        token = secrets.token_hex(8)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        # One deadline for the whole command: sending, both streams to their end, the status.
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        chan = None
+        try:
+            chan = self._session()
+            chan.settimeout(timeout)  # for sending; the readers block until the stream ends
+            # Both streams drain while the script is still being sent: a node that prints much
+            # before it reads its input would otherwise stall both sides.
+            readers = [threading.Thread(target=_drain, args=(_blocking(chan.recv_stderr), err),
+                                        daemon=True),
+                       threading.Thread(target=_drain, args=(_blocking(chan.recv), out),
+                                        daemon=True)]
+            for th in readers:
+                th.start()
+            chan.sendall(frame(script, token).encode())
+            chan.shutdown_write()
+            for th in readers:
+                th.join(left())
+            if any(th.is_alive() for th in readers) or not chan.status_event.wait(left()):
+                raise CommandTimedOut(self.host.name, what, timeout)
+            code = chan.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            if isinstance(e, TimeoutError | socket.timeout):
+                raise CommandTimedOut(self.host.name, what, timeout) from e
+            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        finally:
+            if chan is not None:
+                chan.close()
+        if code == -1:
+            raise TransportError(f"lost connection to {self.host.address} during {what}")
+        o, noise, started = unframe(b"".join(out).decode("utf-8", "replace"), token)
+        er, enoise, _ = unframe(b"".join(err).decode("utf-8", "replace"), token)
+        if not started:
+            # The login shell could not run /bin/sh: say what it printed instead.
+            return Result(what, code or 127, "", (noise + enoise).strip() or
+                          f"{BOOT} did not start under the login shell", noise + enoise)
+        return Result(what, code, o, er, noise + enoise)
+
+    def _put(self, path: str, data: bytes, mode: int) -> str:
+        progress = _Progress(self.STALL_S, self._abort)
+        sftp = None
+        try:
+            with progress:
+                sftp = self._sftp_client()
+                if sftp is not None:
+                    with sftp.open(path, "wb") as f:
+                        f.chmod(mode)
+                        f.set_pipelined(True)
+                        for off in range(0, len(data), PUT_CHUNK):
+                            f.write(data[off:off + PUT_CHUNK])
+                            progress.moved()
+        except (paramiko.SFTPError, paramiko.SSHException, OSError, EOFError) as e:
+            if progress.stalled:
+                done = progress.sent(len(data))
+                raise TransportError(
+                    f"no progress writing {path} for {self.STALL_S:.0f}s ({done}); "
+                    f"{self.host.name} stopped answering (a cut link, a frozen host?)") from e
+            if not isinstance(e, paramiko.SFTPError):
+                return f"SFTP: {e}"
+            # The subsystem spoke garbage mid-way (an rc file that prints only sometimes):
+            # not a problem of the file; the exec channel carries this and every later one.
+            self._drop_sftp(e)
+            return self._exec_put(path, data, mode)
+        if sftp is None:  # outside the watch: the exec channel has a deadline per chunk
+            return self._exec_put(path, data, mode)
+        return ""
+
+    def _exec_put(self, path: str, data: bytes, mode: int) -> str:
+        """A file through the exec channel, base64 in a here-document, in chunks."""
+        problem = ""
+        for i, off in enumerate(range(0, max(len(data), 1), EXEC_CHUNK)):
+            b64 = base64.encodebytes(data[off:off + EXEC_CHUNK]).decode()
+            first = f"umask 077; : > {quote(path)} && chmod {mode:o} {quote(path)} && " \
+                if i == 0 else ""
+            r = self.run(f"{first}base64 -d >> {quote(path)} <<'FLEET_DATA'\n{b64}FLEET_DATA",
+                         timeout=120, what=f"write {path}")
+            if not r.ok:
+                problem = r.err.strip() or f"exit {r.code}"
+                break
+        return problem
+
+    def _sftp_client(self) -> paramiko.SFTPClient | None:
+        """The SFTP session, opened once; None where the server has none, or where it does not
+        speak SFTP: Debian's stock `Subsystem sftp /usr/lib/openssh/sftp-server` is started
+        through the login shell, so an rc file that prints puts its text before the protocol
+        (paramiko: SFTPError "Garbage packet received"). The exec channel then carries files."""
+        with self._lock:
+            if self._sftp is None and self.sftp_problem is None:
+                try:
+                    self._sftp = self._open_sftp()
+                except TimeoutError as e:  # not a missing subsystem: a node not answering
+                    raise TransportError(f"no answer opening SFTP in {self.STALL_S:.0f}s: "
+                                         f"{self.host.name} stopped answering (a cut link, a "
+                                         "frozen host?)") from e
+                except paramiko.SFTPError as e:
+                    self.sftp_garbled = True
+                    self.sftp_problem = f"the sftp-server's output is garbled ({e}): the login " \
+                        "shell's rc files print before it starts"
+                except (paramiko.SSHException, OSError, EOFError) as e:
+                    self.sftp_problem = str(e) or type(e).__name__
+            return self._sftp
+
+    def _open_sftp(self) -> paramiko.SFTPClient:
+        """paramiko's open_sftp with deadlines: a node that stopped answering fails the opening
+        in seconds instead of paramiko's hour."""
+        try:
+            chan = self._transport().open_session(timeout=10)
+        except paramiko.SSHException as e:
+            if "Timeout" in str(e):
+                raise TimeoutError(str(e)) from e
+            raise
+        chan.settimeout(self.STALL_S)  # the subsystem's start and its version answer
+        chan.invoke_subsystem("sftp")
+        sftp = paramiko.SFTPClient(chan)
+        chan.settimeout(None)  # from here each write's progress is watched (_Progress)
+        return sftp
+
+    def _abort(self) -> None:
+        """Drop the connection at once, from any thread: whatever waits on it (a write stuck on
+        a dead link holds the transport's write lock) fails now. A polite close() would queue
+        a message behind that stuck write and wait with it."""
+        t = self._client.get_transport() if self._client is not None else None
+        if t is not None:
+            t.close()
+
+    def _drop_sftp(self, e: Exception) -> None:
+        with self._lock:
+            sftp, self._sftp = self._sftp, None
+            self.sftp_garbled = True
+            self.sftp_problem = f"the sftp-server's output is garbled ({e})"
+        with contextlib.suppress(Exception):
+            if sftp is not None:
+                sftp.close()
+
+    def pipe(self, script: str) -> Pipe:
+        """The login shell runs only `/bin/sh -s`, which reads the script from the channel; the
+        program it execs reads the rest. Nothing else is sent before the program speaks first,
+        so the shell cannot have read any of it."""
+        try:
+            chan = self._session()
+            chan.sendall(script.encode() + b"\n")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        return _SSHPipe(chan)
+
+    def sftp_available(self) -> bool:
+        return self._sftp_client() is not None
+
+    def stream(self, script: str, on_lines: Callable[[list[str]], None],
+               stop: threading.Event | None = None, received: Received | None = None) -> int:
+        token = secrets.token_hex(8)
+        lines = Lines(token, on_lines, received)
+        try:
+            chan = self._session()
+            chan.sendall(frame(script, token, merge_stderr=True).encode())
+            chan.shutdown_write()
+            watcher = kill_on(stop, chan.close)
+            noise: list[bytes] = []
+            threading.Thread(target=_drain, args=(chan.recv_stderr, noise), daemon=True).start()
+            chan.settimeout(TICK_S)  # a quiet stream still shows a progress state held back
+            while True:
+                try:
+                    chunk = chan.recv(CHUNK)
+                except TimeoutError:
+                    lines.tick()
+                    continue
+                if not chunk:
+                    break
+                lines.feed(chunk)
+            lines.close()
+            if watcher:
+                watcher.set()
+            if stop is not None and stop.is_set():
+                return -1
+            code = int(chan.recv_exit_status())
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        if code == -1:
+            raise TransportError(f"lost connection to {self.host.address} while streaming")
+        return code
+
+    def close(self) -> None:
+        for closable in (self._sftp, self._client):
+            try:
+                if closable is not None:
+                    closable.close()
+            except Exception:  # noqa: S110 - closing a dead connection may fail; nothing to do
+                pass
+        self._sftp = self._client = None
+
+
+def _blocking(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """recv that waits through the channel's send timeout: a quiet command is not an ended one
+    (the caller's deadline decides when to give up)."""
+    def read(n: int) -> bytes:
+        while True:
+            try:
+                return recv(n)
+            except TimeoutError:
+                continue
+    return read
+
+
+def _drain(recv: Callable[[int], bytes], into: list[bytes]) -> None:
+    try:
+        while True:
+            chunk = recv(65536)
+            if not chunk:
+                return
+            into.append(chunk)
+    except (OSError, EOFError, paramiko.SSHException):
+        return
+

@@ -1,0 +1,59 @@
+"""A transfer's progress on the console: bytes in place on the nodes, the rate, the time left."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fleet.console import Console
+from fleet.transport.transfer.report import NodeState, human
+
+PROGRESS_LINE_S = 10.0  # without a terminal, a progress line this often
+
+
+class Bar:
+    """Progress: bytes in place on the nodes against what they place, the rate and the time
+    left; on a terminal one line redrawn, else a line now and then."""
+
+    def __init__(self, console: Console, total: int, states: dict[str, NodeState],
+                 order: list[str], clock: Callable[[], float] = time.monotonic) -> None:
+        self.console, self.total, self.states, self.order = console, total, states, order
+        self.clock = clock
+        self.tty = _isatty(console.err)
+        self.t0 = clock()
+        self.shown = self.t0
+
+    def tick(self) -> None:
+        now = self.clock()
+        every = 0.25 if self.tty else PROGRESS_LINE_S
+        if now - self.shown < every or self.total < (8 << 20):
+            return
+        self.shown = now
+        text = self.text(now)
+        if self.tty:
+            self.console.redraw(f"fleet: {text}")
+        else:
+            self.console.info(text)
+
+    def text(self, now: float) -> str:
+        want = sum(s.expected for s in self.states.values()) or 1
+        at = sum(min(s.at, s.expected) for s in self.states.values())
+        rate = at / max(now - self.t0, 1e-6)
+        eta = (want - at) / rate if rate > 0 else 0.0
+        per = {n: s.at * 100 // max(s.expected, 1) for n, s in self.states.items()
+               if s.expected}
+        nodes = ""
+        if len(set(per.values())) > 1:
+            nodes = "  " + " ".join(f"{n} {p}%" for n, p in per.items())
+        return (f"data {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
+                f"{eta:.0f}s left{nodes}")
+
+    def end(self) -> None:
+        self.console.settle()
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,105 @@
+"""What the receivers say, pure: their report lines checked for shape, each node's state so far,
+and a receiver's error as the user reads it."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleet.console import printable
+from fleet.nodeside import ferry
+
+LINE_MAX = 1 << 16  # a report line longer than this is not a report
+
+
+@dataclass
+class NodeState:
+    """What one receiver said so far."""
+
+    name: str
+    expected: int = 0  # bytes it places
+    at: int = 0
+    started: bool = False  # its program runs: what is sent now reaches it, not the shell
+    port: int | None = None
+    linked: bool | None = None
+    link_why: str = ""
+    ok: dict[tuple[int, str], str] = field(default_factory=dict)  # (root, rel) -> sha256
+    error: dict[str, object] | None = None
+    done: bool = False
+    ended: bool = False  # its output ended
+    last: float = field(default_factory=time.monotonic)  # when it last said anything
+    moved: float = field(default_factory=time.monotonic)  # when its bytes in place last grew
+
+
+def parse_report(line: bytes) -> dict[str, object] | None:
+    """One report line as a dict of known shape, or None (noise, or not a report)."""
+    if len(line) > LINE_MAX:
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not obj:
+        return None
+    key, value = next(iter(obj.items()))
+    if len(obj) > 1 and not (key in ("linked", "port") and set(obj) == {key, "why"}):
+        return None
+    checks: dict[str, Callable[[object], bool]] = {
+        "port": lambda v: _int(v) and 0 <= v < 65536,  # type: ignore[operator]
+        "linked": lambda v: isinstance(v, bool),
+        "at": lambda v: _int(v) and v >= 0,  # type: ignore[operator]
+        "ok": lambda v: (isinstance(v, list) and len(v) == 3 and isinstance(v[0], int)
+                         and not isinstance(v[0], bool) and isinstance(v[1], str)
+                         and isinstance(v[2], str) and len(v[2]) in (0, 64)),
+        "gave_up": lambda v: isinstance(v, list),
+        "error": lambda v: isinstance(v, dict),
+        "done": lambda v: isinstance(v, dict),
+    }
+    if key not in checks or not checks[key](value):
+        return None
+    if key in ("linked", "port"):
+        why = obj.get("why")
+        return {key: value, "why": why if isinstance(why, str) else ""}
+    return obj
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def problem_text(err: dict[str, object]) -> str:
+    """A receiver's error, as the user reads it: what, where, what to do."""
+    path = printable(str(err.get("path") or ""))  # a node's words: shown, never obeyed
+    msg = printable(str(err.get("msg") or "failed"))
+    free = err.get("free")
+    if err.get("errno") in ("ENOSPC", "EDQUOT"):
+        room = f" ({_size(free)} free there)" if isinstance(free, int) else ""
+        part = posixpath.join(posixpath.dirname(path), "." + posixpath.basename(path) +
+                              ferry.PART)
+        kept = (f"What arrived is kept (in {part}): the next `fleet up` sends only the rest"
+                if err.get("kept") else "Nothing of that file was kept")
+        return (f"no space left writing {path}{room}: free space there, or set `workdir` for "
+                f"this host to a larger disk. {kept}")
+    if path:
+        return f"cannot write {path}: {msg}"
+    return msg
+
+
+def _size(n: object) -> str:
+    if not isinstance(n, int):
+        return "?"
+    if n < 1024:
+        return f"{n} bytes"
+    x = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        x /= 1024
+        if x < 1024 or unit == "TiB":
+            break
+    return f"{x:.1f} {unit}"
+
+
+def human(n: int) -> str:
+    return _size(n)
