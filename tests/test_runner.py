@@ -20,9 +20,10 @@ import pytest
 from fleet.backends.base import Event, Final, NodeEnded, Options, Quiet, Run
 from fleet.backends.slurm import jobs
 from fleet.backends.slurm import run as slurm_run
-from fleet.backends.slurm.cluster import Cluster, Script
+from fleet.backends.slurm.cluster import Cluster
 from fleet.backends.slurm.jobs import SlurmRecord, save
 from fleet.backends.slurm.run import SlurmRun
+from fleet.backends.slurm.script import Script
 from fleet.config.inventory import Host
 from fleet.config.job import Job, Watchdog
 from fleet.console import Console
@@ -42,7 +43,7 @@ from fleet.run.monitor import Monitor
 from fleet.run.states import NodeOutcome, NodeStatus, RunStatus
 from fleet.shell import sh
 from fleet.transport import Result
-from fleet.transport.transfer import SyncStats
+from fleet.transport.sync import SyncStats
 
 S = NodeStatus
 JOB_ID = "12"
@@ -246,11 +247,6 @@ def test_an_interrupt_never_claims_a_cancel_that_failed(tmp_path: Path,
     assert len(login.cancels()) == 1 and login.asks() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fleet.backends.slurm.jobs.cancel returns Slurm's last word when the job is still not over "
-    "CANCEL_WAIT_S after scancel, and SlurmRun.stopped_words then says 'Slurm job 12 was "
-    "cancelled (RUNNING)': a cancel whose end was never seen is claimed as done, where the "
-    "hosts' guard says 'could not be stopped ... (it may still run there)'"))
 def test_a_cancel_whose_end_is_never_seen_is_not_claimed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobs, "CANCEL_WAIT_S", 0.3)
@@ -571,11 +567,6 @@ def test_the_events_are_closed_on_every_way_out(tmp_path: Path, way: str) -> Non
         assert str(e.value).startswith("run j-1 hung: ")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fleet.run.monitor.on_hang drops what run.stop returns, and SlurmRun.halted_words says "
-    "'Slurm job 12 was cancelled' whatever became of the scancel: `fleet up` then ends with "
-    "'run R hung: ...; Slurm job 12 was cancelled' after a refused scancel (HostsRun's "
-    "'it was stopped on every node' is as unconditional)"))
 def test_a_hang_verdict_never_claims_a_cancel_that_failed(tmp_path: Path) -> None:
     login = FakeLogin(scancel=(1, "scancel: error: Kill job error on job id 12: Access/"
                                   "permission denied\n"))

@@ -109,7 +109,8 @@ class Run(ABC):
 
     @abstractmethod
     def halted_words(self) -> str:
-        """What the watchdog's stop did, for the verdict of a hung run."""
+        """What the watchdog's stop did (the last stop's problems, if any), for the verdict of
+        a hung run."""
 
     @abstractmethod
     def report(self, outcomes: dict[str, NodeOutcome]) -> Final:

@@ -29,7 +29,7 @@ class Guard(SignalGuard):
                  tb: TracebackType | None) -> None:
         self.hold()
         try:
-            if self.released and exc is None:
+            if self.released:  # the run goes on without fleet, whatever happens here now
                 return
             if self.ended:
                 if isinstance(exc, Interrupted):

@@ -24,7 +24,7 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
         with Guard(run, console) as guard:
             run.schedule(options)
             if options.detach:
-                guard.released = True  # from here, an error leaves the run to itself
+                guard.released = True  # from here, an error leaves the started run to itself
                 said = run.detached()
                 if said is not None:
                     console.info(said)

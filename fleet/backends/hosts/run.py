@@ -78,6 +78,7 @@ class HostsRun(Run):
         self.links = {n.host.name: Link(session.t, n.host.name, limit) for n in plan.nodes}
         self.lost: set[str] = set()  # nodes that answered nothing for unreachable_after
         self.stopping = False  # a stop of every node is under way
+        self.problems: dict[str, str] = {}  # where the last stop may have left a process
 
     def key(self, host: str) -> str:
         """The node's stop key (record.stop_key)."""
@@ -154,7 +155,8 @@ class HostsRun(Run):
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
         problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
                               self.lost, self.plan.job.watchdog.unreachable_after)
-        return {n: why for n, why in problems.items() if n in self.may_run}
+        self.problems = {n: why for n, why in problems.items() if n in self.may_run}
+        return self.problems
 
     def forget(self) -> str:
         """Before any start, the run directories go again (best effort), after a stop of
@@ -178,6 +180,8 @@ class HostsRun(Run):
                 f"stop with `fleet stop {self.run_id}` once it answers")
 
     def halted_words(self) -> str:
+        if self.problems:
+            return self.stopped_words(self.problems)
         return "it was stopped on every node"
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:

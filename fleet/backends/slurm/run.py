@@ -14,7 +14,15 @@ from fleet import manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.slurm import manifest as slurm_manifest
 from fleet.backends.slurm.cluster import Cluster
-from fleet.backends.slurm.jobs import SlurmRecord, cancel, preflight, record_dir, save, take_stacks
+from fleet.backends.slurm.jobs import (
+    CANCEL_WAIT_S,
+    SlurmRecord,
+    cancel,
+    preflight,
+    record_dir,
+    save,
+    take_stacks,
+)
 from fleet.backends.slurm.report import keep_allocation, report
 from fleet.backends.slurm.script import Script, argv, env_file_text, env_of, nproc, render
 from fleet.backends.slurm.watch import DETACH_WAIT_S, Announcer, Watch, wait_started
@@ -86,6 +94,8 @@ class SlurmRun(Run):
         self.announce: Announcer | None = None
         self.info: sj.JobInfo | None = None
         self.cancelled: sj.JobInfo | None = None  # Slurm's word after fleet's scancel
+        self.problems: dict[str, str] = {}  # what the last cancel could not do
+        self.submitting = False  # sbatch asked, no answer yet: a job may exist, its id unknown
 
     @property
     def job_id(self) -> str | None:
@@ -102,7 +112,9 @@ class SlurmRun(Run):
             stats = sync_dir(t, t.host.python, scan(job.data, ()), s.data_dir, rec.run_id,
                              console)
             console.phase("login", f"data: {stats.files} file(s) sent")
+        self.submitting = True
         r = t.run(sj.submit_script(rec.run_dir, "job.sbatch"), timeout=60, what="sbatch")
+        self.submitting = False  # sbatch answered: its word says whether a job exists
         job_id = sj.parse_submit(r.out) if r.ok else None
         if job_id is None:
             raise RemoteCommandError(t.host.name, "sbatch", r.code, r.out + r.err)
@@ -157,10 +169,13 @@ class SlurmRun(Run):
         else:
             self.console.info(f"cancelling Slurm job {self.job_id}")
         try:
-            self.cancelled = cancel(self.t, self.job_id, self.console)
+            self.cancelled = info = cancel(self.t, self.job_id, self.console)
         except FleetError as e:
-            return {"slurm": reason(e)}
-        return {}
+            self.problems = {"slurm": reason(e)}
+        else:
+            self.problems = {} if info is None or info.status.is_terminal else {
+                "slurm": f"it is still {info.state} {CANCEL_WAIT_S:g}s after scancel"}
+        return self.problems
 
     def stopped_words(self, problems: dict[str, str]) -> str:
         if problems:
@@ -170,12 +185,18 @@ class SlurmRun(Run):
         return f"Slurm job {self.job_id} was cancelled" + (f" ({info.state})" if info else "")
 
     def forget(self) -> str:
+        if self.submitting:  # sbatch said nothing (a timeout, a lost link): the job may exist
+            return (f"sbatch gave no job id: Slurm may still have queued the job (`squeue "
+                    f"--name {self.job.name}` on the login node); its directory "
+                    f"{self.rec.run_dir} is kept for it")
         with contextlib.suppress(FleetError):
             self.t.run(sh("rm", "-rf", self.rec.run_dir), timeout=60)
         shutil.rmtree(self.record_dir, ignore_errors=True)
         return "nothing had been submitted to Slurm"
 
     def halted_words(self) -> str:
+        if self.problems:
+            return self.stopped_words(self.problems)
         return f"Slurm job {self.job_id} was cancelled"
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
