@@ -47,6 +47,7 @@ from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.shell import join
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each, reason
+from fleet.trust import KeyState
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a PyTorch distributed job across the hosts of an inventory.")
@@ -276,8 +277,8 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:
         fp = hostkeys.fingerprint(s.key) if s.key is not None else ""
-        echo(f"{s.host:<{width}}  {s.state.upper():<11} {fp} {s.detail}".rstrip())
-    new = [s for s in statuses if s.state == "new"]
+        echo(f"{s.host:<{width}}  {s.state.value.upper():<11} {fp} {s.detail}".rstrip())
+    new = [s for s in statuses if s.state is KeyState.NEW]
     if accept and new:
         if to == "inventory":
             n = fleet_trust.record_inventory(statuses, inventory_path, cluster)
@@ -286,7 +287,7 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
             for path, n in fleet_trust.record_known_hosts(statuses).items():
                 echo(f"recorded {n} key(s) in {path}")
         new = []
-    bad = [s for s in statuses if s.state in ("changed", "unreachable")]
+    bad = [s for s in statuses if s.state in (KeyState.CHANGED, KeyState.UNREACHABLE)]
     if bad or new:
         if new:
             echo("check the fingerprints above, then record them with --accept", err=True)

@@ -34,7 +34,7 @@ from fleet.backends.hosts.prepare import (
     upload_checked,
 )
 from fleet.config.inventory import Inventory
-from fleet.config.job import Job
+from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import (
     CommandTimedOut,
@@ -558,7 +558,7 @@ def up(inventory: Inventory, job: Job, console: Console, detach: bool = False,
                                                     manifest.dumps(m).encode(), 0o600)
             # A detached run is confirmed by the master's open port, where fleet knows torchrun
             # opens one (a `command` may not).
-            pids = start_all(guard, wait_port=detach and job.launcher != "command")
+            pids = start_all(guard, wait_port=detach and job.launcher != Launcher.COMMAND)
             session.release()  # its nodes run: the next launch sees them (refuse_held)
             if detach:
                 guard.released = True

@@ -22,7 +22,7 @@ from fleet import manifest
 from fleet.backends.hosts.check import FAIL, PASS, WARN, Check, connection_checks
 from fleet.backends.slurm.cluster import Cluster, Script, argv, env_file_text, env_of, nproc, render
 from fleet.config.inventory import Host
-from fleet.config.job import Job
+from fleet.config.job import Job, RendezvousBackend
 from fleet.console import Console
 from fleet.errors import (
     DamagedRecord,
@@ -385,7 +385,8 @@ def up(cluster: Cluster, job: Job, console: Console, detach: bool = False,
                    env_file=f"{run_dir}/env.sh")
         text = render(job, cluster, s)
         rec = SlurmRecord(run_id, str(job.path), cluster.login, run_dir,
-                          nproc=nproc(job, cluster), static=job.rendezvous.backend == "static")
+                          nproc=nproc(job, cluster),
+                          static=job.rendezvous.backend == RendezvousBackend.STATIC)
         t.run(sh("mkdir", "-p", f"{run_dir}/{SITE}"), timeout=60,
               what="make the run directory").check(t.host.name)
         t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)

@@ -24,7 +24,7 @@ from fleet.config.inventory import (
     load_inventory,
     take_host_key,
 )
-from fleet.config.job import Job, nproc_value
+from fleet.config.job import Job, Launcher, RendezvousBackend, nproc_value
 from fleet.config.schema import Table, load_toml
 from fleet.errors import ConfigError
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
@@ -36,7 +36,7 @@ NAME = re.compile(r"[A-Za-z0-9_.,+-]{1,64}\Z")  # partition(s), account, qos
 TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}\Z|UNLIMITED\Z|infinite\Z")
 GPUS = re.compile(r"([A-Za-z0-9_.-]+:)?\d{1,4}\Z")  # 4, or a type and a count: a100:4
 SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/%@+=-]+)?\Z")
-LAUNCHERS = ("torchrun",)  # what a Slurm task can start as the job says (see _check_job)
+LAUNCHERS = (Launcher.TORCHRUN,)  # what a Slurm task can start as the job says (check_job)
 
 
 @dataclass(frozen=True)
@@ -253,9 +253,9 @@ def nproc(job: Job, cluster: Cluster) -> int | str:
 def check_job(job: Job, cluster: Cluster) -> None:
     """What a Slurm task cannot run as the job says, refused naming the file and key."""
     if job.launcher not in LAUNCHERS:
-        raise ConfigError(job.path, "launcher", f'launcher = "{job.launcher}" is not supported '
-                          'on Slurm yet: only "torchrun" (the task starts torchrun with the node '
-                          "rank from SLURM_NODEID); run it on a host list instead")
+        raise ConfigError(job.path, "launcher", f'launcher = "{job.launcher.value}" is not '
+                          'supported on Slurm yet: only "torchrun" (the task starts torchrun with '
+                          "the node rank from SLURM_NODEID); run it on a host list instead")
     if job.watchdog.nccl_flight_recorder:
         raise ConfigError(job.path, "watchdog.nccl_flight_recorder", "the NCCL flight recorder "
                           "is not wired on Slurm yet (its dump files are per node there); "
@@ -308,13 +308,13 @@ def argv(job: Job, cluster: Cluster, s: Script) -> list[tuple[Word, ...]]:
     out: list[tuple[Word, ...]] = [
         (path_word(python), word("-m"), word("torch.distributed.run")),
         (word("--nnodes"), word(("$SLURM_NNODES",)), word("--nproc-per-node"), word(str(n)))]
-    if rdzv.backend == "static":
+    if rdzv.backend == RendezvousBackend.STATIC:
         out += [(word("--node-rank"), word(("$SLURM_NODEID",))),
                 (word("--master-addr"), word(("$MASTER_ADDR",)),
                  word("--master-port"), word(str(rdzv.port))),
                 (word("--rdzv-conf"), word(f"timeout={rdzv.timeout}"))]
     else:  # c10d numbers nodes as they join; the first node of the allocation hosts the store
-        out += [(word("--rdzv-backend"), word("c10d"),
+        out += [(word("--rdzv-backend"), word(RendezvousBackend.C10D.value),
                  word("--rdzv-endpoint"), word(("$MASTER_ADDR",), f":{rdzv.port}"),
                  word("--rdzv-id"), word(("$SLURM_JOB_ID",))),
                 (word("--rdzv-conf"), word(f"join_timeout={rdzv.timeout},is_host=",
