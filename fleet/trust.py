@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import paramiko
@@ -16,10 +17,19 @@ from fleet.transport import ssh_connection
 from fleet.transport.group import each
 
 
+class KeyState(Enum):
+    """Whether fleet trusts the key a host offers; `fleet trust` prints the value in capitals."""
+
+    KNOWN = "known"  # recorded (known_hosts, or pinned in the inventory)
+    NEW = "new"  # not recorded anywhere fleet reads: --accept records it
+    CHANGED = "changed"  # differs from the recorded one
+    UNREACHABLE = "unreachable"  # no key seen: the host did not answer
+
+
 @dataclass(frozen=True)
 class KeyStatus:
     host: str
-    state: str  # known, new, changed, unreachable
+    state: KeyState
     key_host: str = ""  # the name known_hosts uses for it ("[addr]:port" off port 22)
     key: paramiko.PKey | None = None
     detail: str = ""
@@ -33,28 +43,28 @@ def survey_host(host: Host) -> KeyStatus:
     try:
         conn.open()
     except hostkeys.UnknownHostKey as e:
-        return KeyStatus(host.name, "new", e.hostname, e.key,
+        return KeyStatus(host.name, KeyState.NEW, e.hostname, e.key,
                          "" if e.hostname == hostkeys.key_name(conn.host, int(conn.port))
                          else f"(the ProxyJump hop {e.hostname})", to)
     except paramiko.BadHostKeyException as e:
-        return KeyStatus(host.name, "changed", hostkeys.key_name(conn.host, int(conn.port)),
+        return KeyStatus(host.name, KeyState.CHANGED, hostkeys.key_name(conn.host, int(conn.port)),
                          e.key, f"expected {hostkeys.fingerprint(e.expected_key)}", to)
     except paramiko.AuthenticationException:
         pass  # the key was checked before authentication: it is known
     except (paramiko.SSHException, OSError) as e:
-        return KeyStatus(host.name, "unreachable", detail=str(e))
+        return KeyStatus(host.name, KeyState.UNREACHABLE, detail=str(e))
     finally:
         transport = conn.client.get_transport()
         key = transport.get_remote_server_key() if transport is not None else None
         conn.close()
-    return KeyStatus(host.name, "known", hostkeys.key_name(conn.host, int(conn.port)), key,
+    return KeyStatus(host.name, KeyState.KNOWN, hostkeys.key_name(conn.host, int(conn.port)), key,
                      record_to=to)
 
 
 def survey(inventory: Inventory) -> list[KeyStatus]:
     ssh_hosts = [h for h in inventory.hosts if h.transport == "ssh"]
     results = each(((h.name, h) for h in ssh_hosts), survey_host)
-    return [r if isinstance(r, KeyStatus) else KeyStatus(name, "unreachable", detail=str(r))
+    return [r if isinstance(r, KeyStatus) else KeyStatus(name, KeyState.UNREACHABLE, detail=str(r))
             for name, r in results.items()]
 
 
@@ -63,7 +73,7 @@ def record_known_hosts(statuses: list[KeyStatus]) -> dict[str, int]:
     many were recorded."""
     written: dict[str, int] = {}
     for s in statuses:
-        if s.state != "new" or s.key is None or not s.record_to:
+        if s.state is not KeyState.NEW or s.key is None or not s.record_to:
             continue
         os.makedirs(os.path.dirname(s.record_to) or ".", exist_ok=True)
         with open(s.record_to, "a") as f:
@@ -82,7 +92,8 @@ def record_inventory(statuses: list[KeyStatus], path: Path, cluster: bool = Fals
     text = path.read_text()
     count = 0
     for s in statuses:
-        if s.state != "new" or s.key is None or s.detail:  # never pin a ProxyJump hop's key
+        # Never pin a ProxyJump hop's key (detail names the hop).
+        if s.state is not KeyState.NEW or s.key is None or s.detail:
             continue
         line = re.compile(r"^(\s*\[slurm\][ \t]*(?:#.*)?)$" if cluster else
                           rf'^(\s*name\s*=\s*"{re.escape(s.host)}"\s*)$', re.M)

@@ -15,7 +15,15 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.check import parse_listener
 from fleet.backends.hosts.prepare import version_problems
 from fleet.config.inventory import Host
-from fleet.facts.probe import Facts, net_for, parse_probe, python_problem, storage_groups
+from fleet.config.job import Launcher
+from fleet.facts.probe import (
+    Facts,
+    PythonState,
+    net_for,
+    parse_probe,
+    python_problem,
+    storage_groups,
+)
 from fleet.run.states import NodeStatus
 from fleet.transport.framing import (
     BOOT,
@@ -133,7 +141,7 @@ def probe_output(**py: object) -> str:
 def test_parse_probe() -> None:
     f = parse_probe(probe_output(route_src="10.1.0.12"))
     assert (f.hostname, f.server_ip, f.python, f.python_version, f.torch_version, f.storage) \
-        == ("node2", "10.1.0.12", "ok", "3.11.7", "2.14.1", "5e1f00aa")
+        == ("node2", "10.1.0.12", PythonState.OK, "3.11.7", "2.14.1", "5e1f00aa")
     assert ("eth0", "fe80::1") in f.addrs and ("eth0", "fd00::12") in f.addrs
     assert f.route_src == "10.1.0.12"
 
@@ -141,8 +149,8 @@ def test_parse_probe() -> None:
 def test_parse_probe_python_missing_or_without_torch() -> None:
     missing = parse_probe("hostname=n\nssh=\nsh: 1: /opt/py: not found\n"
                           "storage=\n")
-    assert missing.python == "missing" and "not found" in missing.detail
-    assert parse_probe(probe_output(has_torch=False)).python == "no torch"
+    assert missing.python is PythonState.MISSING and "not found" in missing.detail
+    assert parse_probe(probe_output(has_torch=False)).python is PythonState.NO_TORCH
 
 
 HOST = Host(name="node2", address="10.1.0.12")
@@ -152,8 +160,8 @@ def test_an_accelerate_job_needs_accelerate_on_every_node() -> None:
     without, with_it = parse_probe(probe_output()), parse_probe(probe_output(accelerate="1.15.0"))
     assert with_it.accelerate_version == "1.15.0" and without.accelerate_version == ""
     assert python_problem(HOST, without) is None
-    assert "has no accelerate" in (python_problem(HOST, without, "accelerate") or "")
-    assert python_problem(HOST, with_it, "accelerate") is None
+    assert "has no accelerate" in (python_problem(HOST, without, Launcher.ACCELERATE) or "")
+    assert python_problem(HOST, with_it, Launcher.ACCELERATE) is None
 
 
 def test_route_through_the_interface_holding_the_source_address() -> None:
@@ -184,15 +192,15 @@ def test_no_route_names_the_reason() -> None:
 
 
 def test_storage_groups_keep_inventory_order_and_unknowns_apart() -> None:
-    facts = {n: Facts(n, None, (), "ok", storage=s) for n, s in
+    facts = {n: Facts(n, None, (), PythonState.OK, storage=s) for n, s in
              (("a", "x"), ("b", "y"), ("c", "x"), ("d", ""), ("e", ""))}
     assert storage_groups(facts) == [["a", "c"], ["b"], ["d"], ["e"]]
 
 
 def test_version_problems_name_the_node_and_both_versions() -> None:
-    facts = {"n1": Facts("n1", None, (), "ok", "3.11.7", "2.14.1"),
-             "n2": Facts("n2", None, (), "ok", "3.11.9", "2.14.1"),
-             "n3": Facts("n3", None, (), "ok", "3.12.1", "2.13.0")}
+    facts = {"n1": Facts("n1", None, (), PythonState.OK, "3.11.7", "2.14.1"),
+             "n2": Facts("n2", None, (), PythonState.OK, "3.11.9", "2.14.1"),
+             "n3": Facts("n3", None, (), PythonState.OK, "3.12.1", "2.13.0")}
     problems = version_problems(facts, "n1")
     assert list(problems) == ["n3"]
     assert "python 3.12 here, 3.11 on n1" in problems["n3"]
@@ -385,7 +393,7 @@ def test_probe_learns_home_shell_and_clock_where_a_hello_would(
     f = probe(t, None, create=True)
     assert (t.home, t.shell, f.home, f.shell) == (str(home), "/usr/bin/fish", str(home),
                                                   "/usr/bin/fish")
-    assert f.python == "ok" and f.python_version == sys.version.split()[0]
+    assert f.python is PythonState.OK and f.python_version == sys.version.split()[0]
     assert len(f.storage) == 16 and (home / "fleet work" / ".fleet-storage").is_file()
     assert abs(t.clock_offset) < 5 and abs(float(f.node_time) - time.time()) < 60
     assert t.path("~/fleet work") == f"{home}/fleet work"

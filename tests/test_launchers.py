@@ -13,7 +13,7 @@ import pytest
 
 from fleet.backends.hosts import node as remote
 from fleet.config.inventory import Host, Inventory, load_inventory
-from fleet.config.job import Job, Rendezvous, load_job
+from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend, load_job
 from fleet.errors import ConfigError
 from fleet.facts.failure import log_traceback, parse_report
 from fleet.facts.gpus import absent, busy, parse_gpus
@@ -56,14 +56,14 @@ def test_a_hosts_own_count_wins_over_its_gpus() -> None:
 
 def test_command_launcher_placeholders_per_node() -> None:
     p = plan_of([Host("a", "10.0.0.1", nproc_per_node=2), Host("b", "10.0.0.2")],
-                launcher="command", script=None,
+                launcher=Launcher.COMMAND, script=None,
                 command=("{python}", "x.py", "{nproc_per_node}", "{first_rank}", "{world_size}"))
     assert [n.argv[2:] for n in p.nodes] == [("2", "0", "3"), ("1", "2", "3")]
 
 
 def test_c10d_passes_no_node_rank_and_ranks_are_learnt_at_launch() -> None:
     p = plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2")], nproc_per_node=2,
-                rendezvous=Rendezvous("c10d", 29400, 60))
+                rendezvous=Rendezvous(RendezvousBackend.C10D, 29400, 60))
     for n in p.nodes:
         assert "--node-rank" not in n.argv and n.rank_base is None
     assert any("RANK" in note for note in p.notes)
@@ -104,17 +104,17 @@ def test_inventory_gpu_and_count_errors_name_the_key(tmp_path: Path, line: str, 
 def test_accelerate_refuses_nodes_of_different_sizes_or_kinds() -> None:
     hosts = [Host("a", "10.0.0.1", nproc_per_node=2), Host("b", "10.0.0.2")]
     with pytest.raises(ConfigError, match="same number of processes.*a 2, b 1"):
-        plan_of(hosts, launcher="accelerate")
+        plan_of(hosts, launcher=Launcher.ACCELERATE)
     with pytest.raises(ConfigError, match="a have GPUs and b have none"):
-        plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2")], launcher="accelerate",
+        plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2")], launcher=Launcher.ACCELERATE,
                 has_gpus={"a": True, "b": False})
     with pytest.raises(ConfigError, match="static rendezvous"):
-        plan_of([Host("a", "10.0.0.1")], launcher="accelerate",
-                rendezvous=Rendezvous("c10d", 29400, 60))
+        plan_of([Host("a", "10.0.0.1")], launcher=Launcher.ACCELERATE,
+                rendezvous=Rendezvous(RendezvousBackend.C10D, 29400, 60))
 
 
 def test_accelerate_runs_a_module_and_takes_launcher_args_last() -> None:
-    p = plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2")], launcher="accelerate",
+    p = plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2")], launcher=Launcher.ACCELERATE,
                 script=None, module="pkg.train", nproc_per_node=2,
                 launcher_args=("--mixed_precision", "bf16"), has_gpus={"a": True, "b": True})
     argv = p.nodes[1].argv

@@ -19,7 +19,7 @@ from fleet.backends.hosts.prepare import Session
 from fleet.backends.hosts.run import HostsRun
 from fleet.backends.hosts.stop import stop_nodes
 from fleet.config.inventory import Host, Inventory
-from fleet.config.job import Job
+from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import DamagedRecord, Interrupted, RemoteCommandError
 from fleet.facts.failure import first, parse_report
@@ -318,7 +318,7 @@ def _rendered_node(tmp_path: Path, command: tuple[str, ...], run_id: str) -> Any
     host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path))
     inv = Inventory(tmp_path / "inv.toml", (host,))
     job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
-              script=None, launcher="command", command=command)
+              script=None, launcher=Launcher.COMMAND, command=command)
     plan = make_plan(inv, job, run_id)
     node = plan.nodes[0]
     Path(node.run_dir).mkdir(parents=True)

@@ -10,7 +10,7 @@ import pytest
 
 from fleet import preview
 from fleet.config.inventory import Host, Inventory
-from fleet.config.job import Job, Rendezvous
+from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend
 from fleet.plan import NodeNet, Plan, make_plan, rank_span
 from fleet.render import render_node
 from fleet.run.record import NodeRecord
@@ -66,7 +66,7 @@ def test_static_and_c10d_torchrun_lines() -> None:
     assert argv[argv.index("--master-addr") + 1] == "10.0.0.11"
     assert argv[argv.index("--local-addr") + 1] == "10.0.0.12"
     assert argv[-2:] == ("--msg", "it's $(rm -rf /)")
-    c = make_plan(inventory(), job(rendezvous=Rendezvous("c10d", 29400, 60)), "j-2",
+    c = make_plan(inventory(), job(rendezvous=Rendezvous(RendezvousBackend.C10D, 29400, 60)), "j-2",
                   master_addr="10.0.0.11").nodes[0].argv
     assert c[c.index("--rdzv-endpoint") + 1] == "10.0.0.11:29400"
     assert c[c.index("--rdzv-id") + 1] == "j-2"
@@ -112,7 +112,7 @@ def test_job_templates_override_by_file_name(tmp_path: Path) -> None:
 
 
 def test_accelerate_command_per_node() -> None:
-    p = make_plan(inventory(), job(launcher="accelerate"), "j-1", master_addr="10.0.0.11",
+    p = make_plan(inventory(), job(launcher=Launcher.ACCELERATE), "j-1", master_addr="10.0.0.11",
                   nets=NETS, homes={"n1": "/root", "n2": "/home/x"},
                   has_gpus={"n1": False, "n2": False})
     argv = p.nodes[1].argv
@@ -125,7 +125,7 @@ def test_accelerate_command_per_node() -> None:
     assert argv[-3:] == ("/scratch/fleet/code/j-e64649bc/train.py", "--msg", "it's $(rm -rf /)")
     assert p.nodes[1].env["ACCELERATE_USE_CPU"] == "true"  # CPU nodes: MULTI_CPU workers
     assert p.nodes[1].rank_base == 2
-    gpu = make_plan(inventory(), job(launcher="accelerate"), "j-1", master_addr="10.0.0.11",
+    gpu = make_plan(inventory(), job(launcher=Launcher.ACCELERATE), "j-1", master_addr="10.0.0.11",
                     has_gpus={"n1": True, "n2": True})
     assert "ACCELERATE_USE_CPU" not in gpu.nodes[1].env
 
@@ -133,21 +133,21 @@ def test_accelerate_command_per_node() -> None:
 def test_command_launcher_fills_placeholders_per_node() -> None:
     cmd = ("{python}", "main.py", "--dist-url", "tcp://{master_addr}:{master_port}",
            "--world-size", "{nnodes}", "--rank", "{node_rank}", "--literal", "{{x}}")
-    p = make_plan(inventory(), job(launcher="command", command=cmd, script=None, args=()), "j-1",
-                  master_addr="10.0.0.11")
+    p = make_plan(inventory(), job(launcher=Launcher.COMMAND, command=cmd, script=None, args=()),
+                  "j-1", master_addr="10.0.0.11")
     assert p.nodes[1].argv == ("/opt/venv/bin/python", "main.py", "--dist-url",
                                "tcp://10.0.0.11:29500", "--world-size", "2", "--rank", "1",
                                "--literal", "{x}")
 
 
 def test_legacy_launcher_is_torchrun_with_the_local_rank_as_an_argument() -> None:
-    p = make_plan(inventory(), job(launcher="legacy"), "j-1", master_addr="10.0.0.11")
+    p = make_plan(inventory(), job(launcher=Launcher.LEGACY), "j-1", master_addr="10.0.0.11")
     argv = p.nodes[0].argv
     assert argv[1:3] == ("-m", "torch.distributed.run")
     shim = argv.index("~/fleet/runs/j-1/n1/site/fleet_local_rank.py")
     assert argv[shim + 1:shim + 3] == ("--local-rank", "~/fleet/code/j-e64649bc/train.py")
-    old = make_plan(inventory(), job(launcher="legacy", local_rank_flag="--local_rank"), "j-1",
-                    master_addr="10.0.0.11").nodes[0].argv
+    old = make_plan(inventory(), job(launcher=Launcher.LEGACY, local_rank_flag="--local_rank"),
+                    "j-1", master_addr="10.0.0.11").nodes[0].argv
     assert old[shim + 1] == "--local_rank"
     assert "--tee" in argv
 

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from fleet import manifest, manifest_view
-from fleet.backends.hosts.setup import MARKER, decide, setup_hash, setup_script
+from fleet.backends.hosts.setup import (
+    MARKER,
+    Action,
+    Decision,
+    decide,
+    setup_hash,
+    setup_script,
+)
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, load_job
 from fleet.errors import ConfigError
@@ -51,12 +58,18 @@ def test_setup_runs_once_per_filesystem_and_only_when_changed(tmp_path: Path) ->
     job = job_in(tmp_path)
     wanted = setup_hash(job)
     p = plan_for(job, storage=[["a", "b"], ["c"]])  # a and b share an NFS home
-    assert decide(p, {}) == {"a": "run", "b": "shared with a", "c": "run"}
-    assert decide(p, {"a": wanted or "", "c": "old"}) == {
+    def words(decisions: dict[str, Decision]) -> dict[str, str]:
+        return {name: d.text for name, d in decisions.items()}
+
+    assert words(decide(p, {})) == {"a": "run", "b": "shared with a", "c": "run"}
+    assert [d.action for d in decide(p, {}).values()] == [Action.RUN, Action.SHARED, Action.RUN]
+    assert words(decide(p, {"a": wanted or "", "c": "old"})) == {
         "a": "skipped (unchanged since it last succeeded here)",
         "b": "skipped (unchanged since it last succeeded on a, shared)", "c": "run"}
-    assert decide(p, {"a": wanted or "", "c": wanted or ""}, force=True)["c"] == "run (--setup)"
-    assert decide(p, None)["a"].startswith("runs unless it already succeeded here")
+    forced = decide(p, {"a": wanted or "", "c": wanted or ""}, force=True)["c"]
+    assert forced.text == "run (--setup)" and forced.action is Action.RUN
+    assert decide(p, None)["a"].text.startswith("runs unless it already succeeded here")
+    assert decide(p, None)["a"].action is Action.UNASKED
 
 
 def test_setup_script_runs_in_the_jobs_directory_with_its_env_and_stops_at_a_failure(

@@ -22,6 +22,7 @@ from fleet.config.job import load_job, with_extra_args
 from fleet.console import Console
 from fleet.errors import UsageError
 from fleet.run import runner
+from fleet.trust import KeyState
 
 
 @app.command()
@@ -161,8 +162,8 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:
         fp = hostkeys.fingerprint(s.key) if s.key is not None else ""
-        echo(f"{s.host:<{width}}  {s.state.upper():<11} {fp} {s.detail}".rstrip())
-    new = [s for s in statuses if s.state == "new"]
+        echo(f"{s.host:<{width}}  {s.state.value.upper():<11} {fp} {s.detail}".rstrip())
+    new = [s for s in statuses if s.state is KeyState.NEW]
     if accept and new:
         if to == "inventory":
             n = backend.pin_keys(statuses, inventory_path)
@@ -171,7 +172,7 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
             for path, n in fleet_trust.record_known_hosts(statuses).items():
                 echo(f"recorded {n} key(s) in {path}")
         new = []
-    bad = [s for s in statuses if s.state in ("changed", "unreachable")]
+    bad = [s for s in statuses if s.state in (KeyState.CHANGED, KeyState.UNREACHABLE)]
     if bad or new:
         if new:
             echo("check the fingerprints above, then record them with --accept", err=True)

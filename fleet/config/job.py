@@ -8,16 +8,34 @@ import math
 import re
 import string
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+from typing import TypeVar
 
 from fleet.config.schema import Table, load_toml
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
-BACKENDS = ("static", "c10d")
-# torchrun: python -m torch.distributed.run; legacy: python -m torch.distributed.launch (passes
-# --local-rank to the script); accelerate: `accelerate launch`; command: the job's own command
-# line with placeholders, for scripts that spawn their own workers.
-LAUNCHERS = ("torchrun", "legacy", "accelerate", "command")
+E = TypeVar("E", bound=StrEnum)
+
+
+class Launcher(StrEnum):
+    """What starts the job's processes on a node (both backends read it). Its value is the
+    word the job file, the manifest and `fleet plan --json` spell it with."""
+
+    TORCHRUN = "torchrun"  # python -m torch.distributed.run
+    LEGACY = "legacy"  # python -m torch.distributed.launch (passes --local-rank to the script)
+    ACCELERATE = "accelerate"  # `accelerate launch`
+    # The job's own command line with placeholders, for scripts that spawn their own workers.
+    COMMAND = "command"
+
+
+class RendezvousBackend(StrEnum):
+    """How torchrun's nodes meet: ranks in inventory order (static), or as they join (c10d)."""
+
+    STATIC = "static"
+    C10D = "c10d"
+
+
 PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "first_rank",
                 "master_addr", "master_port", "run_id", "code_dir", "data_dir", "host", "python")
 NPROC_WORDS = ("gpu", "cpu", "auto")
@@ -31,7 +49,7 @@ MIN_UNREACHABLE_AFTER = 2 * HEARTBEAT_S  # a limit shorter would give a node one
 
 @dataclass(frozen=True)
 class Rendezvous:
-    backend: str = "static"
+    backend: RendezvousBackend = RendezvousBackend.STATIC
     port: int = 29500
     timeout: int = 900  # seconds torchrun waits for all nodes to join
 
@@ -54,7 +72,7 @@ class Job:
     script: str | None  # a file in the workdir, or None with `module` or launcher = "command"
     args: tuple[str, ...] = ()
     module: str | None = None  # run as `python -m module` (installed, or in the workdir)
-    launcher: str = "torchrun"
+    launcher: Launcher = Launcher.TORCHRUN
     command: tuple[str, ...] = ()  # launcher = "command": the argv, with {placeholders}
     nproc_per_node: int | str = 1
     env: dict[str, str] = field(default_factory=dict)
@@ -110,11 +128,9 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     workdir = here / root.take("workdir", str, ".")
     if not workdir.is_dir():
         raise root.error("workdir", f"directory not found: {workdir}")
-    launcher = root.take("launcher", str, "torchrun")
-    if launcher not in LAUNCHERS:
-        raise root.error("launcher", f"must be one of {', '.join(LAUNCHERS)}, not {launcher!r}")
+    launcher = _one_of(root, "launcher", Launcher, Launcher.TORCHRUN)
     command: tuple[str, ...] = ()
-    if launcher == "command":
+    if launcher == Launcher.COMMAND:
         command = tuple(root.take_str_list("command"))
         if not command:
             raise root.error("command", "must not be empty")
@@ -123,13 +139,13 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     script = root.take("script", str, None)
     module = root.take("module", str, None)
     if module is not None:
-        if launcher == "command":
+        if launcher == Launcher.COMMAND:
             raise root.error("module", 'not used with launcher = "command" (name it in command)')
         if script is not None:
             raise root.error("module", "give either script or module, not both")
         if not MODULE.match(module):
             raise root.error("module", f"{module!r} is not a python module name (pkg.mod)")
-    elif script is None and launcher != "command":
+    elif script is None and launcher != Launcher.COMMAND:
         raise root.error("script", "required key is missing (or give module)")
     if script is not None:
         script_path = (workdir / script).resolve()
@@ -140,21 +156,22 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         script = script_path.relative_to(workdir.resolve()).as_posix()
     args = tuple(root.take_str_list("args", []))
     launcher_args = tuple(root.take_str_list("launcher_args", []))
-    if launcher_args and launcher == "command":
+    if launcher_args and launcher == Launcher.COMMAND:
         raise root.error("launcher_args", 'not used with launcher = "command" (it has no '
                                           "launcher: put them in command)")
     local_rank_flag = root.take("local_rank_flag", str, "--local-rank")
     if local_rank_flag not in LOCAL_RANK_FLAGS:
         raise root.error("local_rank_flag", f"must be one of {', '.join(LOCAL_RANK_FLAGS)}, "
                                             f"not {local_rank_flag!r}")
-    if root.has("local_rank_flag") and launcher != "legacy":
+    if root.has("local_rank_flag") and launcher != Launcher.LEGACY:
         raise root.error("local_rank_flag", 'only used with launcher = "legacy" (torchrun '
                                             "passes LOCAL_RANK in the environment)")
     for i, word in enumerate(args):
         _check_placeholders(root, f"args[{i}]", word)
     nproc = _nproc(root)
-    if launcher in ("accelerate", "command") and not isinstance(nproc, int):
-        raise root.error("nproc_per_node", f"must be a number with launcher = {launcher!r}")
+    if launcher in (Launcher.ACCELERATE, Launcher.COMMAND) and not isinstance(nproc, int):
+        raise root.error("nproc_per_node", f"must be a number with launcher = "
+                                           f"{launcher.value!r}")
     env = root.take_env("env")
     rdzv = _rendezvous(root.table("rendezvous"))
     watchdog = _watchdog(root.table("watchdog"))
@@ -244,6 +261,16 @@ def nproc_value(t: Table, key: str) -> int | str:
     return n
 
 
+def _one_of(t: Table, key: str, kind: type[E], default: E) -> E:
+    """A key whose value is one of an enum's words."""
+    text = t.take(key, str, default.value)
+    try:
+        return kind(text)
+    except ValueError:
+        words = ", ".join(k.value for k in kind)
+        raise t.error(key, f"must be one of {words}, not {text!r}") from None
+
+
 def _watchdog(t: Table) -> Watchdog:
     hang = t.take("hang_timeout", float, None)
     if hang is not None and hang <= 0:
@@ -260,9 +287,7 @@ def _watchdog(t: Table) -> Watchdog:
 
 
 def _rendezvous(t: Table) -> Rendezvous:
-    backend = t.take("backend", str, "static")
-    if backend not in BACKENDS:
-        raise t.error("backend", f"must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    backend = _one_of(t, "backend", RendezvousBackend, RendezvousBackend.STATIC)
     port = t.take("port", int, 29500)
     if not 0 < port < 65536:
         raise t.error("port", f"must be between 1 and 65535, not {port}")

@@ -9,10 +9,12 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from fleet.backends.hosts.node import held_script, parse_held
 from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Launcher
 from fleet.plan import NodeNet
 from fleet.shell import home_word, quote
 from fleet.transport import Transport
@@ -77,12 +79,20 @@ print("py=" + json.dumps(out))
 '''
 
 
+class PythonState(Enum):
+    """What the node's interpreter turned out to be, from the probe's answer."""
+
+    OK = "ok"  # it ran, and torch is installed for it
+    NO_TORCH = "no torch"  # it ran, without torch
+    MISSING = "missing"  # not found or not runnable (Facts.detail has what the node said)
+
+
 @dataclass(frozen=True)
 class Facts:
     hostname: str
     server_ip: str | None  # the node's address that this SSH connection reached
     addrs: tuple[tuple[str, str], ...]  # (interface, IP) of every address, v4 and v6
-    python: str  # "ok", "missing", or "no torch"
+    python: PythonState
     python_version: str = ""
     torch_version: str = ""
     accelerate_version: str = ""  # "" where it is not installed
@@ -148,7 +158,8 @@ def parse_probe(out: str) -> Facts:
         py = json.loads(fields.get("py", "")) if fields.get("py") else {}
     except ValueError:
         py = {}
-    python = "ok" if py.get("has_torch") else "no torch" if py else "missing"
+    python = (PythonState.OK if py.get("has_torch") else PythonState.NO_TORCH if py
+              else PythonState.MISSING)
     addrs = tuple((str(a[0]), str(a[1]).split("%")[0])
                   for a in py.get("addrs", []) if isinstance(a, list) and len(a) == 2)
     return Facts(hostname=fields.get("hostname", ""), server_ip=server_ip, addrs=addrs,
@@ -179,20 +190,20 @@ def probe(t: Transport, master: str | None = None, create: bool = True,
     return facts
 
 
-def python_problem(host: Host, facts: Facts, launcher: str = "torchrun",
+def python_problem(host: Host, facts: Facts, launcher: Launcher = Launcher.TORCHRUN,
                    needs_torch: bool = True) -> str | None:
     """Why this python cannot run the job; `needs_torch` false where it only probes (the job
     runs with an interpreter its setup makes)."""
-    if facts.python == "no torch" and not needs_torch:
+    if facts.python is PythonState.NO_TORCH and not needs_torch:
         return None
-    if facts.python == "ok":
+    if facts.python is PythonState.OK:
         if not needs_torch:
             return None
-        if launcher == "accelerate" and not facts.accelerate_version:
+        if launcher == Launcher.ACCELERATE and not facts.accelerate_version:
             return (f"{host.python} has no accelerate (launcher = \"accelerate\"); install it "
                     "there (pip install accelerate) or set `python` in the inventory")
         return None
-    if facts.python == "no torch":
+    if facts.python is PythonState.NO_TORCH:
         return f"{host.python} has no torch; install it there or set `python` in the inventory"
     said = f" ({facts.detail.strip()})" if facts.detail.strip() else ""
     return (f"python {host.python!r} not found or not runnable{said}; set `python` for this "

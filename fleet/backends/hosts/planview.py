@@ -8,6 +8,7 @@ import sys
 from fleet import preview
 from fleet.backends.hosts import prepare as launch
 from fleet.backends.hosts import setup as fleet_setup
+from fleet.backends.hosts.setup import Decision
 from fleet.backends.hosts.upload import scan_sources
 from fleet.config.inventory import load_inventory
 from fleet.config.job import Job
@@ -16,7 +17,7 @@ from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.shell import join
 
 
-def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, str], preview.Preview]:
+def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], preview.Preview]:
     """The plan, each node's setup decision and the data's preview."""
     inv = load_inventory(job.inventory)
     console = Console(out=sys.stderr)
@@ -38,7 +39,7 @@ def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, str], preview.Preview
     return p, setups, moves
 
 
-def lines(p: Plan, setups: dict[str, str], moves: preview.Preview) -> list[str]:
+def lines(p: Plan, setups: dict[str, Decision], moves: preview.Preview) -> list[str]:
     job = p.job
     out = [f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
            f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}"]

@@ -9,7 +9,7 @@ import time
 from fleet.backends.hosts.check import FAIL, Listeners, port_checks
 from fleet.backends.hosts.claim import Claims
 from fleet.config.inventory import Host, Inventory
-from fleet.config.job import Job
+from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
 from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
@@ -139,7 +139,7 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
     nvidia-smi on every node: chosen GPUs that do not exist stop the launch, busy ones and a
     node without nvidia-smi are warned about. Per node whether it has GPUs, or None when not
     asked."""
-    if job.launcher != "accelerate" and not any(h.gpus for h in inventory.hosts):
+    if job.launcher != Launcher.ACCELERATE and not any(h.gpus for h in inventory.hosts):
         return None
     facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.t.items(), gpu_facts))
     problems = {}

@@ -24,7 +24,7 @@ from fleet.backends.hosts.prepare import (
 from fleet.backends.hosts.stop import stop_nodes
 from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
 from fleet.config.inventory import load_inventory
-from fleet.config.job import Job
+from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
@@ -100,7 +100,8 @@ class HostsRun(Run):
                                                 manifest.dumps(m).encode(), 0o600)
         # A detached run is confirmed by the master's open port, where fleet knows torchrun
         # opens one (a `command` may not).
-        self.pids = self.start_all(wait_port=options.detach and self.job.launcher != "command")
+        self.pids = self.start_all(
+            wait_port=options.detach and self.job.launcher != Launcher.COMMAND)
         session.release()  # its nodes run: the next launch sees them (refuse_held)
 
     def start_all(self, wait_port: bool = False) -> dict[str, int]:

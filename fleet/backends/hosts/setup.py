@@ -8,6 +8,7 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 from fleet.config.job import Job
 from fleet.console import Console
@@ -76,8 +77,30 @@ def recorded(session_t: dict[str, Transport], plan: Plan) -> dict[str, str]:
     return {name: r.out.strip() for name, r in results.items() if not isinstance(r, Exception)}
 
 
-def decide(plan: Plan, marks: dict[str, str] | None, force: bool = False) -> dict[str, str]:
-    """Per node what setup will do: "run", or why not ("skipped: ...", "shared with node1");
+class Action(Enum):
+    """What a node does about the job's setup in this run."""
+
+    NONE = "none"  # the job has no setup
+    RUN = "run"  # it runs here
+    SHARED = "shared"  # another node on this filesystem runs it for both
+    SKIP = "skip"  # unchanged since it last succeeded on this filesystem
+    UNASKED = "unasked"  # a dry run: the nodes' markers were not read
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A node's setup action, and the words fleet prints for it (`fleet plan`, `fleet up`)."""
+
+    action: Action
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def decide(plan: Plan, marks: dict[str, str] | None,
+           force: bool = False) -> dict[str, Decision]:
+    """Per node what setup will do: run it, or why not ("skipped (...)", "shared with node1");
     `marks` None where the nodes were not asked (a dry run)."""
     wanted = setup_hash(plan.job)
     leader = {name: group[0] for group in plan.storage for name in group}
@@ -85,18 +108,20 @@ def decide(plan: Plan, marks: dict[str, str] | None, force: bool = False) -> dic
     for n in plan.nodes:
         name = n.host.name
         first = leader[name]
+        shared = Decision(Action.SHARED, f"shared with {first}")
         if wanted is None:
-            out[name] = "none"
+            out[name] = Decision(Action.NONE, "none")
         elif force:
-            out[name] = "run (--setup)" if first == name else f"shared with {first}"
+            out[name] = Decision(Action.RUN, "run (--setup)") if first == name else shared
         elif marks is None:
-            out[name] = (f"runs unless it already succeeded here with this text and inputs "
-                         f"(setup {wanted})")
+            out[name] = Decision(Action.UNASKED, "runs unless it already succeeded here with "
+                                                 f"this text and inputs (setup {wanted})")
         elif marks.get(first, "") == wanted:
-            out[name] = "skipped (unchanged since it last succeeded here)" if first == name \
-                else f"skipped (unchanged since it last succeeded on {first}, shared)"
+            out[name] = Decision(Action.SKIP, "skipped (unchanged since it last succeeded here)"
+                                 if first == name else "skipped (unchanged since it last "
+                                 f"succeeded on {first}, shared)")
         else:
-            out[name] = "run" if first == name else f"shared with {first}"
+            out[name] = Decision(Action.RUN, "run") if first == name else shared
     return out
 
 
@@ -112,10 +137,10 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
     nodes = {n.host.name: n for n in plan.nodes}
     index = {name: i for i, name in enumerate(nodes)}
     what = decide(plan, None if force else recorded(session_t, plan), force)
-    todo = [name for name, word in what.items() if word.startswith("run")]
-    for name, word in what.items():
+    todo = [name for name, d in what.items() if d.action is Action.RUN]
+    for name, d in what.items():
         if name not in todo:
-            console.phase(name, f"setup: {word}")
+            console.phase(name, f"setup: {d.text}")
 
     def one(name: str) -> SetupResult:
         node, t = nodes[name], session_t[name]

@@ -23,7 +23,7 @@ from fleet.config.inventory import (
     load_inventory,
     take_host_key,
 )
-from fleet.config.job import nproc_value
+from fleet.config.job import Launcher, nproc_value
 from fleet.config.schema import Table, load_toml
 from fleet.errors import ConfigError
 
@@ -32,7 +32,7 @@ NAME = re.compile(r"[A-Za-z0-9_.,+-]{1,64}\Z")  # partition(s), account, qos
 TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}\Z|UNLIMITED\Z|infinite\Z")
 GPUS = re.compile(r"([A-Za-z0-9_.-]+:)?\d{1,4}\Z")  # 4, or a type and a count: a100:4
 SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/%@+=-]+)?\Z")
-LAUNCHERS = ("torchrun",)  # what a Slurm task can start as the job says (see _check_job)
+LAUNCHERS = (Launcher.TORCHRUN,)  # what a Slurm task can start as the job says (check_job)
 
 
 @dataclass(frozen=True)

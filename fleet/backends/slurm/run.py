@@ -26,7 +26,7 @@ from fleet.backends.slurm.jobs import (
 from fleet.backends.slurm.report import keep_allocation, report
 from fleet.backends.slurm.script import Script, argv, env_file_text, env_of, nproc, render
 from fleet.backends.slurm.watch import DETACH_WAIT_S, Announcer, Watch, wait_started
-from fleet.config.job import Job
+from fleet.config.job import Job, RendezvousBackend
 from fleet.console import Console
 from fleet.errors import (
     FleetError,
@@ -63,7 +63,8 @@ def prepare(cluster: Cluster, job: Job, console: Console, options: Options) -> S
                    env_file=f"{run_dir}/env.sh")
         text = render(job, cluster, s)
         rec = SlurmRecord(run_id, str(job.path), cluster.login, run_dir,
-                          nproc=nproc(job, cluster), static=job.rendezvous.backend == "static")
+                          nproc=nproc(job, cluster),
+                          static=job.rendezvous.backend == RendezvousBackend.STATIC)
         t.run(sh("mkdir", "-p", f"{run_dir}/{SITE}"), timeout=60,
               what="make the run directory").check(t.host.name)
         t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)

@@ -11,7 +11,7 @@ from fleet.config.inventory import (
     Host,
     load_inventory,
 )
-from fleet.config.job import Job
+from fleet.config.job import Job, RendezvousBackend
 from fleet.errors import ConfigError
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
 from fleet.render import environment
@@ -69,9 +69,9 @@ def nproc(job: Job, cluster: Cluster) -> int | str:
 def check_job(job: Job, cluster: Cluster) -> None:
     """What a Slurm task cannot run as the job says, refused naming the file and key."""
     if job.launcher not in LAUNCHERS:
-        raise ConfigError(job.path, "launcher", f'launcher = "{job.launcher}" is not supported '
-                          'on Slurm yet: only "torchrun" (the task starts torchrun with the node '
-                          "rank from SLURM_NODEID); run it on a host list instead")
+        raise ConfigError(job.path, "launcher", f'launcher = "{job.launcher.value}" is not '
+                          'supported on Slurm yet: only "torchrun" (the task starts torchrun with '
+                          "the node rank from SLURM_NODEID); run it on a host list instead")
     if job.watchdog.nccl_flight_recorder:
         raise ConfigError(job.path, "watchdog.nccl_flight_recorder", "the NCCL flight recorder "
                           "is not wired on Slurm yet (its dump files are per node there); "
@@ -124,13 +124,13 @@ def argv(job: Job, cluster: Cluster, s: Script) -> list[tuple[Word, ...]]:
     out: list[tuple[Word, ...]] = [
         (path_word(python), word("-m"), word("torch.distributed.run")),
         (word("--nnodes"), word(("$SLURM_NNODES",)), word("--nproc-per-node"), word(str(n)))]
-    if rdzv.backend == "static":
+    if rdzv.backend == RendezvousBackend.STATIC:
         out += [(word("--node-rank"), word(("$SLURM_NODEID",))),
                 (word("--master-addr"), word(("$MASTER_ADDR",)),
                  word("--master-port"), word(str(rdzv.port))),
                 (word("--rdzv-conf"), word(f"timeout={rdzv.timeout}"))]
     else:  # c10d numbers nodes as they join; the first node of the allocation hosts the store
-        out += [(word("--rdzv-backend"), word("c10d"),
+        out += [(word("--rdzv-backend"), word(RendezvousBackend.C10D.value),
                  word("--rdzv-endpoint"), word(("$MASTER_ADDR",), f":{rdzv.port}"),
                  word("--rdzv-id"), word(("$SLURM_JOB_ID",))),
                 (word("--rdzv-conf"), word(f"join_timeout={rdzv.timeout},is_host=",
