@@ -29,7 +29,9 @@ class Guard(SignalGuard):
                  tb: TracebackType | None) -> None:
         self.hold()
         try:
-            if self.released:  # the run goes on without fleet, whatever happens here now
+            # Detached: the run goes on without fleet, whatever fails in confirming its start;
+            # only the person's own Ctrl-C while fleet still waits for it stops it.
+            if self.released and not isinstance(exc, Interrupted):
                 return
             if self.ended:
                 if isinstance(exc, Interrupted):
