@@ -4,22 +4,46 @@ watchdog (no line from any node for hang_timeout: every rank's stack, then a sto
 
 from __future__ import annotations
 
+import collections
 import contextlib
+from collections.abc import Generator
+from dataclasses import dataclass
 
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
 from fleet.console import Console
 from fleet.run import hang
 from fleet.run.guard import Guard
-from fleet.run.states import FAIL_FAST, NodeOutcome, NodeStatus
+from fleet.run.states import FAIL_FAST, NodeOutcome, NodeStatus, RunStatus, overall
 
 
-def monitor(run: Run, guard: Guard, console: Console) -> dict[str, NodeOutcome]:
-    """Until every part of the job has ended: each node's outcome, the last word for each."""
+@dataclass(frozen=True)
+class RunState:
+    """Where a running job stands after an event: each node's outcome so far, whether a stop
+    of every node is under way, and the watchdog's verdict where it stopped the run. A policy
+    (a restart, say) decides on it in one place."""
+
+    outcomes: dict[str, NodeOutcome]
+    stopping: bool
+    hang: str | None
+
+    @property
+    def status(self) -> RunStatus:
+        return overall(o.status for o in self.outcomes.values())
+
+
+def watch(run: Run, guard: Guard, console: Console) -> Generator[RunState, None, None]:
+    """The run's state after each of its events, until every part of the job has ended."""
     m = Monitor(run, guard, console)
     with contextlib.closing(run.events()) as events:  # closed on any way out: its threads end
         for event in events:
             m.on(event)
-    return m.outcomes
+            yield RunState(dict(m.outcomes), m.stopping, guard.hang)
+
+
+def monitor(run: Run, guard: Guard, console: Console) -> dict[str, NodeOutcome]:
+    """Until every part of the job has ended: each node's outcome, the last word for each."""
+    last = collections.deque(watch(run, guard, console), maxlen=1)
+    return last[0].outcomes if last else {}
 
 
 class Monitor:
