@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts.check import parse_listener
+from fleet.backends.hosts.ports import parse_listener
 from fleet.backends.hosts.prepare import version_problems
 from fleet.config.inventory import Host
+from fleet.facts import run_state
 from fleet.facts.probe import Facts, net_for, parse_probe, python_problem, storage_groups
 from fleet.run.states import NodeStatus
 from fleet.transport import (
@@ -201,26 +202,26 @@ def test_version_problems_name_the_node_and_both_versions() -> None:
 
 # ---- run state, held runs, stop, start ------------------------------------------------------
 def test_parse_state() -> None:
-    running = remote.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nlast=1700000050\n"
+    running = run_state.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nlast=1700000050\n"
                                  "now=1700000070\nalive\n")
     assert (running.status, running.pid, running.elapsed) == (NodeStatus.RUNNING, 41, 70)
-    failed = remote.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n"
+    failed = run_state.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n"
                                 "last=1700000060\nnow=1700000900\n")
     assert (failed.status, failed.code, failed.elapsed) == (NodeStatus.FAILED, 1, 60)
-    stopped = remote.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
+    stopped = run_state.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
                                  "stop|fleet stop\nstop|key=k1\n", "k1")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fleet stop")
-    assert remote.parse_state("missing\n").status is NodeStatus.MISSING
-    assert remote.parse_state("pid=\ncode=\nstarted=\nended=\nnow=5\n").status is \
+    assert run_state.parse_state("missing\n").status is NodeStatus.MISSING
+    assert run_state.parse_state("pid=\ncode=\nstarted=\nended=\nnow=5\n").status is \
         NodeStatus.STARTING
 
 
 def test_a_node_killed_outright_stops_counting_time() -> None:
     """No exit code, wrapper gone: it ran until its last sign of life, not until now (and the
     control machine's clock plays no part)."""
-    killed = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n")
+    killed = run_state.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n")
     assert (killed.status, killed.elapsed) == (NodeStatus.FAILED, 30)
-    stopped = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n"
+    stopped = run_state.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n"
                                  "stop|fail-fast: node2 failed\nstop|key=k1\n", "k1")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fail-fast: node2 failed")
 
@@ -231,7 +232,7 @@ def test_parse_held_counts_only_runs_of_this_machine() -> None:
            "run=r1/node2 yes node2 6f1c-boot\n"  # same boot (one kernel), other host: not ours
            "run=r2/node1 no node1 6f1c-boot\n"
            "run=r3/node1 yes\n")  # no machine file yet (just started): ours
-    assert remote.parse_held(out) == ["r1/node1", "r3/node1"]
+    assert run_state.parse_held(out) == ["r1/node1", "r3/node1"]
 
 
 def test_parse_stop_and_pid() -> None:
@@ -296,8 +297,8 @@ def test_an_edit_within_the_second_of_the_last_sync_is_a_change() -> None:
 def test_a_pid_counts_only_on_the_machine_that_recorded_it() -> None:
     """After a reboot (another boot id) the recorded pid may be anyone's: not alive."""
     base = "pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\nalive\nme=node2 boot-B\n"
-    assert remote.parse_state(base + "machine=node2 boot-B\n").status is NodeStatus.RUNNING
-    rebooted = remote.parse_state(base + "machine=node2 boot-A\n")
+    assert run_state.parse_state(base + "machine=node2 boot-B\n").status is NodeStatus.RUNNING
+    rebooted = run_state.parse_state(base + "machine=node2 boot-A\n")
     assert (rebooted.status, rebooted.elapsed) == (NodeStatus.FAILED, 30)
 
 

@@ -26,9 +26,12 @@ import typer
 from fleet import manifest as fleet_manifest
 from fleet import preview
 from fleet import trust as fleet_trust
+from fleet.backends.checks import Status
+from fleet.backends.checks import table as checks_table
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import prepare as launch
+from fleet.backends.hosts import recorded
 from fleet.backends.hosts import setup as fleet_setup
 from fleet.backends.slurm import backend as slurm_run
 from fleet.backends.slurm import cluster as slurm
@@ -37,6 +40,7 @@ from fleet.config.inventory import Host, Inventory, load_inventory
 from fleet.config.job import load_job, with_extra_args
 from fleet.console import Console, printable
 from fleet.errors import DamagedRecord, FleetError, Interrupted, UsageError
+from fleet.facts import run_state
 from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.run import hang
 from fleet.run import logs as fleet_logs
@@ -239,9 +243,9 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     else:
         inv = load_inventory(job.inventory)
         checks = fleet_check.run_checks(inv, job)
-    echo(fleet_check.table(checks))
-    failed = [c for c in checks if c.status == fleet_check.FAIL]
-    warned = [c for c in checks if c.status == fleet_check.WARN]
+    echo(checks_table(checks))
+    failed = [c for c in checks if c.status is Status.FAIL]
+    warned = [c for c in checks if c.status is Status.WARN]
     echo(f"\n{len(failed)} failed, {len(warned)} warning(s), "
           f"{len(checks) - len(failed) - len(warned)} passed")
     if failed:
@@ -303,7 +307,7 @@ def stop(run_id: RunArg = None) -> None:
         slurm_run.stop(on_slurm, console)
         return
     console.hosts([n.host.name for n in rec.nodes])
-    results = remote.stop_recorded(rec, "fleet stop")
+    results = recorded.stop_recorded(rec, "fleet stop")
     bad = 0
     for name, r in results.items():
         if isinstance(r, Exception):
@@ -320,12 +324,12 @@ def stop(run_id: RunArg = None) -> None:
     console.info(f"run {rec.run_id} stopped on every node")
 
 
-def _states(rec: state.RunRecord) -> dict[str, remote.NodeState | Exception]:
-    return remote.on_nodes(rec, lambda t, d: remote.state(t, d, rec.stop_key(t.host.name)))
+def _states(rec: state.RunRecord) -> dict[str, run_state.NodeState | Exception]:
+    return recorded.on_nodes(rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)))
 
 
-def _status(r: remote.NodeState | Exception) -> NodeStatus:
-    return r.status if isinstance(r, remote.NodeState) else NodeStatus.UNREACHABLE
+def _status(r: run_state.NodeState | Exception) -> NodeStatus:
+    return r.status if isinstance(r, run_state.NodeState) else NodeStatus.UNREACHABLE
 
 
 @app.command()
@@ -340,7 +344,7 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
         console.info(f"run {rec.run_id} removed")
         return
     console.hosts([n.host.name for n in rec.nodes])
-    results = remote.on_nodes(rec, remote.remove)
+    results = recorded.on_nodes(rec, remote.remove)
     bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
     for name, r in results.items():
         console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")
@@ -427,7 +431,7 @@ def _ps_hosts(path: Path) -> None:
 
     def alive(h: Host) -> list[str]:
         with open_transport(h) as t:
-            return remote.held_by(t, f"{t.path(t.host.workdir)}/runs")
+            return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
 
     results = each(((h.name, h) for h in inv.hosts), alive)
     bad = 0

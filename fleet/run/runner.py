@@ -46,7 +46,7 @@ from fleet.errors import (
     TransportError,
     host_error,
 )
-from fleet.facts import failure
+from fleet.facts import failure, run_state
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.run import faults, hang
 from fleet.run import record as state
@@ -306,7 +306,7 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
         link = guard.links[name]
         local_log = (open(logdir / f"{name}.log", "w", buffering=1)  # noqa: SIM115
                      if logdir else None)
-        tag = Tagger(name, node.rank_base, lambda: remote.ranks(link.t, node.run_dir))
+        tag = Tagger(name, node.rank_base, lambda: run_state.ranks(link.t, node.run_dir))
         quiet = after_stop(guard, node, link)
 
         def on_lines(lines: list[str]) -> None:
@@ -374,7 +374,7 @@ def stream(guard: Guard, pids: dict[str, int], logdir: Path | None = None) -> li
                     console.phase(name, f"the rest of its log could not be read: "
                                         f"{reason(result)} (`fleet logs {plan.run_id} --node "
                                         f"{name}` reads it from the node)")
-            elif kind == "end" and isinstance(result, remote.NodeState) and result.done:
+            elif kind == "end" and isinstance(result, run_state.NodeState) and result.done:
                 known = outcomes.get(name)
                 outcome = NodeOutcome(name, node.node_rank, result.status, result.code,
                                       result.stopped_by, result.own_failure)
@@ -451,7 +451,7 @@ def after_stop(guard: Guard, node: NodePlan, link: Link) -> AfterStop:
 
     def confirm() -> str:
         with contextlib.suppress(FleetError):
-            return remote.state(link.t, node.run_dir, guard.key(name)).stopped_by
+            return run_state.state(link.t, node.run_dir, guard.key(name)).stopped_by
         return ""
 
     def announce(by: str) -> None:
@@ -465,7 +465,7 @@ def _outcome(guard: Guard, node: NodePlan, result: int | Exception) -> NodeOutco
     name = node.host.name
     if not isinstance(result, Exception):
         try:
-            st = remote.state(guard.links[name].t, node.run_dir, guard.key(name))
+            st = run_state.state(guard.links[name].t, node.run_dir, guard.key(name))
         except FleetError as e:
             result = e
         else:
