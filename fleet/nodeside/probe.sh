@@ -7,15 +7,14 @@
 printf 'hostname=%s\n' "$(cat /proc/sys/kernel/hostname 2>/dev/null || hostname)"
 printf 'home=%s\nshell=%s\n' "$HOME" "${SHELL:-}"
 printf 'ssh=%s\n' "${SSH_CONNECTION:-}"
+[ -z "$5" ] || mkdir -p "$3" 2>/dev/null
 if [ "$6" = deep ]; then
   "$1" -c "$2" "$4" deep "$3" 2>&1
 else
   "$1" -c "$2" "$4" 2>&1
 fi
 f=$3/.fleet-storage
-if [ -n "$5" ]; then
-  mkdir -p "$3" 2>/dev/null
-  # Atomic, NFS-safe: a hard link fails where the file exists.
-  [ -s "$f" ] || { printf '%s\n' "$5" > "$f.$5" && ln "$f.$5" "$f"; rm -f "$f.$5"; } 2>/dev/null
-fi
+# Atomic, NFS-safe: a hard link fails where the file exists.
+[ -z "$5" ] || [ -s "$f" ] ||
+  { printf '%s\n' "$5" > "$f.$5" && ln "$f.$5" "$f"; rm -f "$f.$5"; } 2>/dev/null
 printf 'storage=%s\n' "$(cat "$f" 2>/dev/null)"
