@@ -139,6 +139,27 @@ def test_parse_probe() -> None:
     assert f.route_src == "10.1.0.12"
 
 
+def test_parse_probe_deep_takes_what_check_needs_as_types() -> None:
+    check = {"torch": "2.14.1+cu130", "cuda": "13.0", "nccl": "", "gpus": 2,
+             "torchvision": "0.29.1", "driver": "580.1", "gpu_processes": ["4242, python, 9 MiB"],
+             "hostname_resolves": ["127.0.1.1"], "reverse_dns_s": 0.25,
+             "disk_free": 5 << 30, "disk_path": "/root/fleet"}
+    h = parse_probe(probe_output(check=check)).health
+    assert h is not None
+    assert (h.torch, h.cuda, h.gpus, h.driver, h.resolves, h.reverse_dns_s, h.disk_free) == \
+        ("2.14.1+cu130", "13.0", 2, "580.1", ("127.0.1.1",), 0.25, 5 << 30)
+    assert h.gpu_processes == ("4242, python, 9 MiB",) and h.torch_error == ""
+    # What a node says is data: wrong types give nothing, not an exception.
+    odd = parse_probe(probe_output(check={"gpus": "²", "disk_free": -1, "reverse_dns_s": "x",
+                                          "hostname_resolves": "a", "torch_error": "E: x"}))
+    assert odd.health is not None
+    assert (odd.health.gpus, odd.health.disk_free, odd.health.reverse_dns_s,
+            odd.health.resolves, odd.health.torch_error) == (0, 0, 0.0, (), "E: x")
+    assert parse_probe(probe_output()).health is None
+    assert parse_probe(probe_output(check=[1])).health is None
+    assert parse_probe("hostname=n\npy=[1, 2]\n").python == "missing"
+
+
 def test_parse_probe_python_missing_or_without_torch() -> None:
     missing = parse_probe("hostname=n\nssh=\nsh: 1: /opt/py: not found\n"
                           "storage=\n")
