@@ -81,7 +81,7 @@ def probe_script(python: str, workdir: str, master: str | None = None,
                            secrets.token_hex(8) if create else "", "deep" if deep else "",
                            python="python_facts.py")]
     if held:
-        lines.append(held_script(f"{workdir}/runs"))
+        lines.append(f"(\n{held_script(f'{workdir}/runs')}\n)")  # it exits where none are
     lines.append('printf "now=%s\\n" "$(date +%s.%N)"')  # the last act: see clock_offset
     return "\n".join(lines)
 

@@ -50,10 +50,11 @@ def python_program(interpreter: str, name: str, *args: object, flags: tuple[str,
 def shell_program(name: str, *args: object, python: str = "",
                   uses: tuple[str, ...] = ()) -> str:
     """sh text that runs the shell program `name` with `args` (each quoted as one word, a
-    fleet.shell.Raw word as it is: "$HOME"/fleet), in a subshell of the script that carries it,
-    so that its `exit` and `set -u` end there. `set --` is a builtin: the arguments never show
-    in a process's argv. `uses`: files of shell functions it calls, defined before it. With
-    `python`, that Python program's text is open on file descriptor 3 for the interpreter the
-    shell program starts with `-c` and loader(python) (an argument)."""
-    body = "\n".join(["(", f"set -- {sh(*args)}", *map(text, uses), text(name), ")"])
+    fleet.shell.Raw word as it is: "$HOME"/fleet). It runs in the shell that carries it, as a
+    brace group (no process of its own: whoever ends that shell ends it), so its `exit` ends
+    that shell too: where more must follow, put it in a subshell. `set --` is a builtin: the
+    arguments never show in a process's argv. `uses`: files of shell functions it calls,
+    defined before it. With `python`, that Python program's text is open on file descriptor 3
+    for the interpreter the shell program starts with `-c` and loader(python) (an argument)."""
+    body = "\n".join(["{", f"set -- {sh(*args)}", *map(text, uses), text(name), "}"])
     return f"{body} {_code(python)}" if python else body
