@@ -3,8 +3,11 @@ installed, as on Debian nodes) against a temporary directory, read back by their
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -132,6 +135,21 @@ def test_the_end_without_a_lock_is_the_wrappers_pid(tmp_path: Path) -> None:
     reaper.join()
     assert time.monotonic() - t0 >= 0.2
     assert "pid=1" in out.splitlines()
+
+
+def test_a_program_ends_with_the_shell_that_carries_it(tmp_path: Path) -> None:
+    """A local stream that is stopped kills its shell: the program, waiting on a wrapper that
+    still runs, must end with it (a subshell of its own would outlive it, the stream with it)."""
+    p = subprocess.Popen([SH, "-c", remote.end_script(str(tmp_path), os.getpid())],
+                         stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        time.sleep(0.5)
+        p.kill()
+        assert select.select([p.stdout], [], [], 5)[0], "the program outlived its shell"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 # ---- the probe ----------------------------------------------------------------------------------
