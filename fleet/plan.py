@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher, RendezvousBackend
 from fleet.errors import ConfigError
+from fleet.facts.stacks import FR_PIPE, FR_TRACE
 
 TORCHRUN = ("-m", "torch.distributed.run")
 
@@ -234,8 +235,6 @@ SITE = "site"  # in the run directory: fleet's sitecustomize (and the legacy shi
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
              "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_CPP_LOG_LEVEL": "INFO",
              "LOGLEVEL": "INFO"}
-FR_TRACE = "nccl_trace_rank_"  # in the run directory: the NCCL flight recorder's dumps
-FR_PIPE = "nccl_trace_pipe_"  # <prefix><rank>.pipe: writing to it asks that rank for a dump
 
 
 def flight_recorder_env(run_dir: str) -> dict[str, str]:

@@ -44,7 +44,7 @@ def environment(override: Path | None = None) -> jinja2.Environment:
 def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFiles:
     env = environment(plan.job.templates)
     ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace,
-           "machine_id": MACHINE_ID}
+           "machine_id": MACHINE_ID, "run_pids": fleet.nodeside.text("run_pids.sh")}
     return NodeFiles({
         "env.sh": (env.get_template("env.sh.j2").render(ctx), 0o600),
         "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),

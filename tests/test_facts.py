@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts.check import parse_listener
+from fleet.backends.hosts.ports import parse_listener
 from fleet.backends.hosts.prepare import version_problems
 from fleet.config.inventory import Host
 from fleet.config.job import Launcher
+from fleet.facts import run_state
 from fleet.facts.probe import (
     Facts,
     PythonState,
@@ -146,6 +147,27 @@ def test_parse_probe() -> None:
     assert f.route_src == "10.1.0.12"
 
 
+def test_parse_probe_deep_takes_what_check_needs_as_types() -> None:
+    check = {"torch": "2.14.1+cu130", "cuda": "13.0", "nccl": "", "gpus": 2,
+             "torchvision": "0.29.1", "driver": "580.1", "gpu_processes": ["4242, python, 9 MiB"],
+             "hostname_resolves": ["127.0.1.1"], "reverse_dns_s": 0.25,
+             "disk_free": 5 << 30, "disk_path": "/root/fleet"}
+    h = parse_probe(probe_output(check=check)).health
+    assert h is not None
+    assert (h.torch, h.cuda, h.gpus, h.driver, h.resolves, h.reverse_dns_s, h.disk_free) == \
+        ("2.14.1+cu130", "13.0", 2, "580.1", ("127.0.1.1",), 0.25, 5 << 30)
+    assert h.gpu_processes == ("4242, python, 9 MiB",) and h.torch_error == ""
+    # What a node says is data: wrong types give nothing, not an exception.
+    odd = parse_probe(probe_output(check={"gpus": "²", "disk_free": -1, "reverse_dns_s": "x",
+                                          "hostname_resolves": "a", "torch_error": "E: x"}))
+    assert odd.health is not None
+    assert (odd.health.gpus, odd.health.disk_free, odd.health.reverse_dns_s,
+            odd.health.resolves, odd.health.torch_error) == (0, 0, 0.0, (), "E: x")
+    assert parse_probe(probe_output()).health is None
+    assert parse_probe(probe_output(check=[1])).health is None
+    assert parse_probe("hostname=n\npy=[1, 2]\n").python == "missing"
+
+
 def test_parse_probe_python_missing_or_without_torch() -> None:
     missing = parse_probe("hostname=n\nssh=\nsh: 1: /opt/py: not found\n"
                           "storage=\n")
@@ -209,26 +231,26 @@ def test_version_problems_name_the_node_and_both_versions() -> None:
 
 # ---- run state, held runs, stop, start ------------------------------------------------------
 def test_parse_state() -> None:
-    running = remote.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nlast=1700000050\n"
+    running = run_state.parse_state("pid=41\ncode=\nstarted=1700000000\nended=\nlast=1700000050\n"
                                  "now=1700000070\nalive\n")
     assert (running.status, running.pid, running.elapsed) == (NodeStatus.RUNNING, 41, 70)
-    failed = remote.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n"
+    failed = run_state.parse_state("pid=41\ncode=1\nstarted=1700000000\nended=1700000060\n"
                                 "last=1700000060\nnow=1700000900\n")
     assert (failed.status, failed.code, failed.elapsed) == (NodeStatus.FAILED, 1, 60)
-    stopped = remote.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
+    stopped = run_state.parse_state("pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
                                  "stop|fleet stop\nstop|key=k1\n", "k1")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fleet stop")
-    assert remote.parse_state("missing\n").status is NodeStatus.MISSING
-    assert remote.parse_state("pid=\ncode=\nstarted=\nended=\nnow=5\n").status is \
+    assert run_state.parse_state("missing\n").status is NodeStatus.MISSING
+    assert run_state.parse_state("pid=\ncode=\nstarted=\nended=\nnow=5\n").status is \
         NodeStatus.STARTING
 
 
 def test_a_node_killed_outright_stops_counting_time() -> None:
     """No exit code, wrapper gone: it ran until its last sign of life, not until now (and the
     control machine's clock plays no part)."""
-    killed = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n")
+    killed = run_state.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n")
     assert (killed.status, killed.elapsed) == (NodeStatus.FAILED, 30)
-    stopped = remote.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n"
+    stopped = run_state.parse_state("pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n"
                                  "stop|fail-fast: node2 failed\nstop|key=k1\n", "k1")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fail-fast: node2 failed")
 
@@ -239,7 +261,7 @@ def test_parse_held_counts_only_runs_of_this_machine() -> None:
            "run=r1/node2 yes node2 6f1c-boot\n"  # same boot (one kernel), other host: not ours
            "run=r2/node1 no node1 6f1c-boot\n"
            "run=r3/node1 yes\n")  # no machine file yet (just started): ours
-    assert remote.parse_held(out) == ["r1/node1", "r3/node1"]
+    assert run_state.parse_held(out) == ["r1/node1", "r3/node1"]
 
 
 def test_parse_stop_and_pid() -> None:
@@ -304,8 +326,8 @@ def test_an_edit_within_the_second_of_the_last_sync_is_a_change() -> None:
 def test_a_pid_counts_only_on_the_machine_that_recorded_it() -> None:
     """After a reboot (another boot id) the recorded pid may be anyone's: not alive."""
     base = "pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\nalive\nme=node2 boot-B\n"
-    assert remote.parse_state(base + "machine=node2 boot-B\n").status is NodeStatus.RUNNING
-    rebooted = remote.parse_state(base + "machine=node2 boot-A\n")
+    assert run_state.parse_state(base + "machine=node2 boot-B\n").status is NodeStatus.RUNNING
+    rebooted = run_state.parse_state(base + "machine=node2 boot-A\n")
     assert (rebooted.status, rebooted.elapsed) == (NodeStatus.FAILED, 30)
 
 

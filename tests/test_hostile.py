@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet.backends.hosts.node import parse_ranks
 from fleet.config.inventory import Host
 from fleet.console import Console, printable
 from fleet.errors import RemoteCommandError
 from fleet.facts.gpus import parse_gpus
+from fleet.facts.run_state import parse_ranks
 from fleet.facts.stacks import FlightRecord, dump_script, parse_dump
 from fleet.run import hang
 from fleet.transport import open_transport

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.backends.hosts import node as remote
 from fleet.config.inventory import Host, Inventory, load_inventory
 from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend, load_job
 from fleet.errors import ConfigError
+from fleet.facts import run_state
 from fleet.facts.failure import log_traceback, parse_report
 from fleet.facts.gpus import absent, busy, parse_gpus
 from fleet.plan import make_plan
@@ -200,7 +200,7 @@ def test_sitecustomize_records_a_workers_rank_and_runs_the_one_it_shadows(
 
 # ---- rank tags learnt at launch ------------------------------------------------------------
 def test_parse_ranks() -> None:
-    assert remote.parse_ranks("0 2\n1 3\njunk\n10 x\n") == {0: 2, 1: 3}
+    assert run_state.parse_ranks("0 2\n1 3\njunk\n10 x\n") == {0: 2, 1: 3}
 
 
 def test_tagger_asks_once_per_local_rank_and_falls_back_to_local_tags() -> None:

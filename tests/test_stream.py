@@ -18,6 +18,7 @@ import pytest
 from fleet.backends.hosts import node as remote
 from fleet.config.inventory import Host
 from fleet.errors import TransportError
+from fleet.facts import run_state
 from fleet.run.states import NodeStatus
 from fleet.transport.base import Transport
 from fleet.transport.lines import LINE_CAP, Lines, Partial, Received
@@ -267,7 +268,7 @@ def test_end_script_returns_at_the_lock_release(tmp_path: Path) -> None:
     out = subprocess.run(["sh", "-c", remote.end_script(str(run_dir), holder.pid)],
                          capture_output=True, text=True, timeout=30, env=dict(os.environ))
     holder.wait()
-    assert remote.parse_state(out.stdout).status is NodeStatus.SUCCEEDED
+    assert run_state.parse_state(out.stdout).status is NodeStatus.SUCCEEDED
 
 
 def test_an_unframed_stream_keeps_its_blank_lines() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from fleet.backends.hosts import node as remote
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
+from fleet.facts import run_state
 from fleet.plan import make_plan
 from fleet.render import render_node
 from fleet.run.logs import AfterStop
@@ -28,30 +29,30 @@ CLOSING_LINE = ("W0415 12:00:01.400000 812 torch/distributed/elastic/multiproces
 
 # ---- stop records -----------------------------------------------------------------------------
 def test_a_stop_record_without_the_key_is_the_jobs_forgery() -> None:
-    forged = remote.parse_stop_record(["fleet stop"], "k1")
+    forged = run_state.parse_stop_record(["fleet stop"], "k1")
     assert not forged.genuine
-    assert not remote.parse_stop_record(["fleet stop", "key="], "k1").genuine
-    assert remote.parse_stop_record(["fleet stop", "key=k1"], "k1").genuine
+    assert not run_state.parse_stop_record(["fleet stop", "key="], "k1").genuine
+    assert run_state.parse_stop_record(["fleet stop", "key=k1"], "k1").genuine
     # A run recorded before keys existed takes records as they read.
-    assert remote.parse_stop_record(["fleet stop"], "").genuine
+    assert run_state.parse_stop_record(["fleet stop"], "").genuine
 
 
 def test_a_node_whose_workers_had_failed_before_the_stop_failed() -> None:
-    rec = remote.parse_stop_record(["fail-fast: node1 failed", "key=k", f"log={FAILED_LINE}"],
+    rec = run_state.parse_stop_record(["fail-fast: node1 failed", "key=k", f"log={FAILED_LINE}"],
                                    "k")
     assert rec.own_failure == ("torchrun had reported local rank 0 (pid 901) failed with "
                                "exitcode 1")
-    closing = remote.parse_stop_record(["x", "key=k", f"log={CLOSING_LINE}"], "k")
+    closing = run_state.parse_stop_record(["x", "key=k", f"log={CLOSING_LINE}"], "k")
     assert closing.own_failure == "torchrun was already closing its workers after one had ended"
     # Both: the failure itself says more than the closing that precedes it.
-    both = remote.parse_stop_record(["x", "key=k", f"log={CLOSING_LINE}", f"log={FAILED_LINE}"],
+    both = run_state.parse_stop_record(["x", "key=k", f"log={CLOSING_LINE}", f"log={FAILED_LINE}"],
                                     "k")
     assert both.own_failure.startswith("torchrun had reported local rank 0")
-    died = remote.parse_stop_record(["x", "key=k", "ended=903 812 9"], "k")
+    died = run_state.parse_stop_record(["x", "key=k", "ended=903 812 9"], "k")
     assert died.own_failure == "its process 903 had been killed by SIGKILL"
-    exited = remote.parse_stop_record(["x", "key=k", "ended=903 812 512"], "k")
+    exited = run_state.parse_stop_record(["x", "key=k", "ended=903 812 512"], "k")
     assert exited.own_failure == "its process 903 had exited 2"
-    signalled = remote.parse_stop_record(
+    signalled = run_state.parse_stop_record(
         ["x", "key=k", "log=W0415 12:00:01.298000 18877 torch/distributed/elastic/agent/server/"
          "api.py:753] Received 15 death signal, shutting down workers"], "k")
     assert signalled.own_failure == "torchrun had received signal 15 from outside fleet"
@@ -59,26 +60,26 @@ def test_a_node_whose_workers_had_failed_before_the_stop_failed() -> None:
 
 def test_what_is_no_sign_of_a_failure() -> None:
     # A worker's own line (its torchrun prefix), a worker that exited 0, garbage.
-    rec = remote.parse_stop_record(["fleet stop", "key=k", f"log=[default0]:{FAILED_LINE}",
+    rec = run_state.parse_stop_record(["fleet stop", "key=k", f"log=[default0]:{FAILED_LINE}",
                                     "ended=903 812 0", "ended=a b c", "log=tick 5"], "k")
-    assert rec == remote.StopRecord("fleet stop", True, "")
+    assert rec == run_state.StopRecord("fleet stop", True, "")
 
 
 def test_state_of_a_node_by_its_stop_record() -> None:
     base = "pid=41\ncode=143\nstarted=1\nended=2\nnow=9\n"
-    stopped = remote.parse_state(base + "stop|fleet stop\nstop|key=k\n", "k")
+    stopped = run_state.parse_state(base + "stop|fleet stop\nstop|key=k\n", "k")
     assert (stopped.status, stopped.stopped_by) == (NodeStatus.STOPPED, "fleet stop")
-    forged = remote.parse_state(base + "stop|fleet stop\n", "k")
+    forged = run_state.parse_state(base + "stop|fleet stop\n", "k")
     assert (forged.status, forged.code, forged.stopped_by) == (NodeStatus.FAILED, 143, "")
-    own = remote.parse_state(base + f"stop|fail-fast: node1 failed\nstop|key=k\n"
+    own = run_state.parse_state(base + f"stop|fail-fast: node1 failed\nstop|key=k\n"
                              f"stop|log={FAILED_LINE}\n", "k")
     assert (own.status, own.stopped_by) == (NodeStatus.FAILED, "fail-fast: node1 failed")
     assert own.own_failure.startswith("torchrun had reported local rank 0")
     # The wrapper killed outright by the stop: the record decides as well.
     killed = "pid=41\ncode=\nstarted=1\nended=\nlast=5\nnow=9\n"
-    assert remote.parse_state(killed + "stop|fleet stop\nstop|key=k\n", "k").status is \
+    assert run_state.parse_state(killed + "stop|fleet stop\nstop|key=k\n", "k").status is \
         NodeStatus.STOPPED
-    assert remote.parse_state(killed + "stop|fleet stop\nstop|key=x\n", "k").status is \
+    assert run_state.parse_state(killed + "stop|fleet stop\nstop|key=x\n", "k").status is \
         NodeStatus.FAILED
 
 
@@ -149,9 +150,9 @@ def test_stop_sh_records_the_nodes_own_end_and_replaces_a_forgery(tmp_path: Path
         assert remote.parse_stop(again.stdout) == []
         assert wrapper.wait(timeout=10) == -signal.SIGTERM
         assert (run_dir / "stopped").read_text().splitlines() == record
-        out = subprocess.run(["sh", "-c", remote.state_script(str(run_dir))],
+        out = subprocess.run(["sh", "-c", run_state.state_script(str(run_dir))],
                              capture_output=True, text=True, timeout=30).stdout
-        st = remote.parse_state(out, "k1")
+        st = run_state.parse_state(out, "k1")
         assert (st.status, st.stopped_by) == (NodeStatus.FAILED, "fail-fast: n2 failed")
     finally:
         if wrapper.poll() is None:
@@ -166,9 +167,9 @@ def test_stop_sh_on_a_node_that_had_not_failed(tmp_path: Path) -> None:
     out = subprocess.run(["sh", str(script), "fleet stop"], input="k1\n",
                          capture_output=True, text=True, timeout=60)
     assert remote.parse_stop(out.stdout) == []
-    state = subprocess.run(["sh", "-c", remote.state_script(str(run_dir))],
+    state = subprocess.run(["sh", "-c", run_state.state_script(str(run_dir))],
                            capture_output=True, text=True, timeout=30).stdout
-    st = remote.parse_state(state, "k1")
+    st = run_state.parse_state(state, "k1")
     assert (st.status, st.stopped_by, st.own_failure) == (NodeStatus.STOPPED, "fleet stop", "")
 
 
@@ -319,6 +320,6 @@ def test_the_report_script_sends_a_ranks_stderr_from_its_last_traceback(tmp_path
 
 def test_a_node_being_stopped_says_by_whom_while_it_still_runs() -> None:
     out = "pid=41\ncode=\nstarted=1\nended=\nnow=9\nalive\nstop|fleet stop\nstop|key=k\n"
-    st = remote.parse_state(out, "k")
+    st = run_state.parse_state(out, "k")
     assert (st.status, st.stopped_by) == (NodeStatus.RUNNING, "fleet stop")
 

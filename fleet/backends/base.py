@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.backends.hosts.check import Check
+from fleet.backends.checks import Check
 from fleet.config.inventory import Inventory
 from fleet.config.job import Job
 from fleet.console import Console

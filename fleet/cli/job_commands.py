@@ -12,6 +12,8 @@ import typer
 from fleet import backends
 from fleet import trust as fleet_trust
 from fleet.backends.base import Options
+from fleet.backends.checks import Status
+from fleet.backends.checks import table as checks_table
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import planview
 from fleet.backends.slurm import cluster as slurm
@@ -129,9 +131,9 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     job = load_job(job_path, inventory)
     backend = backends.for_inventory(job.inventory)
     checks = backend.checks(job, collective)
-    echo(fleet_check.table(checks))
-    failed = [c for c in checks if c.status == fleet_check.FAIL]
-    warned = [c for c in checks if c.status == fleet_check.WARN]
+    echo(checks_table(checks))
+    failed = [c for c in checks if c.status is Status.FAIL]
+    warned = [c for c in checks if c.status is Status.WARN]
     echo(f"\n{len(failed)} failed, {len(warned)} warning(s), "
          f"{len(checks) - len(failed) - len(warned)} passed")
     if failed:

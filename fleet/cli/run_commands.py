@@ -12,11 +12,11 @@ import typer
 
 from fleet import backends, manifest_view
 from fleet import manifest as fleet_manifest
-from fleet.backends.hosts import node as remote
 from fleet.cli.app import RunArg, app, echo
 from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console
 from fleet.errors import FleetError
+from fleet.facts import run_state
 from fleet.run import hang
 from fleet.run import record as state
 from fleet.transport import open_transport
@@ -86,7 +86,7 @@ def _ps_hosts(path: Path) -> None:
 
     def alive(h: Host) -> list[str]:
         with open_transport(h) as t:
-            return remote.held_by(t, f"{t.path(t.host.workdir)}/runs")
+            return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
 
     results = each(((h.name, h) for h in inv.hosts), alive)
     bad = 0

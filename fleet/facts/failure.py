@@ -8,8 +8,8 @@ import signal
 from dataclasses import dataclass, replace
 
 from fleet.facts.diagnose import diagnose, format_diagnoses
+from fleet.nodeside import shell_program
 from fleet.run.logs import RANK_PREFIX
-from fleet.shell import Raw, sh
 from fleet.transport import Transport
 
 TRACE_LINES = 15
@@ -55,19 +55,10 @@ class RankFailure:
 
 
 def _report_script(run_dir: str) -> str:
-    """One command printing the node's log tail, error files, and each rank's stderr from its
-    last `Traceback` line on (within its last STDERR_LINES lines), else its last lines."""
-    return " ".join([
-        sh("cd", run_dir), Raw("2>/dev/null || exit 0;"),
-        Raw(f"echo '=== log'; tail -n {LOG_LINES} node.log 2>/dev/null;"),
-        Raw("for f in torchrun/*/attempt_*/*/error.json; do [ -f \"$f\" ] && "
-            "{ echo \"=== $f $(stat -c %.9Y \"$f\")\"; cat \"$f\"; echo; }; done;"),
-        Raw(f"for f in torchrun/*/attempt_*/*/stderr.log; do [ -f \"$f\" ] && "
-            f"{{ echo \"=== $f $(stat -c %.9Y \"$f\")\"; tail -n {STDERR_LINES} \"$f\" | "
-            f"awk '{{ l[NR] = $0 }} index($0, \"{HEADER}\") {{ s = NR }} "
-            f"END {{ if (!s) s = NR - {TRACE_LINES} + 1; if (s < 1) s = 1; "
-            "for (i = s; i <= NR; i++) print l[i] }'; }; done; true"),
-    ])
+    """The node's log tail, error files, and each rank's stderr from its last `Traceback` line
+    on (within its last STDERR_LINES lines), else its last lines (nodeside/failure_report.sh)."""
+    return shell_program("failure_report.sh", run_dir, LOG_LINES, STDERR_LINES, TRACE_LINES,
+                         HEADER)
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -203,16 +194,9 @@ def _tail(text: str) -> str:
 
 
 # ---- the kernel log, for a rank killed by SIGKILL -------------------------------------------
+KERNEL_LOG_SCRIPT = shell_program("kernel_log.sh")
 # The kernel's own words for an OOM kill, globally or in a memory cgroup:
 # "Out of memory: Killed process 1234 (python) total-vm:...", and its time since boot.
-KERNEL_LOG_SCRIPT = "\n".join([
-    "echo \"uptime=$(cut -d' ' -f1 /proc/uptime 2>/dev/null)\"",
-    "if ! command -v dmesg >/dev/null 2>&1; then echo 'unreadable=there is no dmesg on its PATH'",
-    "elif dmesg >/dev/null 2>&1; then",
-    "  dmesg 2>/dev/null | grep -a 'Killed process [0-9]' | tail -n 20 | sed 's/^/kill|/'",
-    "  echo readable",
-    "else echo \"unreadable=$(dmesg 2>&1 | head -n 1)\"; fi",
-])
 _OOM_KILL = re.compile(r"^(?:\[\s*(\d+\.\d+)\]\s*)?(.*Killed process (\d+) \(([^)]*)\).*)$")
 
 

@@ -1,6 +1,7 @@
-"""What fleet learns from each node before it plans, as commands plus pure parsers: the node's
-name, python and torch, its addresses, the route to the master, and the storage under its
-workdir (nodes that share an NFS home share it)."""
+"""What fleet learns from each node before it plans, in one round trip (fleet/nodeside/probe.sh
+and python_facts.py) plus a pure parser: the node's name, python and torch, its addresses, the
+route to the master, and the storage under its workdir (nodes that share an NFS home share it);
+for `fleet check`, also torch as it imports, GPUs, names and disk (Health)."""
 
 from __future__ import annotations
 
@@ -12,71 +13,34 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from fleet.backends.hosts.node import held_script, parse_held
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Launcher
+from fleet.facts.run_state import held_script, parse_held
+from fleet.nodedata import number
+from fleet.nodeside import loader, shell_program
 from fleet.plan import NodeNet
-from fleet.shell import home_word, quote
+from fleet.shell import Raw, home_word
 from fleet.transport import Transport
 
-# Runs with the node's python: versions without importing torch (seconds saved per node), every
-# address of every interface (getifaddrs through ctypes: no `ip` needed, IPv6 included), and
-# the source address the kernel would use towards the master (a UDP connect sends nothing).
-_PY = r'''
-import ctypes, ctypes.util, importlib.util, json, socket, sys
-out = {"python": sys.version.split()[0], "torch": "", "has_torch": False, "addrs": []}
-try:
-    out["has_torch"] = importlib.util.find_spec("torch") is not None
-    from importlib.metadata import version
-    out["torch"] = version("torch")
-except Exception:
-    pass
-try:
-    out["accelerate"] = version("accelerate")
-except Exception:
-    pass
-import glob, os
-for key, pattern in (("nccl", "nvidia_nccl_cu*-*.dist-info"),
-                     ("cuda", "nvidia_cuda_runtime*-*.dist-info")):
-    for d in sys.path:
-        found = glob.glob(os.path.join(d or ".", pattern))
-        if found:
-            out[key] = os.path.basename(found[0])[:-len(".dist-info")].split("-")[1]
-            break
-class SA(ctypes.Structure):
-    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
-class IFA(ctypes.Structure):
-    pass
-IFA._fields_ = [("next", ctypes.POINTER(IFA)), ("name", ctypes.c_char_p),
-                ("flags", ctypes.c_uint), ("addr", ctypes.POINTER(SA)),
-                ("netmask", ctypes.POINTER(SA)), ("dst", ctypes.c_void_p),
-                ("data", ctypes.c_void_p)]
-try:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    head = ctypes.POINTER(IFA)()
-    if libc.getifaddrs(ctypes.byref(head)) == 0:
-        p = head
-        while p:
-            a = p.contents.addr
-            if a and a.contents.family in (socket.AF_INET, socket.AF_INET6):
-                fam = a.contents.family
-                raw = bytes(a.contents.data)
-                ip = socket.inet_ntop(fam, raw[2:6] if fam == socket.AF_INET else raw[6:22])
-                out["addrs"].append([p.contents.name.decode(), ip])
-            p = p.contents.next
-        libc.freeifaddrs(head)
-except Exception as e:
-    out["addrs_error"] = str(e)
-if len(sys.argv) > 1 and sys.argv[1]:
-    dest = sys.argv[1]
-    try:
-        s = socket.socket(socket.AF_INET6 if ":" in dest else socket.AF_INET, socket.SOCK_DGRAM)
-        s.connect((dest, 9))
-        out["route_src"] = s.getsockname()[0]
-    except OSError as e:
-        out["route_error"] = str(e)
-print("py=" + json.dumps(out))
-'''
+
+@dataclass(frozen=True)
+class Health:
+    """What `fleet check` asks of a node beyond the plan's facts (the probe's `deep` mode: it
+    imports torch, which takes seconds)."""
+
+    torch: str = ""  # torch.__version__ as it imports (the wheel's metadata may say otherwise)
+    torch_error: str = ""  # why torch would not import, or would not say its CUDA
+    torchvision: str = ""
+    cuda: str = ""  # torch.version.cuda ("" for a CPU build)
+    nccl: str = ""  # torch's NCCL, where a GPU is visible
+    gpus: int = 0  # visible to torch
+    driver: str = ""  # nvidia-smi's driver version ("" without nvidia-smi)
+    gpu_processes: tuple[str, ...] = ()  # nvidia-smi's "pid, name, memory" lines
+    resolves: tuple[str, ...] = ()  # what the node's own hostname resolves to, there
+    resolve_error: str = ""
+    reverse_dns_s: float = 0.0  # how long the reverse lookup of its own address took
+    disk_free: int = 0  # bytes free under the workdir (or its nearest existing parent)
+    disk_path: str = ""
 
 
 class PythonState(Enum):
@@ -106,6 +70,7 @@ class Facts:
     home: str = ""  # $HOME, and the login shell ($SHELL), as the node says them
     shell: str = ""
     node_time: str = ""  # the node's clock, the script's last act (date +%s.%N)
+    health: Health | None = None  # where asked (deep), and the node's python could say it
 
     def versions(self) -> dict[str, str]:
         """What a run's manifest keeps of this node's software ("" where absent)."""
@@ -115,27 +80,18 @@ class Facts:
 
 
 def probe_script(python: str, workdir: str, master: str | None = None,
-                 create: bool = True, held: bool = False) -> str:
-    """One round trip: name, home and login shell, SSH address, python facts, and the workdir's
-    storage id, which is created (atomically, NFS-safe: a hard link fails if it exists) unless
-    `create` is false; with `held`, also the fleet runs still alive on the node
-    (remote.held_script); last, the node's clock. Paths may start with ~ (the node's home)."""
-    wd = home_word(workdir)
-    lines = [
-        'printf "hostname=%s\\n" "$(cat /proc/sys/kernel/hostname 2>/dev/null || hostname)"',
-        'printf "home=%s\\nshell=%s\\n" "$HOME" "${SHELL:-}"',
-        'printf "ssh=%s\\n" "${SSH_CONNECTION:-}"',
-        f"{home_word(python)} -c {quote(_PY)} {quote(master or '')} 2>&1",
-    ]
-    f = f"{wd}/.fleet-storage"
-    if create:
-        new = secrets.token_hex(8)
-        lines += [f"mkdir -p {wd} 2>/dev/null",
-                  f"[ -s {f} ] || {{ printf '%s\\n' {new} > {f}.{new} && ln {f}.{new} {f}; "
-                  f"rm -f {f}.{new}; }} 2>/dev/null"]
-    lines.append(f'printf "storage=%s\\n" "$(cat {f} 2>/dev/null)"')
+                 create: bool = True, held: bool = False, deep: bool = False) -> str:
+    """One round trip (fleet/nodeside/probe.sh): name, home and login shell, SSH address,
+    python facts (with `deep`, what `fleet check` asks too), and the workdir's storage id,
+    which is created unless `create` is false; with `held`, also the fleet runs still alive on
+    the node (run_state.held_script); last, the node's clock. Paths may start with ~ (the
+    node's home)."""
+    lines = [shell_program("probe.sh", Raw(home_word(python)), loader("python_facts.py"),
+                           Raw(home_word(workdir)), master or "",
+                           secrets.token_hex(8) if create else "", "deep" if deep else "",
+                           python="python_facts.py")]
     if held:
-        lines.append(f"( {held_script(f'{workdir}/runs')} )")
+        lines.append(f"(\n{held_script(f'{workdir}/runs')}\n)")  # it exits where none are
     lines.append('printf "now=%s\\n" "$(date +%s.%N)"')  # the last act: see clock_offset
     return "\n".join(lines)
 
@@ -155,7 +111,8 @@ def parse_probe(out: str) -> Facts:
     server_ip = ssh[2] if len(ssh) >= 3 else None
     py: dict[str, Any] = {}
     try:
-        py = json.loads(fields.get("py", "")) if fields.get("py") else {}
+        said = json.loads(fields.get("py", "")) if fields.get("py") else {}
+        py = said if isinstance(said, dict) else {}
     except ValueError:
         py = {}
     python = (PythonState.OK if py.get("has_torch") else PythonState.NO_TORCH if py
@@ -172,17 +129,40 @@ def parse_probe(out: str) -> Facts:
                  route_error=str(py.get("route_error", "")),
                  detail="\n".join(other[-3:]), held=tuple(parse_held(out)),
                  home=fields.get("home", ""), shell=fields.get("shell", ""),
-                 node_time=fields.get("now", ""))
+                 node_time=fields.get("now", ""), health=parse_health(py.get("check")))
+
+
+def parse_health(said: object) -> Health | None:
+    """The deep probe's "check" (python_facts.py); None where the node's python gave none."""
+    if not isinstance(said, dict):
+        return None
+
+    def text(key: str) -> str:
+        return str(said.get(key) or "")
+
+    def texts(key: str) -> tuple[str, ...]:
+        value = said.get(key)
+        return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+    rdns = said.get("reverse_dns_s")
+    return Health(torch=text("torch"), torch_error=text("torch_error"),
+                  torchvision=text("torchvision"), cuda=text("cuda"), nccl=text("nccl"),
+                  gpus=number(str(said.get("gpus")), 1 << 16) or 0, driver=text("driver"),
+                  gpu_processes=texts("gpu_processes"), resolves=texts("hostname_resolves"),
+                  resolve_error=text("hostname_error"),
+                  reverse_dns_s=float(rdns) if isinstance(rdns, (int, float)) else 0.0,
+                  disk_free=number(str(said.get("disk_free"))) or 0,
+                  disk_path=text("disk_path"))
 
 
 def probe(t: Transport, master: str | None = None, create: bool = True,
-          python: str | None = None, held: bool = False) -> Facts:
-    """The node's facts, its python's from `python` where given (a job's own interpreter). The
-    transport learns the node's home, login shell, rc noise and clock from it (the hello a
-    connection skipped)."""
+          python: str | None = None, held: bool = False, deep: bool = False) -> Facts:
+    """The node's facts, its python's from `python` where given (a job's own interpreter), with
+    `deep` what `fleet check` asks too (Facts.health). The transport learns the node's home,
+    login shell, rc noise and clock from it (the hello a connection skipped)."""
     sent = time.time()
-    r = t.run(probe_script(python or t.host.python, t.host.workdir, master, create, held),
-              timeout=60, what="probe")
+    r = t.run(probe_script(python or t.host.python, t.host.workdir, master, create, held, deep),
+              timeout=120 if deep else 60, what="probe")
     # It ends with a printf: a failure means the login shell could not run it at all.
     facts = parse_probe(r.check(t.host.name).out)
     if facts.home:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from fleet.nodedata import number
+from fleet.nodeside import shell_program
 from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
 
@@ -86,14 +87,8 @@ def parse_submit(out: str) -> str | None:
 
 # ---- the job's state ----------------------------------------------------------------------
 def job_script(job_id: str) -> str:
-    """squeue (jobs still in the queue), scontrol (kept MinJobAge after the end, with the exit
-    code) and sacct (where accounting runs), each in its own section."""
-    j = quote(job_id)
-    return "\n".join([
-        "echo '=== squeue'", f"squeue -h -j {j} -o '%i|%T|%N|%r' 2>&1",
-        "echo '=== scontrol'", f"scontrol show job -o {j} 2>&1",
-        "echo '=== sacct'", f"sacct -n -P -X -j {j} -o JobID,State,ExitCode,NodeList 2>&1",
-        "echo '=== end'", "true"])
+    """squeue, scontrol and sacct on the job, each in its own section (nodeside/slurm_job.sh)."""
+    return shell_program("slurm_job.sh", job_id)
 
 
 def sections(out: str) -> dict[str, str]:
@@ -165,14 +160,9 @@ def parse_job(out: str, job_id: str) -> JobInfo | None:
 
 # ---- the nodes, as they wrote under the run directory ----------------------------------------
 def nodes_script(run_dir: str) -> str:
-    """Each node directory: its name, the rank line its task printed first, its exit code."""
-    return "\n".join([
-        f"cd {quote(run_dir)} 2>/dev/null || exit 0",
-        'for d in */; do d=${d%/}; [ -f "$d/node.log" ] || continue',
-        '  s=; [ -e "$d/signalled" ] && s=signalled',
-        '  printf "node=%s|%s|%s|%s\\n" "$d" "$(cat "$d/exit_code" 2>/dev/null)" "$s" '
-        '"$(head -n 1 "$d/node.log")"',
-        "done; true"])
+    """Each node directory: its name, the rank line its task printed first, its exit code
+    (nodeside/slurm_nodes.sh)."""
+    return shell_program("slurm_nodes.sh", run_dir)
 
 
 ANNOUNCE = re.compile(r"fleet: node (\S+) is node rank (\d+) of (\d+)")

@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fleet.console import printable
 from fleet.indices import ranges
 from fleet.nodedata import number
-from fleet.plan import FR_PIPE, FR_TRACE
-from fleet.shell import quote
-from fleet.transport import Transport
+from fleet.nodeside import shell_program
 
+if TYPE_CHECKING:  # a type only: fleet.plan imports this module's names and stays below transport
+    from fleet.transport import Transport
+
+# In the run directory, where the job asks for it (fleet.plan.flight_recorder_env): the NCCL
+# flight recorder's dumps, and <prefix><rank>.pipe: writing to it asks that rank for a dump.
+FR_TRACE = "nccl_trace_rank_"
+FR_PIPE = "nccl_trace_pipe_"
 WAIT_TICKS = 30  # tenths of a second a dump waits for the processes to write their stacks
 STACK_BYTES = 1 << 20  # of one process's stack file, read back
 PID_MAX = 1 << 22  # the kernel's largest pid (PID_MAX_LIMIT)
@@ -34,62 +40,10 @@ SIG_RT = (34, 64)
 def dump_script(run_dir: str, run_id: str) -> str:
     """Signal every registered process of this run on this node, then print per process its
     identity and stack; then the run's other processes (pid and command line), with py-spy's
-    dump of those that are Python where py-spy exists.
-
-    Everything in the run directory is the job's to write, so what it prints is framed: only
-    the script's own headers start with `=== `, every line of a file or of py-spy's output
-    starts with `|`, a flight recorder file's name is given in hex, and sizes are bounded."""
-    return "\n".join([
-        f"cd {quote(run_dir)} 2>/dev/null || {{ echo missing; exit 0; }}",
-        f"id={quote(run_id)}",
-        "[ -e exit_code ] && "
-        "echo \"=== ended $(head -n 1 exit_code | head -c 12 | tr -cd '0-9-')\"",
-        "mine=$(grep -lzxF -- \"FLEET_RUN_ID=$id\" /proc/[0-9]*/environ 2>/dev/null "
-        "| cut -d/ -f3 | grep -vx \"$$\")",
-        "sent=''",
-        # NCCL flight recorder (where the job asked for it): each rank dumps when its pipe is
-        # written to. A pipe nobody reads would block the write: it runs aside, briefly.
-        "writers=''",
-        f"for f in {FR_PIPE}*.pipe; do [ -p \"$f\" ] || continue",
-        "  ( echo 1 > \"$f\" ) & writers=\"$writers $!\"",
-        "done",
-        "[ -n \"$writers\" ] && { sleep 0.5; kill $writers 2>/dev/null; }",
-        "for w in stacks/*.who; do",
-        "  [ -f \"$w\" ] || continue; p=${w#stacks/}; p=${p%.who}",
-        "  case $p in ''|*[!0-9]*) continue;; esac",
-        # Only a process of this run: a pid from the file may have been reused since.
-        "  case \" $(echo $mine) \" in *\" $p \"*) ;; *) continue;; esac",
-        "  sig=$(sed -n 's/^sig=//p' \"$w\" | head -n 1)",
-        "  case $sig in ''|*[!0-9]*) continue;; esac",
-        f"  [ \"$sig\" -ge {SIG_RT[0]} ] && [ \"$sig\" -le {SIG_RT[1]} ] || continue",
-        "  : > \"stacks/$p\"",
-        "  kill -\"$sig\" \"$p\" 2>/dev/null && sent=\"$sent $p\"",
-        "done",
-        "i=0; while [ $i -lt " + str(WAIT_TICKS) + " ]; do",
-        "  empty=0; for p in $sent; do [ -s \"stacks/$p\" ] || empty=1; done",
-        "  [ $empty = 0 ] && break; sleep 0.1; i=$((i+1))",
-        "done",
-        "sleep 0.1",  # a dump being written: let it finish
-        "for p in $sent; do echo \"=== stack $p $(grep -v '^sig=' \"stacks/$p.who\" | "
-        "head -c 200 | tr -c 'A-Za-z0-9=_-' ' ')\"",
-        f"  head -c {STACK_BYTES} \"stacks/$p\" | sed 's/^/|/'; echo",
-        "done",
-        f"for f in {FR_TRACE}*; do",
-        "  n=$(printf %s \"$f\" | od -An -v -tx1 | tr -d ' \\n')",
-        "  if [ -L \"$f\" ]; then echo \"=== fr $n - link\"",
-        "  elif [ -f \"$f\" ]; then echo \"=== fr $n $(wc -c < \"$f\")\"; fi",
-        "done",
-        "spy=$(command -v py-spy 2>/dev/null)",
-        "for p in $mine; do",
-        "  case \" $sent \" in *\" $p \"*) continue;; esac",
-        "  cmd=$(head -c 2000 /proc/$p/cmdline 2>/dev/null | tr '\\0\\n' '  ')",
-        "  [ -n \"$cmd\" ] || continue",
-        "  echo \"=== proc $p $cmd\"",
-        "  case \"$cmd\" in *python*) [ -n \"$spy\" ] && \"$spy\" dump --pid \"$p\" 2>&1 | "
-        "head -n 200 | sed 's/^/|/';; esac",
-        "done",
-        "true",
-    ])
+    dump of those that are Python where py-spy exists (fleet/nodeside/dump_stacks.sh, whose
+    output is framed: what the job wrote never passes for one of its headers)."""
+    return shell_program("dump_stacks.sh", run_dir, run_id, FR_PIPE, FR_TRACE, *SIG_RT,
+                         WAIT_TICKS, STACK_BYTES, uses=("run_pids.sh",))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from fleet.console import printable
 from fleet.errors import FleetError
 from fleet.facts import stacks
-from fleet.plan import FR_TRACE
+from fleet.facts.stacks import FR_TRACE
 from fleet.shell import Raw, sh
 from fleet.transport import Transport
 from fleet.transport.group import each, reason

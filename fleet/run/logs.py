@@ -12,6 +12,7 @@ from pathlib import Path
 from fleet.backends.hosts import node as remote
 from fleet.console import Console
 from fleet.errors import FleetError
+from fleet.facts import run_state
 from fleet.run.record import NodeRecord, RunRecord
 from fleet.run.states import NodeStatus
 from fleet.transport import open_transport
@@ -115,10 +116,10 @@ def attach(record: RunRecord, console: Console, follow: bool, node: str | None =
         try:
             with open_transport(n.host) as t:
                 run_dir = t.path(n.run_dir)
-                st = remote.state(t, run_dir, record.stop_key(n.host.name))
+                st = run_state.state(t, run_dir, record.stop_key(n.host.name))
                 if st.status is NodeStatus.MISSING:
                     raise FileNotFoundError(f"no run directory {run_dir}")
-                tag = Tagger(n.host.name, n.rank_base, lambda: remote.ranks(t, run_dir))
+                tag = Tagger(n.host.name, n.rank_base, lambda: run_state.ranks(t, run_dir))
 
                 def on_lines(lines: list[str]) -> None:
                     if copy:

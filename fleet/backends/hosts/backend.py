@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from fleet.backends.base import Backend, Options
+from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import node as remote
+from fleet.backends.hosts import recorded
 from fleet.backends.hosts.run import HostsRun, prepare
 from fleet.config.inventory import Inventory, load_inventory
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
+from fleet.facts import run_state
 from fleet.run import hang
 from fleet.run import logs as fleet_logs
 from fleet.run.record import NodeRecord, RunRecord
@@ -31,7 +34,7 @@ class HostsBackend(Backend):
     def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
         return prepare(job, console, options)
 
-    def checks(self, job: Job, collective: bool) -> list[fleet_check.Check]:
+    def checks(self, job: Job, collective: bool) -> list[Check]:
         return fleet_check.run_checks(load_inventory(job.inventory), job)
 
     def trust_inventory(self, path: Path) -> Inventory:
@@ -74,7 +77,7 @@ class HostsBackend(Backend):
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
-        results = remote.stop_recorded(rec, "fleet stop")
+        results = recorded.stop_recorded(rec, "fleet stop")
         bad = 0
         for name, r in results.items():
             if isinstance(r, Exception):
@@ -126,7 +129,7 @@ class HostsBackend(Backend):
 
     def delete(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
-        results = remote.on_nodes(rec, remote.remove)
+        results = recorded.on_nodes(rec, remote.remove)
         bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
         for name, r in results.items():
             console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")
@@ -145,9 +148,9 @@ class HostsBackend(Backend):
             raise DamagedRecord(f"{path}: cannot be read ({e})") from e
 
 
-def states(rec: RunRecord) -> dict[str, remote.NodeState | Exception]:
-    return remote.on_nodes(rec, lambda t, d: remote.state(t, d, rec.stop_key(t.host.name)))
+def states(rec: RunRecord) -> dict[str, run_state.NodeState | Exception]:
+    return recorded.on_nodes(rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)))
 
 
-def status(r: remote.NodeState | Exception) -> NodeStatus:
-    return r.status if isinstance(r, remote.NodeState) else NodeStatus.UNREACHABLE
+def status(r: run_state.NodeState | Exception) -> NodeStatus:
+    return r.status if isinstance(r, run_state.NodeState) else NodeStatus.UNREACHABLE

@@ -9,17 +9,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
-from fleet import nodeside
 from fleet.config.inventory import Host
 from fleet.console import Console
 from fleet.errors import HostsBusy, TransportError, host_error
-from fleet.shell import home_word, quote
+from fleet.nodeside import shell_program
+from fleet.shell import Raw, home_word
 from fleet.transport import Transport
 from fleet.transport.group import each
 
-SCRIPT = Path(nodeside.__file__).parent / "claim.sh"
 ANSWER_S = 30.0  # how long a node may take to say whether it could be claimed
 
 
@@ -47,7 +45,7 @@ def parse_answer(line: str) -> Answer | None:
 
 
 def claim_script(workdir: str, run_id: str) -> str:
-    return f"set -- {home_word(workdir)} {quote(run_id)}\n{SCRIPT.read_text()}"
+    return shell_program("claim.sh", Raw(home_word(workdir)), run_id)
 
 
 class Claim:

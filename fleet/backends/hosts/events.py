@@ -16,6 +16,7 @@ from fleet.backends.base import Event, NodeEnded, Quiet
 from fleet.backends.hosts import node as remote
 from fleet.console import Console
 from fleet.errors import FleetError
+from fleet.facts import run_state
 from fleet.plan import NodePlan, Plan
 from fleet.run import faults
 from fleet.run.faults import Phase
@@ -61,7 +62,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
         name = node.host.name
         link = run.links[name]
         local_log = open(logdir / f"{name}.log", "w", buffering=1)  # noqa: SIM115
-        tag = Tagger(name, node.rank_base, lambda: remote.ranks(link.t, node.run_dir))
+        tag = Tagger(name, node.rank_base, lambda: run_state.ranks(link.t, node.run_dir))
         quiet = after_stop(run, node, link)
 
         def on_lines(lines: list[str]) -> None:
@@ -120,7 +121,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                     console.phase(name, f"the rest of its log could not be read: "
                                         f"{reason(result)} (`fleet logs {plan.run_id} --node "
                                         f"{name}` reads it from the node)")
-            elif kind == "end" and isinstance(result, remote.NodeState) and result.done:
+            elif kind == "end" and isinstance(result, run_state.NodeState) and result.done:
                 known = outcomes.get(name)
                 outcome = NodeOutcome(name, node.node_rank, result.status, result.code,
                                       result.stopped_by, result.own_failure)
@@ -166,7 +167,7 @@ def after_stop(run: Followed, node: NodePlan, link: Link) -> AfterStop:
 
     def confirm() -> str:
         with contextlib.suppress(FleetError):
-            return remote.state(link.t, node.run_dir, run.key(name)).stopped_by
+            return run_state.state(link.t, node.run_dir, run.key(name)).stopped_by
         return ""
 
     def announce(by: str) -> None:
@@ -180,7 +181,7 @@ def _outcome(run: Followed, node: NodePlan, result: int | Exception) -> NodeOutc
     name = node.host.name
     if not isinstance(result, Exception):
         try:
-            st = remote.state(run.links[name].t, node.run_dir, run.key(name))
+            st = run_state.state(run.links[name].t, node.run_dir, run.key(name))
         except FleetError as e:
             result = e
         else:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from fleet.backends.hosts.check import FAIL, Listeners, port_checks
+from fleet.backends.checks import Status
 from fleet.backends.hosts.claim import Claims
+from fleet.backends.hosts.ports import Listeners, port_checks
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher
 from fleet.console import Console
@@ -193,7 +194,7 @@ def preflight(session: Session, plan: Plan, console: Console,
     checks = port_checks(session.t, m.host, m.master_addr, m.master_port,
                          {n.host.name: n.net.address or n.host.address for n in plan.nodes},
                          listeners)
-    bad = {c.host: f"{c.detail}; fix: {c.fix}" for c in checks if c.status == FAIL}
+    bad = {c.host: f"{c.detail}; fix: {c.fix}" for c in checks if c.status is Status.FAIL}
     if bad:
         raise HostError("preflight (skip with --skip-checks)", bad)
     console.info(f"preflight: rendezvous port {m.master_port} free on {m.host.name}"

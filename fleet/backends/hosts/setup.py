@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from fleet import nodeside
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import SetupError, SetupFailed
@@ -37,20 +38,12 @@ def setup_hash(job: Job) -> str | None:
 
 def setup_script(node: NodePlan, job: Job, host_python: str, run_id: str) -> str:
     """The user's script under `sh -e`, in the job's directory with the job's env (env.sh),
-    beside FLEET_PYTHON (the inventory's interpreter, to make a venv from) and FLEET_UV (uv's
-    path where the node has uv, else empty). Its shell starts with the run id in its
-    environment, so that a stop finds it (and what it runs) as it finds the job's processes."""
-    inner = "\n".join([
-        "set -e",
-        f"cd {quote(node.code_dir)}",
-        f"rm -f {MARKER}",  # a setup that fails half-way is not the last good one
-        f". {quote(node.run_dir + '/env.sh')}",
-        f"export FLEET_PYTHON={quote(host_python)}",
-        'FLEET_UV=$(command -v uv 2>/dev/null || true); export FLEET_UV',
-        "exec 2>&1",
-        job.setup or "true",
-    ])
-    return sh("exec", "env", f"FLEET_RUN_ID={run_id}", "sh", "-c", inner)
+    beside FLEET_PYTHON and FLEET_UV (fleet/nodeside/setup.sh). Its shell starts with the run id
+    in its environment, so that a stop finds it (and what it runs) as it finds the job's
+    processes."""
+    return sh("exec", "env", f"FLEET_RUN_ID={run_id}", "sh", "-c", nodeside.text("setup.sh"),
+              "fleet-setup", node.code_dir, MARKER, node.run_dir + "/env.sh", host_python,
+              job.setup or "true")
 
 
 def marker_script(node: NodePlan) -> str:

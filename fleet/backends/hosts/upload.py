@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fleet.backends.hosts.check import Listeners
+from fleet.backends.hosts.ports import Listeners
 from fleet.backends.hosts.prepare import Session, preflight
 from fleet.config.job import Job
 from fleet.console import Console

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.backends.base import Backend, Options
-from fleet.backends.hosts.check import FAIL, PASS, WARN, Check, connection_checks
+from fleet.backends.checks import Check, Status, connection_checks
 from fleet.backends.slurm.cluster import Cluster, load_cluster
 from fleet.backends.slurm.jobs import (
     SlurmRecord,
@@ -52,11 +52,11 @@ def checks(cluster: Cluster, job: Job) -> list[Check]:
     try:
         t = open_transport(cluster.login)
     except FleetError as e:
-        return [Check("login", "ssh", FAIL, reason(e))]
+        return [Check("login", "ssh", Status.FAIL, reason(e))]
     with t:
         out = connection_checks(t)
         why = missing_clients(t)
-        out.append(Check("login", "slurm clients", FAIL if why else PASS,
+        out.append(Check("login", "slurm clients", Status.FAIL if why else Status.PASS,
                          why or "sbatch, squeue, scontrol, scancel, srun"))
         scratch = f"{t.path(cluster.workdir).rstrip('/')}/runs/.check-{secrets.token_hex(4)}"
         s = Script(code_dir=f"{t.path(cluster.workdir).rstrip('/')}/code/{job.slot}",
@@ -65,20 +65,21 @@ def checks(cluster: Cluster, job: Job) -> list[Check]:
             t.run(sh("mkdir", "-p", scratch), timeout=60, what="make a scratch directory"
                   ).check(t.host.name)
             t.write(f"{scratch}/job.sbatch", render(job, cluster, s).encode(), 0o700)
-            out.append(Check("login", "workdir", PASS, f"{t.path(cluster.workdir)} writable"))
+            out.append(Check("login", "workdir", Status.PASS,
+                             f"{t.path(cluster.workdir)} writable"))
         except FleetError as e:
-            return [*out, Check("login", "workdir", FAIL, reason(e))]
+            return [*out, Check("login", "workdir", Status.FAIL, reason(e))]
         try:
             if not why:
                 ok, said = test_only(t, scratch)
-                out.append(Check("slurm", "request", PASS if ok else FAIL,
+                out.append(Check("slurm", "request", Status.PASS if ok else Status.FAIL,
                                  f"sbatch --test-only: {said}",
                                  "" if ok else "the [slurm] partition, nodes, time or account"))
         finally:
             t.run(sh("rm", "-rf", scratch), timeout=60)
         facts = probe(t, None, create=False, python=cluster.python)
         problem = python_problem(dataclasses.replace(t.host, python=cluster.python), facts)
-        out.append(Check("login", "python", WARN if problem else PASS,
+        out.append(Check("login", "python", Status.WARN if problem else Status.PASS,
                          f"{problem} (on the login node; the job checks every node itself "
                          "before it starts)" if problem else
                          f"{cluster.python}: python {facts.python_version}, torch "

@@ -1,0 +1,165 @@
+"""The port checks, before a launch and in `fleet check`: the master's rendezvous port is free
+and every worker reaches it, and the master reaches a port on every worker, tested with
+listeners (fleet/nodeside/listen.py) and connections (connect.py) from the nodes themselves."""
+
+from __future__ import annotations
+
+import threading
+
+from fleet.backends.checks import Check, Status
+from fleet.config.inventory import Host
+from fleet.nodedata import number
+from fleet.nodeside import loader, python_program, shell_program
+from fleet.run import faults
+from fleet.shell import quote, sh
+from fleet.transport import Transport
+from fleet.transport.group import each, reason
+
+LISTEN_S = 20  # a check listener lives at most this long on a node
+LISTENER_MARK = "fleet-preflight-listener"  # in its command line: how stop_listener knows it
+
+
+def connect_script(python: str, addr: str, port: int | str) -> str:
+    """Exits 0 if a TCP connection to addr:port opens from the node (IPv4 or IPv6)."""
+    return python_program(quote(python), "connect.py", addr, str(port), flags=("-I", "-S"),
+                          redirect="2>&1")
+
+
+def listener_script(python: str, port: int, expect: int, seconds: int = LISTEN_S) -> str:
+    return shell_program("listen.sh", str(seconds + 5), python, "-I", "-S", "-c",
+                         loader("listen.py"), str(port), str(seconds), str(expect),
+                         LISTENER_MARK, python="listen.py")
+
+
+def start_listener(t: Transport, port: int, expect: int,
+                   seconds: int = LISTEN_S) -> tuple[bool, str, str]:
+    """Start a listener on the node (port 0: any free one) that lives until `expect` connections
+    came or `seconds` passed. Returns (listening?, the port or why not, its pid)."""
+    return parse_listener(t.run(listener_script(t.host.python, port, expect, seconds),
+                                timeout=30, what="start a test listener").out)
+
+
+def parse_listener(out: str) -> tuple[bool, str, str]:
+    out = out.strip()
+    if out.startswith("listening "):
+        _, port_text, pid = out.split()[:3]
+        return True, port_text, pid
+    return False, out.removeprefix("busy ") or "the listener did not start", ""
+
+
+def stop_listener(t: Transport, pid: str) -> None:
+    """Free the port at once (a worker that could not connect leaves the listener waiting).
+    The pid is the node's word: only a plain one above 1 (`kill 0` or `kill 1` would reach every
+    process of the shell's group, or init), and only while it is still a listener of fleet's
+    (once the listener ended by itself the pid may name anything)."""
+    if (n := number(pid, 1 << 22)) is not None and n > 1:
+        proc = f"/proc/{pid}/cmdline"
+        t.run(sh("grep", "-qzxF", LISTENER_MARK, proc) + " 2>/dev/null && "
+              + sh("kill", pid) + " 2>/dev/null; true", timeout=15, what="stop the listener")
+
+
+class Cancelled(Exception):
+    """The port checks were given up (the upload beside them failed): no new listener."""
+
+
+class Listeners:
+    """The test listeners one round of port checks starts on the nodes, so that whoever gives
+    up on the checks can end them at once: none may outlive a launch that failed."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._started: list[tuple[Transport, str]] = []
+
+    def start(self, t: Transport, port: int, expect: int) -> tuple[bool, str, str]:
+        if self.cancelled.is_set():
+            raise Cancelled("the port checks were given up")
+        ok, info, pid = start_listener(t, port, expect)
+        with self._lock:
+            late = self.cancelled.is_set()  # given up while it started: stop_all missed it
+            if ok and not late:
+                self._started.append((t, pid))
+        if ok and late:
+            stop_listener(t, pid)
+            raise Cancelled("the port checks were given up")
+        faults.point("preflight-listening")
+        return ok, info, pid
+
+    def stop_all(self) -> None:
+        """Cancel what has not started; end every listener started (those that ended by
+        themselves are left alone: stop_listener checks)."""
+        self.cancelled.set()
+        with self._lock:
+            started, self._started = self._started, []
+        each(((t.host.name + "/" + pid, (t, pid)) for t, pid in started),
+             lambda tp: stop_listener(*tp))
+
+
+def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
+    """Whether a TCP connection opens from the node; raises if the node's python cannot even
+    try (a broken interpreter is not a firewall)."""
+    r = t.run(connect_script(t.host.python, addr, port), timeout=20, what="connect test")
+    if r.ok:
+        return True, ""
+    why = r.out.strip().splitlines()[-1] if r.out.strip() else "timed out"
+    if r.code != 1:
+        raise RuntimeError(f"cannot test the connection with {t.host.python}: {why}")
+    return False, why
+
+
+def port_checks(session: dict[str, Transport], master: Host, master_ip: str, port: int,
+                addrs: dict[str, str], listeners: Listeners | None = None) -> list[Check]:
+    """The master's rendezvous port is free there and every worker reaches it over TCP; and the
+    master reaches a port on every worker (torchrun's collectives connect both ways). The test
+    listeners are started through `listeners`, where the caller may have to end them early."""
+    listeners = listeners or Listeners()
+    tm = session[master.name]
+    workers = [(n, t) for n, t in session.items() if n != master.name]
+    ok, info, pid = listeners.start(tm, port, len(workers))
+    if not ok:
+        return [Check(master.name, "rendezvous port", Status.FAIL,
+                      f"port {port} is taken on the master: {info}",
+                      "stop what holds it (`fleet ps`, `fleet stop RUN`) or choose another "
+                      "`port` under [rendezvous] in the job")]
+    checks = [Check(master.name, "rendezvous port", Status.PASS, f"{master_ip}:{port} free")]
+
+    def reach(t: Transport) -> Check:
+        good, why = can_connect(t, master_ip, port)
+        if good:
+            return Check(t.host.name, "reach master", Status.PASS, f"TCP to {master_ip}:{port}")
+        return Check(t.host.name, "reach master", Status.FAIL,
+                     f"cannot open TCP to the master {master_ip}:{port}: {why}",
+                     f"a firewall on the master or between the hosts blocks port {port}: allow "
+                     f"TCP {port} (and the ephemeral ports Gloo/NCCL use) from the other nodes")
+
+    def back(t: Transport) -> Check:
+        good, info, lpid = listeners.start(t, 0, 1)
+        if not good:
+            return Check(t.host.name, "reached by master", Status.WARN,
+                         f"no test listener: {info}")
+        own = addrs.get(t.host.name) or t.host.address
+        ok2, why = can_connect(tm, own, info)
+        if not ok2:  # else it ended by itself, after that one connection
+            stop_listener(t, lpid)
+        if ok2:
+            return Check(t.host.name, "reached by master", Status.PASS,
+                         f"TCP {own}:{info} from master")
+        return Check(t.host.name, "reached by master", Status.FAIL,
+                     f"the master cannot open TCP to {own}:{info}: {why}",
+                     "a firewall on this node blocks incoming TCP from the other nodes; Gloo "
+                     "and NCCL connect on ephemeral ports, so allow TCP from the cluster subnet")
+
+    # Both directions for every worker, all at once. The master's listener ends by itself once
+    # every worker reached it; it is killed otherwise.
+    tests = {"reach master": reach, "reached by master": back}
+    results = each(((f"{what}/{n}", (what, t)) for what in tests for n, t in workers),
+                   lambda wt: tests[wt[0]](wt[1]))
+    if any(not isinstance(r := results[f"reach master/{n}"], Check) or r.status is not Status.PASS
+           for n, _ in workers):
+        stop_listener(tm, pid)
+    for what in tests:
+        for n, _ in workers:
+            r = results[f"{what}/{n}"]
+            checks.append(r if isinstance(r, Check)
+                          else Check(n, "network", Status.FAIL, reason(r)))
+    return checks
