@@ -165,7 +165,7 @@ def test_parse_probe_deep_takes_what_check_needs_as_types() -> None:
             odd.health.resolves, odd.health.torch_error) == (0, 0, 0.0, (), "E: x")
     assert parse_probe(probe_output()).health is None
     assert parse_probe(probe_output(check=[1])).health is None
-    assert parse_probe("hostname=n\npy=[1, 2]\n").python == "missing"
+    assert parse_probe("hostname=n\npy=[1, 2]\n").python is PythonState.MISSING
 
 
 def test_parse_probe_python_missing_or_without_torch() -> None:

@@ -119,7 +119,7 @@ def hosts(g: Guard) -> HostsRun:
 
 
 def stops(g: Guard) -> list[str]:
-    return [n for n, t in hosts(g).session.t.items()
+    return [n for n, t in hosts(g).session.transports.items()
             if any("stop.sh" in s for s in t.scripts)]  # type: ignore[attr-defined]
 
 
@@ -131,7 +131,7 @@ def test_an_exception_stops_every_node_once_any_may_run(tmp_path: Path) -> None:
         raise ValueError("bug")
     assert stops(g) == ["n1", "n2", "n3"]
     assert any("fleet up, after an error: ValueError: bug" in s
-               for s in hosts(g).session.t["n1"].scripts)  # type: ignore[attr-defined]
+               for s in hosts(g).session.transports["n1"].scripts)  # type: ignore[attr-defined]
 
 
 def test_two_signals_5ms_apart_end_in_one_complete_teardown(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_an_interrupted_setup_is_stopped_before_its_directories_go(tmp_path: Pat
         time.sleep(1)
     assert sorted(stops(g)) == ["n1", "n2", "n3"]
     assert "nothing had been started on any node" in str(e.value)
-    for t in hosts(g).session.t.values():
+    for t in hosts(g).session.transports.values():
         stop_at = next(i for i, s in enumerate(t.scripts) if "stop.sh" in s)
         assert any("rm -rf" in s for s in t.scripts[stop_at:])  # removed after the stop
     assert not hosts(g).record_dir.exists()
@@ -192,7 +192,8 @@ def test_nothing_started_nothing_stopped_nothing_kept(tmp_path: Path) -> None:
         time.sleep(1)
     assert stops(g) == []
     assert "nothing had been started on any node" in str(e.value)
-    removed = [n for n, t in hosts(g).session.t.items() if any("rm -rf" in s for s in t.scripts)]
+    removed = [n for n, t in hosts(g).session.transports.items()
+               if any("rm -rf" in s for s in t.scripts)]
     assert removed == ["n1", "n2", "n3"] and not hosts(g).record_dir.exists()
 
 
@@ -251,7 +252,7 @@ def test_every_node_is_marked_before_any_is_signalled(tmp_path: Path) -> None:
     g = guard_for(tmp_path, delay=0.05)
     order: list[str] = []
     lock = threading.Lock()
-    for t in hosts(g).session.t.values():
+    for t in hosts(g).session.transports.values():
         run = t.run
 
         def logged(script: str, timeout: float | None = 60.0, what: str = "",

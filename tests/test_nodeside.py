@@ -27,7 +27,7 @@ from fleet.backends.hosts.ports import (
 )
 from fleet.facts import failure, run_state
 from fleet.facts import slurm as sj
-from fleet.facts.probe import parse_probe, probe_script
+from fleet.facts.probe import PythonState, parse_probe, probe_script
 from fleet.run.states import NodeStatus
 
 SH = shutil.which("dash") or "sh"
@@ -158,7 +158,7 @@ def test_the_probe_and_its_deep_mode_under_sh(tmp_path: Path) -> None:
     script = probe_script(sys.executable, "~/fleet", "127.0.0.1", held=True, deep=True)
     r = sh(script, env=env, timeout=120)
     f = parse_probe(r.stdout)
-    assert (f.python, f.home, f.route_src) == ("ok", str(tmp_path), "127.0.0.1"), r.stdout
+    assert (f.python, f.home, f.route_src) == (PythonState.OK, str(tmp_path), "127.0.0.1"), r.stdout
     assert f.python_version == sys.version.split()[0] and f.held == ()
     assert ("lo", "127.0.0.1") in f.addrs
     assert f.storage and (tmp_path / "fleet" / ".fleet-storage").read_text().strip() == f.storage
@@ -175,7 +175,7 @@ def test_the_probe_and_its_deep_mode_under_sh(tmp_path: Path) -> None:
 def test_a_probe_whose_python_is_missing(tmp_path: Path) -> None:
     f = parse_probe(sh(probe_script(str(tmp_path / "no-python"), str(tmp_path),
                                     deep=True)).stdout)
-    assert f.python == "missing" and "not found" in f.detail and f.health is None
+    assert f.python is PythonState.MISSING and "not found" in f.detail and f.health is None
     assert f.hostname and f.storage
 
 

@@ -30,9 +30,10 @@ def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], preview.Pr
     try:
         p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
                                 create=False, allow_mismatch=True)
-        setups = fleet_setup.decide(p, fleet_setup.recorded(session.t, p) if job.setup else {})
+        marks = fleet_setup.recorded(session.transports, p) if job.setup else {}
+        setups = fleet_setup.decide(p, marks)
         moves = preview.preview(p, sources.code, sources.data,
-                                preview.list_nodes(session.t, p),
+                                preview.list_nodes(session.transports, p),
                                 tuple(n for n, f in session.facts.items() if not f.storage))
     finally:
         session.close()

@@ -32,7 +32,7 @@ class Session:
     """Open connections to every node of a plan, closed together."""
 
     def __init__(self, transports: dict[str, Transport]) -> None:
-        self.t = transports
+        self.transports = transports
         self.facts: dict[str, Facts] = {}  # what the probe learnt, once prepare_plan ran
         self.claims: Claims | None = None  # held from before the first write to the start
 
@@ -44,7 +44,7 @@ class Session:
 
     def close(self) -> None:
         self.release()
-        each(self.t.items(), lambda t: t.close())
+        each(self.transports.items(), lambda t: t.close())
 
 
 def connect(inventory: Inventory, console: Console) -> Session:
@@ -76,7 +76,7 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     guess = master_address(inventory, None)
     hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
     facts: dict[str, Facts] = all_ok("probe", each(
-        session.t.items(), lambda t: probe(t, hint, create=create, held=held)))
+        session.transports.items(), lambda t: probe(t, hint, create=create, held=held)))
     session.facts = facts
     own = job.python is not None  # the job's interpreter exists after its setup: checked then
     problems = {name: p for name in facts if (p := python_problem(
@@ -86,12 +86,12 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     master_ip = master_address(inventory, facts[inventory.hosts[0].name])
     if master_ip != hint:  # the route could only be asked once the master's IP was known
         facts = all_ok("finding the route to the master", each(
-            session.t.items(), lambda t: probe(t, master_ip, create=False)))
+            session.transports.items(), lambda t: probe(t, master_ip, create=False)))
     if not own:
         _versions_agree(facts, inventory.hosts[0].name, console, allow_mismatch)
     nets = all_ok("finding the route to the master", each(
-        ((n, n) for n in session.t), lambda n: net_for(hosts[n], facts[n], master_ip)))
-    homes = {n: t.home for n, t in session.t.items()}
+        ((n, n) for n in session.transports), lambda n: net_for(hosts[n], facts[n], master_ip)))
+    homes = {n: t.home for n, t in session.transports.items()}
     has_gpus = gpu_plan(session, inventory, job, console)
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
                      storage=storage_groups(facts), has_gpus=has_gpus)
@@ -121,7 +121,7 @@ def check_job_python(session: Session, plan: Plan, console: Console,
     where the launcher needs it), the same versions everywhere. The plan with its versions."""
     facts: dict[str, Facts] = all_ok("checking the job's python", each(
         ((n.host.name, n) for n in plan.nodes),
-        lambda n: probe(session.t[n.host.name], None, create=False, python=n.python)))
+        lambda n: probe(session.transports[n.host.name], None, create=False, python=n.python)))
     problems = {}
     for n in plan.nodes:
         why = python_problem(dataclasses.replace(n.host, python=n.python), facts[n.host.name],
@@ -142,7 +142,7 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
     asked."""
     if job.launcher != Launcher.ACCELERATE and not any(h.gpus for h in inventory.hosts):
         return None
-    facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.t.items(), gpu_facts))
+    facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.transports.items(), gpu_facts))
     problems = {}
     for h in inventory.hosts:
         f = facts[h.name]
@@ -191,7 +191,7 @@ def preflight(session: Session, plan: Plan, console: Console,
               listeners: Listeners | None = None) -> None:
     """The network part of `fleet check`: the master's port is free and reachable both ways."""
     m = plan.master
-    checks = port_checks(session.t, m.host, m.master_addr, m.master_port,
+    checks = port_checks(session.transports, m.host, m.master_addr, m.master_port,
                          {n.host.name: n.net.address or n.host.address for n in plan.nodes},
                          listeners)
     bad = {c.host: f"{c.detail}; fix: {c.fix}" for c in checks if c.status is Status.FAIL}

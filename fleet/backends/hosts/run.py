@@ -49,7 +49,7 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
     session = connect(inventory, console)
     try:
         # Before anything is written: another launch preparing these hosts stops this one.
-        session.claims = claim_all(session.t, inventory.hosts, run_id, console)
+        session.claims = claim_all(session.transports, inventory.hosts, run_id, console)
         faults.point(Phase.PROBE.value)
         held = options.checks and not options.force
         plan = prepare_plan(session, inventory, job, run_id, console,
@@ -75,7 +75,7 @@ class HostsRun(Run):
         self.setting_up: set[str] = set()  # nodes where the job's setup may run
         self.pids: dict[str, int] = {}
         limit = plan.job.watchdog.unreachable_after
-        self.links = {n.host.name: Link(session.t, n.host.name, limit) for n in plan.nodes}
+        self.links = {n.host.name: Link(session.transports, n.host.name, limit) for n in plan.nodes}
         self.lost: set[str] = set()  # nodes that answered nothing for unreachable_after
         self.stopping = False  # a stop of every node is under way
         self.problems: dict[str, str] = {}  # where the last stop may have left a process
@@ -92,11 +92,11 @@ class HostsRun(Run):
         sent = upload_checked(session, plan, console, options.checks, self.sources)
         if self.job.setup is not None:
             self.setting_up.update(n.host.name for n in plan.nodes)
-        hashes = setup.run(session.t, plan, console, options.force_setup)
+        hashes = setup.run(session.transports, plan, console, options.force_setup)
         if self.job.python is not None:
             plan = self.plan = check_job_python(session, plan, console, options.allow_mismatch)
         m = manifest.record(plan, hashes, self.record_dir, sent)
-        session.t[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
+        session.transports[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
                                                 manifest.dumps(m).encode(), 0o600)
         # A detached run is confirmed by the master's open port, where fleet knows torchrun
         # opens one (a `command` may not).
@@ -112,7 +112,7 @@ class HostsRun(Run):
         start is attempted."""
         plan, session, console = self.plan, self.session, self.console
         m = plan.master
-        tm = session.t[m.host.name]
+        tm = session.transports[m.host.name]
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
         pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
@@ -121,7 +121,7 @@ class HostsRun(Run):
         others = plan.nodes[1:]
         self.may_run.update(n.host.name for n in others)
         results = each(((n.host.name, n) for n in others), lambda n: remote.start(
-            session.t[n.host.name], n.run_dir, plan.run_id))
+            session.transports[n.host.name], n.run_dir, plan.run_id))
         bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
         if bad:
             raise host_error("starting the job", bad, StartError)
@@ -163,7 +163,7 @@ class HostsRun(Run):
         """Before any start, the run directories go again (best effort), after a stop of
         whatever of the run may be there (a setup still running); and the local record."""
         def forget(n: NodePlan) -> None:
-            t = self.session.t[n.host.name]
+            t = self.session.transports[n.host.name]
             if n.host.name in self.setting_up:
                 remote.stop(t, n.run_dir, "fleet up, before anything started",
                             self.key(n.host.name))
@@ -186,7 +186,8 @@ class HostsRun(Run):
         return "it was stopped on every node"
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
-        live = {n.host.name: (self.session.t[n.host.name], n.run_dir) for n in self.plan.nodes
+        live = {n.host.name: (self.session.transports[n.host.name], n.run_dir)
+                for n in self.plan.nodes
                 if n.host.name not in skip}
         return hang.take(live, self.run_id, self.record_dir, hung=hung)
 
@@ -213,7 +214,7 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
         console.phase(o.name, o.describe())
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
     found = each(((o.name, o) for o in failed), lambda o: failure.explain(
-        session.t[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
+        session.transports[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
         kernel_log=True))
     causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
     root = failure.first(causes)

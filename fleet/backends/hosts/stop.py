@@ -30,7 +30,7 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
         @contextlib.contextmanager
         def held() -> Iterator[tuple[Transport, str, str]]:
             link = links.get(n.host.name)
-            yield (link.t if link else session.t[n.host.name]), n.run_dir, key(n.host.name)
+            yield (link.t if link else session.transports[n.host.name]), n.run_dir, key(n.host.name)
         return held
 
     reachable = [n for n in nodes if n.host.name not in lost]

@@ -106,7 +106,7 @@ def upload(session: Session, plan: Plan, console: Console,
     def confirm(node: NodePlan) -> bool:
         """A node that shares its leader's storage sees the leader's sync; if it does not (a
         copied workdir, say), it gets its own."""
-        t = session.t[node.host.name]
+        t = session.transports[node.host.name]
         seen = t.run(sh("cat", f"{node.code_dir}/{SYNCED}") + " 2>/dev/null",
                      what="read the sync marker").out.strip()
         if seen == plan.run_id:
@@ -131,7 +131,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
 
     def listed(item: tuple[NodePlan, bool, bool]) -> _Listed:
         node, syncs, run_files = item
-        t = session.t[node.host.name]
+        t = session.transports[node.host.name]
         dirs = [(code, node.code_dir, code.manifest, "code")] if syncs else []
         if syncs and node.data_dir and data is not None:
             dirs.append((data, node.data_dir, data.manifest, "data"))
@@ -154,7 +154,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
 
     def finish(ls: _Listed) -> None:
         node = ls.node
-        t = session.t[node.host.name]
+        t = session.transports[node.host.name]
         entries: list[Entry] = []
         if ls.streamed is None:
             for (src, dest, _, _), rels in zip(ls.dirs, ls.rels, strict=True):
@@ -194,7 +194,7 @@ def _stream(session: Session, console: Console, sources: Sources, big: list[_Lis
     scans = [next(ls.dirs[k][0] for ls in big if len(ls.dirs) > k) for k in range(count)]
     targets, dirs = [], [transfer.Dir(scans[k], {}, {}, {}) for k in range(count)]
     for ls in big:
-        t = session.t[ls.node.host.name]
+        t = session.transports[ls.node.host.name]
         name = ls.node.host.name
         for k, (_, dest, there, _) in enumerate(ls.dirs):
             dirs[k].roots[name] = t.path(dest)
