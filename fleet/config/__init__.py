@@ -1,1 +1,1 @@
-"""fleet.config."""
+"""What the user writes: the inventory (hosts or a Slurm cluster), the job, host keys."""

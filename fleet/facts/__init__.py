@@ -1,1 +1,1 @@
-"""fleet.facts."""
+"""What fleet learns from a node or a scheduler: each fact a command plus a pure parser."""

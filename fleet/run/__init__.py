@@ -1,1 +1,1 @@
-"""fleet.run."""
+"""A run, the same for every backend: the runner, its guard and monitor, states and records."""

@@ -1,1 +1,1 @@
-"""fleet.backends.hosts."""
+"""The hosts backend: a job run over SSH on the hosts of an inventory."""

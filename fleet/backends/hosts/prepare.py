@@ -1,5 +1,5 @@
-"""Getting a run ready: connect to every node, probe, plan, preflight, and upload; nothing of
-the job runs anywhere yet (fleet.run.runner takes it from there)."""
+"""Getting a run ready on hosts: connect to every node, probe, plan, preflight (the upload is
+fleet.backends.hosts.upload); nothing of the job runs anywhere yet."""
 
 from __future__ import annotations
 

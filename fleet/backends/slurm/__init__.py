@@ -1,1 +1,1 @@
-"""fleet.backends.slurm."""
+"""The Slurm backend: a job submitted through a cluster's login node."""

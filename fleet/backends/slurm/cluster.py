@@ -1,10 +1,5 @@
-"""Slurm clusters: the `[slurm]` inventory table, and the job as a standalone sbatch script.
-
-Pure: from a job and a cluster's settings to the text of one sbatch script, which fleet submits
-itself (`fleet up` on a `[slurm]` inventory) and which `fleet export slurm` prints for users to
-submit with plain `sbatch`, fleet not installed. Every string of the job reaches that script as
-one shell word built by fleet.shell.quote; the places where a node fills a value in ($SLURM_NODEID
-for the node rank, the master's address) are variables, never text spliced into quotes."""
+"""Slurm clusters: the `[slurm]` inventory table, every mistake named by file and key (the batch
+script built from a cluster and a job is fleet.backends.slurm.script)."""
 
 from __future__ import annotations
 

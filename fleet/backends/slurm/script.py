@@ -1,5 +1,11 @@
 """The batch script a Slurm run submits (and `fleet export slurm` prints): one torchrun per node
-with the node rank from Slurm, its env and its argv, rendered from templates/sbatch.sh.j2."""
+with the node rank from Slurm, its env and its argv, rendered from templates/sbatch.sh.j2.
+
+Pure: from a job and a cluster's settings to the text of one sbatch script, which fleet submits
+itself (`fleet up` on a `[slurm]` inventory) and which `fleet export slurm` prints for users to
+submit with plain `sbatch`, fleet not installed. Every string of the job reaches that script as
+one shell word built by fleet.shell.quote; the places where a node fills a value in ($SLURM_NODEID
+for the node rank, the master's address) are variables, never text spliced into quotes."""
 
 from __future__ import annotations
 
