@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.nodeside import shell_program
-from fleet.run.logs import RANK_PREFIX
 from fleet.transport import Transport
 
+RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)  # torchrun's tag on a line
 TRACE_LINES = 15
 LOG_LINES = 200  # of node.log's end, to find a traceback in
 STDERR_LINES = 400  # of a rank's stderr.log's end, to find its last traceback's start in

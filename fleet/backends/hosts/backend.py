@@ -11,6 +11,7 @@ from typing import Any
 from fleet.backends.base import Backend, Options
 from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
+from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import recorded
 from fleet.backends.hosts.run import HostsRun, prepare
@@ -20,7 +21,6 @@ from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.run import hang
-from fleet.run import logs as fleet_logs
 from fleet.run.record import NodeRecord, RunRecord
 from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
