@@ -573,6 +573,9 @@ def test_a_hang_verdict_never_claims_a_cancel_that_failed(tmp_path: Path) -> Non
     g = slurm_guard(tmp_path, login)
     run = slurm(g)
     run.job = make_job(tmp_path, hang_timeout=30)
-    Monitor(run, g, g.console).on(Quiet(31.0))  # the stacks: srun answers nothing here
-    assert g.hang is not None and len(login.cancels()) == 1
+    with pytest.raises(JobFailed) as e:  # not stopped: the guard's teardown tries again
+        Monitor(run, g, g.console).on(Quiet(31.0))  # the stacks: srun answers nothing here
+    assert len(login.cancels()) == 1
+    assert str(e.value).startswith(f"run {RUN_ID} hung: ") and "was cancelled" not in str(e.value)
+    assert "could not be cancelled" in str(e.value)
     assert "was cancelled" not in run.halted_words()

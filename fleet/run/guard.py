@@ -32,6 +32,10 @@ class Guard(SignalGuard):
             # Detached: the run goes on without fleet, whatever fails in confirming its start;
             # only the person's own Ctrl-C while fleet still waits for it stops it.
             if self.released and not isinstance(exc, Interrupted):
+                if exc is not None:
+                    rid = self.run.run_id
+                    self.console.info(f"run {rid} was started and goes on without fleet: "
+                                      f"`fleet status {rid}`, `fleet stop {rid}`")
                 return
             if self.ended:
                 if isinstance(exc, Interrupted):

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
 from fleet.console import Console
+from fleet.errors import JobFailed
 from fleet.run import hang
 from fleet.run.guard import Guard
-from fleet.run.states import FAIL_FAST, NodeOutcome, NodeStatus, RunStatus, overall
+from fleet.run.states import FAIL_FAST, WATCHDOG, NodeOutcome, NodeStatus, RunStatus, overall
 
 
 @dataclass(frozen=True)
@@ -94,5 +95,8 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
         console.info(f"  {line}")
     saved = hang.save(run.record_dir, f"hang of run {run.run_id}: no output for "
                       f"{silent:.0f}s", lines + problems)
-    run.stop(f"watchdog: no output for {limit:g}s (a hang)", skip=skip)
-    return f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
+    left = run.stop(f"{WATCHDOG}: no output for {limit:g}s (a hang)", skip=skip)
+    verdict = f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
+    if left:  # not stopped: the guard's teardown tries again, and fleet ends
+        raise JobFailed(f"run {run.run_id} hung: {verdict}; {run.halted_words()}")
+    return verdict

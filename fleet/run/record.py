@@ -43,7 +43,7 @@ class RunRecord:
     # stop record is fleet's only if it carries the key derived from it (see stop_key). Empty
     # in records written before there was one: their stop records are taken as they read.
     secret: str = ""
-    backend: str = "hosts"  # which backend ran it (fleet.backends.named): what answers for it
+    backend: str = "hosts"  # which backend ran it (fleet.backends.BACKENDS): what answers for it
 
     @property
     def dir(self) -> Path:

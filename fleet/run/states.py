@@ -10,6 +10,13 @@ from enum import Enum
 FAIL_FAST = "fail-fast"  # the stop cause a node's failure gives its peers: `fail-fast: n2 failed`
 
 
+WATCHDOG = "watchdog"  # the hang watchdog's stop cause: `watchdog: no output for 30s (a hang)`
+
+
+def by_watchdog(stopped_by: str) -> bool:
+    return stopped_by.startswith(f"{WATCHDOG}: ")
+
+
 def by_fail_fast(stopped_by: str, node: str | None = None) -> bool:
     """Whether a stop record's cause is a fail-fast (set off by `node`, where given)."""
     return stopped_by.startswith(f"{FAIL_FAST}: {node} " if node else FAIL_FAST)

@@ -30,7 +30,7 @@ R = TypeVar("R")
 
 
 class Followed(Protocol):
-    """What following a run's nodes needs of it (fleet.backends.hosts.run.Followed)."""
+    """What following a run's nodes needs of it (fleet.backends.hosts.run.HostsRun is one)."""
 
     run_id: str
     plan: Plan
@@ -97,10 +97,10 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
 
     threads = [threading.Thread(target=fn, args=(n,), daemon=True)
                for n in plan.nodes for fn in (follow, watch, keep)]
-    for th in threads:
-        th.start()
-    faults.point(Phase.STREAM.value)
     try:
+        for th in threads:
+            th.start()
+        faults.point(Phase.STREAM.value)
         # A node lost, then reached again, also says how it ended.
         while not all(n in outcomes and n in drained and (n not in run.lost or n in ends)
                       for n in nodes):

@@ -32,11 +32,12 @@ from fleet.console import Console
 from fleet.errors import (
     FleetError,
     JobFailed,
+    NotEveryNode,
     UsageError,
 )
 from fleet.facts import slurm as sj
 from fleet.facts.probe import probe, python_problem
-from fleet.run.record import RunRecord
+from fleet.run.record import RunRecord, controller_alive
 from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
 from fleet.transport import open_transport
@@ -107,6 +108,10 @@ def dump(rec: SlurmRecord) -> tuple[list[str], list[str]]:
 
 # ---- the run commands ---------------------------------------------------------------------
 def stop(rec: SlurmRecord, console: Console) -> None:
+    if rec.job_id is None and rec.submitting:
+        raise NotEveryNode(f"run {rec.run_id}: sbatch gave no job id, so fleet cannot tell which "
+                           "Slurm job to cancel: find it with `squeue --me` on the login node "
+                           "and cancel it with scancel")
     if rec.job_id is None:
         console.info(f"run {rec.run_id} was never submitted to Slurm: nothing to stop")
         return
@@ -130,7 +135,17 @@ def unsubmitted(rec: RunRecord, srec: SlurmRecord) -> tuple[RunStatus, list[str]
     if srec.job_id is not None or rec.launched:
         return None
     head = f"run {rec.run_id} ({rec.job}), started {time.ctime(rec.started)}: "
-    if rec.never_started():
+    unknown = f"{head}{RunStatus.UNKNOWN.value}\n  "
+    if srec.submitting:
+        return RunStatus.UNKNOWN, [f"{unknown}sbatch was asked to submit it and gave no job id: "
+                                   "Slurm may have queued it (`squeue --me` on the login node)"]
+    alive = controller_alive(rec.controller)
+    if alive is None:
+        return RunStatus.UNKNOWN, [f"{unknown}its record has no Slurm job, and the `fleet up` "
+                                   "that made it cannot be asked (another machine, a restart "
+                                   "of this one, or an older fleet): it was most likely never "
+                                   "submitted"]
+    if not alive:
         return RunStatus.NEVER_STARTED, [
             f"{head}{RunStatus.NEVER_STARTED.value}\n  the `fleet up` that prepared it ended (it "
             "was killed, or its machine stopped) before it submitted the job to Slurm: nothing "
@@ -169,6 +184,10 @@ def logs(rec: SlurmRecord, console: Console, follow: bool, node: str | None,
 
 
 def remove(rec: SlurmRecord) -> str:
+    if rec.job_id is None and rec.submitting:
+        raise UsageError(f"run {rec.run_id}: sbatch gave no job id, and a job Slurm may have "
+                         f"queued needs {rec.run_dir}: check `squeue --me` on the login node, "
+                         "then remove that directory and this run's record yourself")
     with open_transport(rec.login) as t:
         info = job_info(t, rec.job_id) if rec.job_id else None
         if info is not None and not info.status.is_terminal:

@@ -38,6 +38,7 @@ class SlurmRecord:
     nproc: int | str = 1
     static: bool = True  # ranks known from the node rank (a static rendezvous)
     final: str = ""  # Slurm's last word, once fleet saw the job end
+    submitting: bool = False  # sbatch was asked and gave no job id: a job may exist
 
 
 def record_dir(run_id: str) -> Path:
@@ -130,7 +131,7 @@ def preflight(t: Transport, run_dir: str, console: Console) -> None:
 def take_stacks(t: Transport, rec: SlurmRecord,
                 hung: bool = False) -> tuple[list[str], list[str]]:
     """Every rank's stack on every node of the running job, through a job step on each node
-    (slurmjob.step_script: no SSH to the nodes needed), reported as on hosts (fleet.facts.stacks).
+    (facts.slurm.step_script: no SSH to the nodes needed), reported as on hosts (facts.stacks).
     (the report's lines, problems) The NCCL flight recorder is refused on Slurm (check_job)."""
     assert rec.job_id is not None
     r = t.run(sj.step_script(rec.job_id, rec.run_dir, stacks.dump_script(".", rec.run_id)),

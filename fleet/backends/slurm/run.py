@@ -36,7 +36,7 @@ from fleet.errors import (
 from fleet.facts import slurm as sj
 from fleet.plan import SITE, new_run_id
 from fleet.render import NODESIDE
-from fleet.run.states import NodeOutcome, RunStatus
+from fleet.run.states import NodeOutcome, RunStatus, by_watchdog
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import reason
@@ -65,21 +65,23 @@ def prepare(cluster: Cluster, job: Job, console: Console, options: Options) -> S
         rec = SlurmRecord(run_id, str(job.path), cluster.login, run_dir,
                           nproc=nproc(job, cluster),
                           static=job.rendezvous.backend == RendezvousBackend.STATIC)
-        t.run(sh("mkdir", "-p", f"{run_dir}/{SITE}"), timeout=60,
-              what="make the run directory").check(t.host.name)
-        t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)
-        # fleet's sitecustomize: each worker's rank and stack dump (fleet dump, the watchdog)
-        t.write(f"{run_dir}/{SITE}/sitecustomize.py",
-                (NODESIDE / "sitecustomize.py").read_bytes(), 0o644)
-        t.write(f"{run_dir}/job.sbatch", text.encode(), 0o700)
-        if options.checks:
-            try:
+        try:
+            t.run(sh("mkdir", "-p", f"{run_dir}/{SITE}"), timeout=60,
+                  what="make the run directory").check(t.host.name)
+            t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)
+            # fleet's sitecustomize: each worker's rank and stack dump (fleet dump, the watchdog)
+            t.write(f"{run_dir}/{SITE}/sitecustomize.py",
+                    (NODESIDE / "sitecustomize.py").read_bytes(), 0o644)
+            t.write(f"{run_dir}/job.sbatch", text.encode(), 0o700)
+            if options.checks:
                 preflight(t, run_dir, console)
-            except FleetError:
+            started = time.time()
+            save(rec, started)
+        except BaseException:  # a refused preflight, an error, Ctrl-C: nothing is left
+            with contextlib.suppress(FleetError):
                 t.run(sh("rm", "-rf", run_dir), timeout=60)
-                raise
-        started = time.time()
-        save(rec, started)
+            shutil.rmtree(record_dir(run_id), ignore_errors=True)
+            raise
     except BaseException:
         t.close()
         raise
@@ -114,9 +116,11 @@ class SlurmRun(Run):
                              console)
             console.phase("login", f"data: {stats.files} file(s) sent")
         self.submitting = True
+        save(dataclasses.replace(rec, submitting=True), self.started_at)
         r = t.run(sj.submit_script(rec.run_dir, "job.sbatch"), timeout=60, what="sbatch")
-        self.submitting = False  # sbatch answered: its word says whether a job exists
         job_id = sj.parse_submit(r.out) if r.ok else None
+        # A refusal says no job exists; an answer fleet cannot read leaves it unknown.
+        self.submitting = r.ok and job_id is None
         if job_id is None:
             raise RemoteCommandError(t.host.name, "sbatch", r.code, r.out + r.err)
         self.rec = rec = dataclasses.replace(rec, job_id=job_id)
@@ -165,7 +169,7 @@ class SlurmRun(Run):
         """scancel (srun's --kill-on-bad-exit already ended the other nodes of a failed one:
         the whole job is what fleet cancels), then wait until Slurm says it ended."""
         assert self.job_id is not None
-        if by.startswith("watchdog"):
+        if by_watchdog(by):
             self.console.info(f"{by}: cancelling Slurm job {self.job_id}")
         else:
             self.console.info(f"cancelling Slurm job {self.job_id}")
@@ -186,10 +190,10 @@ class SlurmRun(Run):
         return f"Slurm job {self.job_id} was cancelled" + (f" ({info.state})" if info else "")
 
     def forget(self) -> str:
-        if self.submitting:  # sbatch said nothing (a timeout, a lost link): the job may exist
+        if self.submitting:  # sbatch said nothing fleet could read: the job may exist
             return (f"sbatch gave no job id: Slurm may still have queued the job (`squeue "
                     f"--name {self.job.name}` on the login node); its directory "
-                    f"{self.rec.run_dir} is kept for it")
+                    f"{self.rec.run_dir} and this run's record are kept for it")
         with contextlib.suppress(FleetError):
             self.t.run(sh("rm", "-rf", self.rec.run_dir), timeout=60)
         shutil.rmtree(self.record_dir, ignore_errors=True)

@@ -19,6 +19,7 @@ from fleet.run.logs import Tagger
 from fleet.run.states import RunStatus
 from fleet.shell import sh
 from fleet.transport import Partial, Transport
+from fleet.transport.group import reason
 
 POLL_S = 1.0
 DETACH_WAIT_S = 600.0  # how long `fleet up --detach` waits for every node to start
@@ -54,9 +55,13 @@ class Follower:
             self.t.stream("exec " + sh("tail", "-n", "+1", "-F", "-s", "0.2", self.path)
                           + " 2>/dev/null", self._lines, self.stop)
 
-    def drain(self) -> None:
+    def halt(self) -> None:
+        """No more lines from the stream (drain reads the rest)."""
         with self.lock:
             self.stop.set()
+
+    def drain(self) -> None:
+        self.halt()
         self.thread.join(timeout=10)
         r = self.t.run(sh("tail", "-n", f"+{self.count + 1}", self.path) + " 2>/dev/null",
                        timeout=60, what="read the end of a log")
@@ -158,8 +163,14 @@ class Watch:
                 time.sleep(POLL_S)
             self._add_nodes()  # the nodes whose log appeared while the job ended
         finally:
-            for f in self.followers.values():
-                f.drain()
+            for f in self.followers.values():  # every stream stopped first: none runs on
+                f.halt()
+            for name, f in self.followers.items():
+                try:
+                    f.drain()
+                except FleetError as e:  # said; never in place of what ended the watch
+                    self.console.phase(name, f"the end of its log could not be read: "
+                                             f"{reason(e)}")
 
     def shown(self) -> int:
         return sum(s.shown for s in self.sinks.values())
