@@ -90,9 +90,9 @@ def test_every_name_imported_from_another_module_is_defined_by_an_earlier_one() 
         before[name] = defined(tree)
     text = program()
     for name, tree in sources():  # ... and in the program, before the module that uses it
-        at = text.index(f"# ---- {PACKAGE}.{name}:")
+        at = text.index(f"# ==== {PACKAGE}.{name}:")
         for module, imported in siblings(tree):
-            starts = text.index(f"# ---- {PACKAGE}.{module}:")
+            starts = text.index(f"# ==== {PACKAGE}.{module}:")
             assert starts < at and imported in defined(ast.parse(text[starts:at])), imported
 
 
@@ -160,7 +160,7 @@ def test_amalgamate_refuses(modules: list[tuple[str, str]], why: str) -> None:
 def test_amalgamate_keeps_a_stdlib_import_two_modules_share_and_drops_the_siblings() -> None:
     text = amalgamate(DOC, [("frames", A), ("send", '"""s"""\nimport os\n\nfrom '
                             'fleet.nodeside.ferry.frames import X, f\n\nY = f() + X\n')])
-    assert text.startswith('"""doc"""\n\n\nfrom __future__ import annotations\n\n\n# ---- ')
+    assert text.startswith('"""doc"""\n\n\nfrom __future__ import annotations\n\n\n# ==== ')
     assert "fleet.nodeside.ferry.frames import" not in text and text.count("import os") == 2
     ns: dict[str, object] = {"__name__": "x"}
     exec(compile(text, "t", "exec"), ns)

@@ -28,7 +28,7 @@ REPORT_S = 0.5
 
 
 class Receiver:
-    """Applies a stream to files under its roots (see the module's docstring). `report(obj)`
+    """Applies a stream to files under its roots (see the package's docstring). `report(obj)`
     says what happened; a write error is reported once and the rest is only passed on (the
     caller's forward), so that the nodes after this one still get everything."""
 

@@ -73,7 +73,7 @@ def accept_from(server: socket.socket, key: bytes, deadline: float) -> socket.so
 
 
 def cmd_recv(argv: list[str]) -> int:
-    """recv MARK [LISTEN-ADDRESS]: see the module's docstring."""
+    """recv MARK [LISTEN-ADDRESS]: see the package's docstring."""
     out_lock = threading.Lock()
 
     def report(obj: Json) -> None:

@@ -68,7 +68,7 @@ def amalgamate(doc: str, modules: Sequence[tuple[str, str]]) -> str:
         lines = source.splitlines(keepends=True)
         body = "".join(line for k, line in enumerate(lines, 1) if k not in drop).strip("\n")
         title = ast.get_docstring(tree) or ""
-        parts.append(f"# ---- {PACKAGE}.{name}: {title.splitlines()[0] if title else ''}\n{body}")
+        parts.append(f"# ==== {PACKAGE}.{name}: {title.splitlines()[0] if title else ''}\n{body}")
     text = "\n\n\n".join(parts) + "\n"
     try:
         ast.parse(text, "fleet-ferry", feature_version=(3, 8))
