@@ -1,0 +1,31 @@
+"""ferry's entry point: `hash`, `recv` or `send`, from the node's command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+from fleet.nodeside.ferry.frames import cmd_hash, safe_rel
+from fleet.nodeside.ferry.recv import _exit_when_unread, cmd_recv
+from fleet.nodeside.ferry.send import cmd_send
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["hash"] and len(argv) == 2:
+        threading.Thread(target=_exit_when_unread, daemon=True).start()  # fleet gone: stop
+        rels = json.loads(sys.stdin.readline() or "[]")
+        cmd_hash(argv[1], [safe_rel(r) for r in rels], sys.stdout)
+        return 0
+    if argv[:1] == ["recv"] and len(argv) in (2, 3):
+        return cmd_recv(argv[1:])
+    if argv[:1] == ["send"] and len(argv) == 3:
+        rels = json.loads(sys.stdin.readline() or "[]")
+        return cmd_send(argv[1], argv[2], [safe_rel(r) for r in rels])
+    sys.stderr.write("usage: ferry hash ROOT < [paths] | ferry recv MARK [LISTEN] | "
+                     "ferry send ROOT MARK < [paths]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
