@@ -26,7 +26,7 @@ from fleet.facts.failure import first, parse_report
 from fleet.plan import make_plan
 from fleet.run import record as state
 from fleet.run.guard import Guard
-from fleet.run.states import NodeStatus, RunStatus, overall
+from fleet.run.states import NodeStatus, RunStatus, StopCause, by_fail_fast, overall
 from fleet.transport.framing import clock_offset
 
 S = NodeStatus
@@ -52,6 +52,26 @@ def test_exit_codes_and_terminal_states() -> None:
                                   RunStatus.UNKNOWN, RunStatus.STOPPED)] == [0, 0, 1, 3, 4]
     assert not RunStatus.RUNNING.is_terminal and RunStatus.STOPPED.is_terminal
     assert not S.UNREACHABLE.is_terminal and S.MISSING.is_terminal
+
+
+@pytest.mark.parametrize(("record", "cause"), [
+    ("fail-fast: n2 failed", StopCause.FAIL_FAST),
+    ("watchdog: no output for 30s (a hang)", StopCause.WATCHDOG),
+    ("fleet stop", StopCause.OTHER),
+    ("fleet up, after an error: ValueError: fail-fast: x", StopCause.OTHER),
+    ("fail-fastish: n2", StopCause.OTHER),
+    ("", StopCause.OTHER),
+])
+def test_stop_causes_are_read_from_the_stop_records_first_word(record: str,
+                                                                cause: StopCause) -> None:
+    assert StopCause.of(record) is cause
+
+
+def test_a_fail_fast_names_the_node_that_set_it_off() -> None:
+    said = StopCause.FAIL_FAST.says("n2 unreachable")
+    assert said == "fail-fast: n2 unreachable"
+    assert by_fail_fast(said) and by_fail_fast(said, "n2") and not by_fail_fast(said, "n1")
+    assert not by_fail_fast("fleet stop", "n2")
 
 
 def test_clock_offset_is_taken_against_the_answers_arrival() -> None:

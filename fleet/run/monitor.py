@@ -14,7 +14,7 @@ from fleet.console import Console
 from fleet.errors import JobFailed
 from fleet.run import hang
 from fleet.run.guard import Guard
-from fleet.run.states import FAIL_FAST, WATCHDOG, NodeOutcome, NodeStatus, RunStatus, overall
+from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, StopCause, overall
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Monitor:
             self.console.info(f"{o.name} (node rank {o.node_rank}) was stopped by {by}; "
                               "stopping the job on every other node")
         else:
-            by = f"{FAIL_FAST}: {o.name} {o.status.value}"
+            by = StopCause.FAIL_FAST.says(f"{o.name} {o.status.value}")
             self.console.info(f"{o.name} (node rank {o.node_rank}) {o.describe()}; stopping "
                               "the job on every other node")
         # Every node not known to have ended, the unreachable ones too.
@@ -95,7 +95,7 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
         console.info(f"  {line}")
     saved = hang.save(run.record_dir, f"hang of run {run.run_id}: no output for "
                       f"{silent:.0f}s", lines + problems)
-    left = run.stop(f"{WATCHDOG}: no output for {limit:g}s (a hang)", skip=skip)
+    left = run.stop(StopCause.WATCHDOG.says(f"no output for {limit:g}s (a hang)"), skip=skip)
     verdict = f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
     if left:  # not stopped: the guard's teardown tries again, and fleet ends
         raise JobFailed(f"run {run.run_id} hung: {verdict}; {run.halted_words()}")

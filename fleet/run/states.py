@@ -7,19 +7,31 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-FAIL_FAST = "fail-fast"  # the stop cause a node's failure gives its peers: `fail-fast: n2 failed`
 
+class StopCause(Enum):
+    """Who stopped a run, as the first word of its stop records (`fail-fast: n2 failed`,
+    `watchdog: no output for 30s (a hang)`, `fleet stop`, `fleet up, interrupted (SIGINT)`)."""
 
-WATCHDOG = "watchdog"  # the hang watchdog's stop cause: `watchdog: no output for 30s (a hang)`
+    FAIL_FAST = "fail-fast"  # a node failed or was lost: its peers are stopped
+    WATCHDOG = "watchdog"  # no output for hang_timeout
+    OTHER = ""  # a person (`fleet stop`, Ctrl-C), or fleet up ending
 
+    def says(self, detail: str) -> str:
+        """The stop record's text for this cause."""
+        return f"{self.value}: {detail}"
 
-def by_watchdog(stopped_by: str) -> bool:
-    return stopped_by.startswith(f"{WATCHDOG}: ")
+    @classmethod
+    def of(cls, stopped_by: str) -> StopCause:
+        """The cause a stop record names (what a node says: anything else is OTHER)."""
+        word = stopped_by.split(":", 1)[0] if ":" in stopped_by else ""
+        return next((c for c in cls if c.value and c.value == word), cls.OTHER)
 
 
 def by_fail_fast(stopped_by: str, node: str | None = None) -> bool:
     """Whether a stop record's cause is a fail-fast (set off by `node`, where given)."""
-    return stopped_by.startswith(f"{FAIL_FAST}: {node} " if node else FAIL_FAST)
+    if StopCause.of(stopped_by) is not StopCause.FAIL_FAST:
+        return False
+    return node is None or stopped_by.startswith(StopCause.FAIL_FAST.says(f"{node} "))
 
 
 class NodeStatus(Enum):

@@ -36,7 +36,7 @@ from fleet.errors import (
 from fleet.facts import slurm as sj
 from fleet.plan import SITE, new_run_id
 from fleet.render import NODESIDE
-from fleet.run.states import NodeOutcome, RunStatus, by_watchdog
+from fleet.run.states import NodeOutcome, RunStatus, StopCause
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import reason
@@ -169,7 +169,7 @@ class SlurmRun(Run):
         """scancel (srun's --kill-on-bad-exit already ended the other nodes of a failed one:
         the whole job is what fleet cancels), then wait until Slurm says it ended."""
         assert self.job_id is not None
-        if by_watchdog(by):
+        if StopCause.of(by) is StopCause.WATCHDOG:
             self.console.info(f"{by}: cancelling Slurm job {self.job_id}")
         else:
             self.console.info(f"cancelling Slurm job {self.job_id}")
