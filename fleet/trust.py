@@ -62,7 +62,7 @@ def survey_host(host: Host) -> KeyStatus:
 
 
 def survey(inventory: Inventory) -> list[KeyStatus]:
-    ssh_hosts = [h for h in inventory.hosts if h.transport == "ssh"]
+    ssh_hosts = [h for h in inventory.every_host if h.transport == "ssh"]
     results = each(((h.name, h) for h in ssh_hosts), survey_host)
     return [r if isinstance(r, KeyStatus) else KeyStatus(name, KeyState.UNREACHABLE, detail=str(r))
             for name, r in results.items()]

@@ -112,19 +112,27 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start_epoch = 0
     ckpt_path = Path(args.checkpoint)
-    if args.resume:
+    # fleet's [restart] starts attempt 2, 3, ... with FLEET_ATTEMPT set: resume by ourselves,
+    # from scratch where no checkpoint was written yet (or rank 0 is a spare, new to the run).
+    restarted = int(os.environ.get("FLEET_ATTEMPT", "1")) > 1
+    if args.resume or restarted:
         # Rank 0 reads the file (it is on rank 0's node) and hands it to every other rank.
         box = [torch.load(ckpt_path, map_location="cpu") if rank == 0 and ckpt_path.exists()
                else None]
         dist.broadcast_object_list(box, src=0)
-        if box[0] is None:
+        if box[0] is None and not restarted:
             raise SystemExit(f"--resume: no checkpoint at {ckpt_path.resolve()} on rank 0")
-        model.load_state_dict(box[0]["model"])
-        optimizer.load_state_dict(box[0]["optimizer"])
-        start_epoch = box[0]["epoch"] + 1
-        if rank == 0:
-            print(f"resumed from {ckpt_path} (epoch {start_epoch - 1} done, accuracy "
-                  f"{box[0]['accuracy']:.4f})", flush=True)
+        if box[0] is None:
+            if rank == 0:
+                print(f"attempt {os.environ['FLEET_ATTEMPT']}: no checkpoint at {ckpt_path} "
+                      "on rank 0: from the start", flush=True)
+        else:
+            model.load_state_dict(box[0]["model"])
+            optimizer.load_state_dict(box[0]["optimizer"])
+            start_epoch = box[0]["epoch"] + 1
+            if rank == 0:
+                print(f"resumed from {ckpt_path} (epoch {start_epoch - 1} done, accuracy "
+                      f"{box[0]['accuracy']:.4f})", flush=True)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     if rank == 0:

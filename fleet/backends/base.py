@@ -33,6 +33,12 @@ class Options:
     force: bool = False  # start although another run holds the hosts
     allow_mismatch: bool = False  # nodes with different python/torch versions
     force_setup: bool = False  # the job's setup again, changed or not
+    # A restart (fleet.run.attempts): the attempt's own run id, the first attempt's, its
+    # number, and the hosts replaced by spares (name -> the spare's name).
+    run_id: str | None = None
+    parent: str = ""
+    attempt: int = 1
+    replace: tuple[tuple[str, str], ...] = ()
 
 
 # ---- what a running job reports: pushed by the backend, decided on by the runner -----------
@@ -97,6 +103,11 @@ class Run(ABC):
     def forget(self) -> str:
         """Nothing ever started: remove what the preparation left (best effort); what to
         say of it."""
+
+    def progressed(self) -> float | None:
+        """When a rank first printed a line of its own (not a traceback): a failure before it
+        needs a person, not a restart. None where no rank has."""
+        return None
 
     @abstractmethod
     def stopped_words(self, problems: dict[str, str]) -> str:

@@ -15,9 +15,9 @@ from fleet import manifest as fleet_manifest
 from fleet.cli.app import RunArg, app, echo
 from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console
-from fleet.errors import FleetError
+from fleet.errors import FleetError, UsageError
 from fleet.facts import run_state
-from fleet.run import hang
+from fleet.run import attempts, hang
 from fleet.run import record as state
 from fleet.transport import open_transport
 from fleet.transport.group import each, reason
@@ -26,7 +26,7 @@ from fleet.transport.group import each, reason
 @app.command()
 def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
-    rec = state.load(run_id)
+    rec = attempts.records(state.load(run_id))[-1]  # with [restart]: the attempt now
     backends.for_record(rec).cancel(rec, Console())
 
 
@@ -35,9 +35,12 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     """Remove a finished run: its directory on every node and its local record."""
     console = Console()
     rec = state.load(run_id)
-    backends.for_record(rec).delete(rec, console)
-    shutil.rmtree(rec.dir, ignore_errors=True)
-    console.info(f"run {rec.run_id} removed")
+    every = attempts.records(rec)
+    for one in reversed(every):  # the first attempt's record, the run's own, goes last
+        backends.for_record(one).delete(one, console)
+        shutil.rmtree(one.dir, ignore_errors=True)
+    console.info(f"run {rec.run_id} removed" + (f" ({len(every)} attempts)"
+                                                if len(every) > 1 else ""))
 
 
 @app.command()
@@ -45,7 +48,12 @@ def status(run_id: RunArg = None) -> None:
     """Each node's state for a run; exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node
     could not be asked), 4 stopped."""
     rec = state.load(run_id)
-    final, lines = backends.for_record(rec).describe(rec)
+    found = attempts.load(rec)
+    every = attempts.records(rec)
+    final, lines = backends.for_record(every[-1]).describe(every[-1])
+    if found:
+        echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
+        echo("\n".join(attempts.lines(*found)))
     echo("\n".join(lines))
     if final.exit_code:
         raise typer.Exit(final.exit_code)
@@ -64,11 +72,15 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
     runs, damaged = state.all_runs()
     for path, why in damaged.items():
         echo(f"fleet: skipping a damaged run record {path} ({why})", err=True)
+    runs = [r for r in runs if not r.parent]  # a restart's attempts: with their run
     runs = runs if all_runs else runs[-10:]
 
     def word(rec: state.RunRecord) -> str:
         try:
-            return backends.for_record(rec).state_word(rec)
+            found = attempts.load(rec)
+            every = attempts.records(rec)
+            said = backends.for_record(every[-1]).state_word(every[-1])
+            return f"{said} ({attempts.headline(*found, len(every))})" if found else said
         except FleetError as e:
             return f"unknown ({reason(e)})"
 
@@ -88,7 +100,7 @@ def _ps_hosts(path: Path) -> None:
         with open_transport(h) as t:
             return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
 
-    results = each(((h.name, h) for h in inv.hosts), alive)
+    results = each(((h.name, h) for h in inv.every_host), alive)
     bad = 0
     for name, r in results.items():
         if isinstance(r, Exception):
@@ -108,10 +120,20 @@ def logs(run_id: RunArg = None,
                                               help="Keep following a live run.")] = False,
          node: Annotated[str | None, typer.Option("--node", help="Only this host.")] = None,
          rank: Annotated[int | None, typer.Option("--rank", help="Only this global rank.")] = None,
+         attempt: Annotated[int | None, typer.Option(
+             "--attempt", help="With [restart]: only this attempt (default: every one, in "
+                               "order).")] = None,
          ) -> None:
     """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
-    rec = state.load(run_id)
-    backends.for_record(rec).logs(rec, Console(), follow, node, rank)
+    console = Console()
+    every = attempts.records(state.load(run_id))
+    if attempt is not None and not 1 <= attempt <= len(every):
+        raise UsageError(f"run {every[0].run_id} has {len(every)} attempt(s), not {attempt}")
+    chosen = every if attempt is None else [every[attempt - 1]]
+    for one in chosen:
+        if len(every) > 1:
+            console.info(f"attempt {every.index(one) + 1}/{len(every)}: run {one.run_id}")
+        backends.for_record(one).logs(one, console, follow and one is every[-1], node, rank)
 
 
 @app.command()
@@ -121,12 +143,20 @@ def show(run_id: RunArg = None,
     """What exactly ran: job and inventory, each node's env, command and versions, the code's
     commit and diff, the synced files' hashes, setup (on Slurm: the job id, the script's env
     and command, the nodes)."""
-    m = _manifest(state.load(run_id))
+    rec = state.load(run_id)
+    m = _manifest(attempts.records(rec)[-1])
+    tried = attempts.as_json(rec)
+    if tried:
+        m = {**m, "attempts": tried}
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
     for line in manifest_view.show(m):
         echo(line)
+    found = attempts.load(rec)
+    if found:
+        echo("attempts:")
+        echo("\n".join(attempts.lines(*found)))
 
 
 @app.command("diff")

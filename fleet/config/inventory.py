@@ -44,6 +44,13 @@ class Host:
 class Inventory:
     path: Path
     hosts: tuple[Host, ...]
+    # `spare = true`: not used at the start; one takes a lost or failed node's place in a
+    # restart ([restart] in the job), with that node's rank.
+    spares: tuple[Host, ...] = ()
+
+    @property
+    def every_host(self) -> tuple[Host, ...]:
+        return self.hosts + self.spares
 
 
 
@@ -135,6 +142,7 @@ def load_inventory(path: Path) -> Inventory:
     base = _settings(defaults, {})
     defaults.done()
     hosts: list[Host] = []
+    spares: list[Host] = []
     seen: dict[str, str] = {}
     for t in root.tables("hosts"):
         name = t.take("name", str)
@@ -148,6 +156,7 @@ def load_inventory(path: Path) -> Inventory:
         if not ADDRESS.match(address) or address.startswith("-"):
             raise t.error("address", f"{address!r} is not a host name or IP address")
         settings = _settings(t, base)
+        spare = t.take("spare", bool, False)
         host_key = take_host_key(t)
         if host_key is not None:
             settings["host_key"] = host_key
@@ -156,8 +165,10 @@ def load_inventory(path: Path) -> Inventory:
         if settings["transport"] == "local":
             # This machine: the interpreter fleet itself runs under has what fleet installed.
             settings.setdefault("python", sys.executable)
-        hosts.append(Host(name=name, address=address, **settings))  # type: ignore[arg-type]
+        host = Host(name=name, address=address, **settings)  # type: ignore[arg-type]
+        (spares if spare else hosts).append(host)
     if not hosts:
-        raise root.error("hosts", "the inventory lists no hosts")
+        raise root.error("hosts", "the inventory lists no hosts" + (
+            " but spares (`spare = true`): at least one must run the job" if spares else ""))
     root.done()
-    return Inventory(path=path, hosts=tuple(hosts))
+    return Inventory(path=path, hosts=tuple(hosts), spares=tuple(spares))

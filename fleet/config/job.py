@@ -12,6 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
+from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import Table, load_toml
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -89,6 +90,7 @@ class Job:
     setup: str | None = None  # sh script run in the job's directory on each node, before start
     setup_inputs: tuple[str, ...] = ()  # files (in the workdir) whose content re-runs setup
     python: str | None = None  # the interpreter to run with, relative to the job's directory
+    restart: Restart = Restart()
 
     @property
     def slot(self) -> str:
@@ -175,6 +177,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     env = root.take_env("env")
     rdzv = _rendezvous(root.table("rendezvous"))
     watchdog = _watchdog(root.table("watchdog"))
+    restart = take_restart(root.table("restart"), watchdog.hang_timeout)
     debug = root.take("debug", bool, False)
     setup = root.take("setup", str, None)
     if setup is not None and not setup.strip():
@@ -217,8 +220,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
-               watchdog=watchdog, debug=debug, setup=setup, setup_inputs=setup_inputs,
-               python=python)
+               watchdog=watchdog, restart=restart, debug=debug, setup=setup,
+               setup_inputs=setup_inputs, python=python)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

@@ -91,3 +91,17 @@ class AfterStop:
         if self.hidden and not self.told:
             self.told = True
             self.announce(self.by)
+
+
+_REPORT = re.compile(r"(Traceback \(most recent call last\)|During handling of the above "
+                     r"exception|The above exception was the direct cause|[\w.]+(Error|Exception|"
+                     r"Exit|Interrupt)\b)")
+_HOOK = re.compile(r"\[rank\d+\]: ?")
+
+
+def progress(text: str) -> bool:
+    """Whether a rank's line says the job got going: any line of its own, not a part of a
+    traceback or an error report (a job that fails before its first such line is broken in a
+    way a restart cannot mend: a typo, an import, a config)."""
+    text = _HOOK.sub("", text, count=1)
+    return bool(text.strip()) and not text[:1].isspace() and not _REPORT.match(text)

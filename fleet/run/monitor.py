@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ class RunState:
     outcomes: dict[str, NodeOutcome]
     stopping: bool
     hang: str | None
+    first: str | None = None  # the node whose end set off the fail-fast
+    stopped_at: float | None = None  # when fleet began to stop the run (time.time())
 
     @property
     def status(self) -> RunStatus:
@@ -38,13 +41,14 @@ def watch(run: Run, guard: Guard, console: Console) -> Generator[RunState, None,
     with contextlib.closing(run.events()) as events:  # closed on any way out: its threads end
         for event in events:
             m.on(event)
-            yield RunState(dict(m.outcomes), m.stopping, guard.hang)
+            yield RunState(dict(m.outcomes), m.stopping, guard.hang, m.first, m.stopped_at)
 
 
-def monitor(run: Run, guard: Guard, console: Console) -> dict[str, NodeOutcome]:
-    """Until every part of the job has ended: each node's outcome, the last word for each."""
+def monitor(run: Run, guard: Guard, console: Console) -> RunState:
+    """Until every part of the job has ended: the run's last state (each node's outcome, the
+    last word for each)."""
     last = collections.deque(watch(run, guard, console), maxlen=1)
-    return last[0].outcomes if last else {}
+    return last[0] if last else RunState({}, False, guard.hang)
 
 
 class Monitor:
@@ -54,6 +58,8 @@ class Monitor:
         self.run, self.guard, self.console = run, guard, console
         self.outcomes: dict[str, NodeOutcome] = {}
         self.stopping = False
+        self.first: str | None = None
+        self.stopped_at: float | None = None
 
     def ended(self) -> set[str]:
         return {n for n, o in self.outcomes.items() if o.status.is_terminal}
@@ -62,7 +68,7 @@ class Monitor:
         if isinstance(event, Quiet):
             limit = self.run.job.watchdog.hang_timeout
             if limit and not self.stopping and event.silent > limit:
-                self.stopping = True
+                self.stopping, self.stopped_at = True, time.time()
                 self.guard.hang = on_hang(self.run, self.console, event.silent, self.ended())
             return
         assert isinstance(event, NodeEnded)
@@ -70,7 +76,7 @@ class Monitor:
         self.outcomes[o.name] = o
         if o.status is NodeStatus.SUCCEEDED or self.stopping:
             return
-        self.stopping = True
+        self.stopping, self.first, self.stopped_at = True, o.name, time.time()
         if o.status is NodeStatus.STOPPED:
             by = o.detail or "a stop"
             self.console.info(f"{o.name} (node rank {o.node_rank}) was stopped by {by}; "

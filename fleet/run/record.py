@@ -44,6 +44,7 @@ class RunRecord:
     # in records written before there was one: their stop records are taken as they read.
     secret: str = ""
     backend: str = "hosts"  # which backend ran it (fleet.backends.BACKENDS): what answers for it
+    parent: str = ""  # a restart's attempt: the run it belongs to (its first attempt's id)
 
     @property
     def dir(self) -> Path:
@@ -123,12 +124,12 @@ def state_dir() -> Path:
     return Path(base) / "fleet" / "runs"
 
 
-def save(plan: Plan) -> RunRecord:
+def save(plan: Plan, parent: str = "") -> RunRecord:
     rec = RunRecord(run_id=plan.run_id, job=str(plan.job.path), started=time.time(),
                     nodes=tuple(NodeRecord(n.host, n.node_rank, n.run_dir, n.rank_base,
                                            n.nproc if isinstance(n.nproc, int) else None)
                                 for n in plan.nodes), controller=controller_id(),
-                    secret=secrets.token_hex(16))
+                    secret=secrets.token_hex(16), parent=parent)
     d = state_dir() / plan.run_id
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -159,7 +160,8 @@ def parse_record(text: str) -> RunRecord:
     # Records older than the field: a Slurm run's had no nodes and a slurm.json beside it.
     backend = data.get("backend") or ("hosts" if nodes else "slurm")
     return RunRecord(data["run_id"], data["job"], data["started"], nodes,
-                     str(data.get("controller", "")), str(data.get("secret", "")), str(backend))
+                     str(data.get("controller", "")), str(data.get("secret", "")), str(backend),
+                     str(data.get("parent", "")))
 
 
 def load(run_id: str | None = None) -> RunRecord:
@@ -167,6 +169,7 @@ def load(run_id: str | None = None) -> RunRecord:
     root = state_dir()
     if run_id is None:
         runs, _ = all_runs()
+        runs = [r for r in runs if not r.parent]  # a restart's attempt answers as its run
         if not runs:
             raise RunNotFound(f"no runs recorded under {root} (run `fleet up JOB` first)")
         return runs[-1]

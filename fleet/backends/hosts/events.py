@@ -14,13 +14,14 @@ from typing import Protocol, TypeVar
 
 from fleet.backends.base import Event, NodeEnded, Quiet
 from fleet.backends.hosts import node as remote
+from fleet.config.job import Launcher
 from fleet.console import Console
 from fleet.errors import FleetError
 from fleet.facts import run_state
 from fleet.plan import NodePlan, Plan
 from fleet.run import faults
 from fleet.run.faults import Phase
-from fleet.run.logs import AfterStop, Tagger
+from fleet.run.logs import AfterStop, Tagger, progress
 from fleet.run.states import NodeOutcome, NodeStatus
 from fleet.transport import Received, Transport
 from fleet.transport.group import reason
@@ -40,6 +41,7 @@ class Followed(Protocol):
     links: dict[str, Link]
     lost: set[str]
     stopping: bool
+    progressed_at: float | None  # when a rank first printed a line of its own
 
     def key(self, host: str) -> str: ...
 
@@ -49,6 +51,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
     on from where it was on a fresh one; a node lost, then reached again, also says how it
     ended (a second NodeEnded)."""
     plan, console, pids, logdir = run.plan, run.console, run.pids, run.record_dir
+    ranked = plan.job.launcher != Launcher.COMMAND  # a command's lines carry no rank
     events: queue.Queue[tuple[str, str, object]] = queue.Queue()
     finished = threading.Event()
     index = {n.host.name: i for i, n in enumerate(plan.nodes)}
@@ -67,8 +70,12 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
 
         def on_lines(lines: list[str]) -> None:
             local_log.write("".join(line + "\n" for line in lines))
-            console.lines(index[name], [(tg.tag, tg.text) for tg in map(tag, quiet(lines))])
+            tagged = [tag(line) for line in quiet(lines)]
+            console.lines(index[name], [(tg.tag, tg.text) for tg in tagged])
             quiet.tell()
+            if run.progressed_at is None and any(
+                    (tg.rank is not None or not ranked) and progress(tg.text) for tg in tagged):
+                run.progressed_at = time.time()
 
         try:
             events.put(("drained", name, on_link(link, finished, lambda t: remote.follow(

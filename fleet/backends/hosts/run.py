@@ -4,6 +4,7 @@ node ended."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Generator
 from pathlib import Path
@@ -23,7 +24,7 @@ from fleet.backends.hosts.prepare import (
 )
 from fleet.backends.hosts.stop import stop_nodes
 from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
-from fleet.config.inventory import load_inventory
+from fleet.config.inventory import Inventory, load_inventory
 from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import StartError, host_error
@@ -40,8 +41,8 @@ from fleet.transport.link import Link
 def prepare(job: Job, console: Console, options: Options) -> HostsRun:
     """Everything before the first write a run owns: an unreadable file, an unreachable or busy
     host, a bad python stop it here, with nothing left anywhere."""
-    inventory = load_inventory(job.inventory)
-    run_id = new_run_id(job.name)
+    inventory = with_spares(load_inventory(job.inventory), dict(options.replace))
+    run_id = options.run_id or new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
     console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
     sources = scan_sources(job, console)  # an unreadable file stops it before any connection
@@ -57,11 +58,24 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
         faults.point(Phase.PREFLIGHT.value)
         if held:
             refuse_held(session)
-        record = state.save(plan)  # before anything is on a node: `fleet stop RUN` finds it
+        # Before anything is on a node: `fleet stop RUN` finds it.
+        record = state.save(plan, parent=options.parent)
     except BaseException:
         session.close()
         raise
     return HostsRun(session, plan, console, record.dir, record.secret, sources)
+
+
+def with_spares(inventory: Inventory, replace: dict[str, str]) -> Inventory:
+    """The inventory with spares in the places of the hosts they replace (so with their node
+    ranks); the hosts replaced go out of it."""
+    if not replace:
+        return inventory
+    spares = {h.name: h for h in inventory.spares}
+    hosts = tuple(spares[replace[h.name]] if h.name in replace else h for h in inventory.hosts)
+    used = set(replace.values())
+    return dataclasses.replace(inventory, hosts=hosts,
+                               spares=tuple(h for h in inventory.spares if h.name not in used))
 
 
 class HostsRun(Run):
@@ -78,6 +92,7 @@ class HostsRun(Run):
         self.links = {n.host.name: Link(session.transports, n.host.name, limit) for n in plan.nodes}
         self.lost: set[str] = set()  # nodes that answered nothing for unreachable_after
         self.stopping = False  # a stop of every node is under way
+        self.progressed_at: float | None = None  # a rank's first line of its own
         self.problems: dict[str, str] = {}  # where the last stop may have left a process
 
     def key(self, host: str) -> str:
@@ -138,6 +153,9 @@ class HostsRun(Run):
 
     def started(self) -> bool:
         return bool(self.may_run)
+
+    def progressed(self) -> float | None:
+        return self.progressed_at
 
     def detached(self) -> str:
         return f"run {self.run_id} started; follow it with `fleet logs -f {self.run_id}`"

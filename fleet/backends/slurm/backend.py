@@ -30,6 +30,7 @@ from fleet.config.inventory import Inventory
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import (
+    ConfigError,
     FleetError,
     JobFailed,
     NotEveryNode,
@@ -201,7 +202,13 @@ class SlurmBackend(Backend):
     name = "slurm"
 
     def prepare(self, job: Job, console: Console, options: Options) -> SlurmRun:
-        return prepare(load_cluster(job.inventory), job, console, options)
+        cluster = load_cluster(job.inventory)
+        if job.restart.max:
+            raise ConfigError(job.path, "restart", "fleet restarts runs on host lists only; on "
+                              "Slurm, leave [restart] out and ask the cluster to requeue the "
+                              'job (sbatch_args = ["--requeue"] under [slurm], where its '
+                              "policy allows it)")
+        return prepare(cluster, job, console, options)
 
     def checks(self, job: Job, collective: bool) -> list[Check]:
         if collective:

@@ -1,0 +1,58 @@
+"""`[restart]` in a job: whole restarts of a run that ended badly (a rank failed, a hang, a lost
+node), each attempt from the job's own checkpoint, with a growing wait between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fleet.config.schema import Table
+
+
+class Ending(StrEnum):
+    """How an attempt ended, as `[restart] on` names the endings that start another one."""
+
+    FAIL = "fail"  # a rank failed
+    HANG = "hang"  # the watchdog found no output for hang_timeout
+    LOST = "lost"  # a node stopped answering
+
+
+BACKOFF_MAX_S = 300.0  # the wait before an attempt grows up to this
+
+
+@dataclass(frozen=True)
+class Restart:
+    """`[restart]`: whole restarts of a run that ended badly, each from the job's checkpoint."""
+
+    max: int = 0  # attempts after the first
+    on: tuple[Ending, ...] = (Ending.FAIL, Ending.HANG, Ending.LOST)
+    backoff: float = 10.0  # seconds before the second attempt, doubled for each one after
+
+    def wait(self, attempt: int) -> float:
+        """The wait before attempt number `attempt` (2 for the first restart)."""
+        return float(min(self.backoff * 2.0 ** max(attempt - 2, 0), BACKOFF_MAX_S))
+
+
+def take_restart(t: Table, hang_timeout: float | None) -> Restart:
+    """The job's `[restart]` table, every mistake named by its key."""
+    count = t.take("max", int, 0)
+    named = t.has("on")
+    if not 0 <= count <= 100:
+        raise t.error("max", f"must be a number of restarts from 0 to 100, not {count}")
+    words = t.take_str_list("on", [e.value for e in Ending])
+    on = []
+    for i, word in enumerate(words):
+        try:
+            on.append(Ending(word))
+        except ValueError:
+            names = ", ".join(f'"{e.value}"' for e in Ending)
+            raise t.error(f"on[{i}]", f"must be one of {names}, not {word!r}") from None
+    if named and Ending.HANG in on and hang_timeout is None:
+        raise t.error("on", '"hang" needs [watchdog] hang_timeout (without it no run is ever '
+                            "found hung)")
+    backoff = float(t.take("backoff", float, 10.0))
+    if not 0 <= backoff <= BACKOFF_MAX_S:
+        raise t.error("backoff", f"must be a number of seconds from 0 to {BACKOFF_MAX_S:g}, "
+                                 f"not {backoff:g}")
+    t.done()
+    return Restart(count, tuple(dict.fromkeys(on)), backoff)

@@ -1,0 +1,204 @@
+"""Runs that heal: `[restart]`'s policy over whole attempts, and their record. Each attempt is a
+whole run of its own (every node stopped, then started again with a new rendezvous and
+FLEET_ATTEMPT set, the job resuming from its own checkpoint); a spare (`spare = true` in the
+inventory) takes a lost or failed node's place, with its rank. The first attempt's run id names
+the run; later attempts are `<run id>-a<N>`, recorded with it as their parent."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.backends.base import Final, Options, Run
+from fleet.config.inventory import load_inventory
+from fleet.config.job import Job
+from fleet.config.restart import Ending, Restart
+from fleet.console import Console
+from fleet.errors import ConfigError, DamagedRecord
+from fleet.plan import new_run_id
+from fleet.run import record as state
+from fleet.run.monitor import RunState
+from fleet.run.states import NodeStatus, RunStatus
+
+FILE = "attempts.json"  # in the run's (its first attempt's) local record
+
+
+@dataclass
+class Attempt:
+    """What one attempt was and how it ended (times are time.time())."""
+
+    number: int
+    run_id: str
+    hosts: list[str]
+    started: float
+    ended: float
+    status: str  # RunStatus.value
+    why: str = ""  # how it ended badly: `node2 was lost`, `node1 failed (exit 1)`, `a hang`
+    stopped_at: float | None = None  # when fleet began to stop it (the failure known)
+    progressed_at: float | None = None  # a rank's first line of its own
+    replaced: dict[str, str] = field(default_factory=dict)  # host -> the spare after it
+
+
+def ending(final: Final, run_state: RunState, hang: str | None) -> tuple[Ending | None, str]:
+    """Which of `[restart] on`'s endings an attempt had (None: success, or a person's stop),
+    and the words for it."""
+    if hang is not None:
+        return Ending.HANG, "a hang"
+    lost = [o for o in run_state.outcomes.values() if o.status is NodeStatus.UNREACHABLE]
+    if lost:
+        return Ending.LOST, f"{lost[0].name} was lost"
+    if final.status is RunStatus.FAILED:
+        first = run_state.outcomes.get(run_state.first or "")
+        failed = first if first is not None and first.status is NodeStatus.FAILED else next(
+            (o for o in run_state.outcomes.values() if o.status is NodeStatus.FAILED), None)
+        return Ending.FAIL, f"{failed.name} {failed.describe()}" if failed else "it failed"
+    return None, ""
+
+
+class Book:
+    """The attempts of one run: which comes next, on which hosts, and the record of each."""
+
+    def __init__(self, job: Job, policy: Restart, console: Console) -> None:
+        self.job, self.policy, self.console = job, policy, console
+        self.run_id = new_run_id(job.name)
+        self.attempts: list[Attempt] = []
+        self.replace: dict[str, str] = {}  # inventory host -> the spare in its place now
+        self.used: set[str] = set()  # spares taken (or found unusable)
+
+    def options(self, base: Options) -> Options:
+        n = len(self.attempts) + 1
+        return dataclasses.replace(base, run_id=self.run_id if n == 1 else f"{self.run_id}-a{n}",
+                                   parent="" if n == 1 else self.run_id, attempt=n,
+                                   replace=tuple(self.replace.items()))
+
+    def job_for(self, number: int) -> Job:
+        return dataclasses.replace(self.job, env={**self.job.env, "FLEET_ATTEMPT": str(number)})
+
+    def record(self, run: Run, final: Final, run_state: RunState, hang: str | None,
+               started: float, ended: float) -> int | None:
+        """Keep the attempt; the number of the next one, or None where the run is over."""
+        kind, why = ending(final, run_state, hang)
+        a = Attempt(len(self.attempts) + 1, run.run_id, list(run_state.outcomes), started,
+                    ended, final.status.value if not hang else RunStatus.FAILED.value, why,
+                    run_state.stopped_at, run.progressed())
+        self.attempts.append(a)
+        nxt = self._next(a, kind, run_state)
+        self.save()
+        return nxt
+
+    def _next(self, a: Attempt, kind: Ending | None, run_state: RunState) -> int | None:
+        if kind is None:
+            return None
+        say = self.console.info
+        if kind not in self.policy.on:
+            say(f"not restarted: {a.why}, and [restart] on is "
+                f"{', '.join(e.value for e in self.policy.on) or 'empty'}")
+            return None
+        if a.progressed_at is None:
+            say(f"not restarted: {a.why} before any rank printed a line of its own (a script, "
+                "import or setup error needs a person, not a restart)")
+            return None
+        if a.number > self.policy.max:
+            say(f"restart: no attempt left ([restart] max = {self.policy.max})")
+            return None
+        gone = [n for n, o in run_state.outcomes.items() if o.status is NodeStatus.UNREACHABLE]
+        if kind is Ending.FAIL and run_state.first:
+            gone.append(run_state.first)
+        for name in dict.fromkeys(gone):
+            self._replace(a, name, kind)
+        return a.number + 1
+
+    def _replace(self, a: Attempt, name: str, kind: Ending) -> None:
+        try:
+            spares = [h.name for h in load_inventory(self.job.inventory).spares]
+        except ConfigError:
+            spares = []
+        free = [s for s in spares if s not in self.used and s not in self.replace.values()]
+        if not free:
+            if kind is Ending.LOST:
+                self.console.info(f"restart: no spare left for {name}: the next attempt tries "
+                                  "it again")
+            return
+        home = next((h for h, s in self.replace.items() if s == name), name)
+        self.replace[home] = free[0]
+        self.used.add(free[0])
+        a.replaced[name] = free[0]
+        self.console.info(f"restart: {name} replaced by spare {free[0]} ({a.why})")
+
+    def last_why(self) -> str:
+        return self.attempts[-1].why
+
+    def summary(self) -> str:
+        total = self.policy.max + 1
+        return "attempts: " + ", ".join(
+            f"{a.number}/{total} {a.status}" + (f" ({a.why})" if a.why else "")
+            for a in self.attempts)
+
+    def save(self) -> None:
+        d = state.state_dir() / self.run_id
+        if d.is_dir():
+            state.write_atomic(d / FILE, json.dumps(
+                {"max": self.policy.max, "attempts": [dataclasses.asdict(a)
+                                                     for a in self.attempts]}, indent=2) + "\n")
+
+
+def load(rec: state.RunRecord) -> tuple[int, list[Attempt]] | None:
+    """A run's attempts (and `max`), where it had a restart policy."""
+    path = rec.dir / FILE
+    if not path.is_file():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return int(data["max"]), [Attempt(**a) for a in data["attempts"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DamagedRecord(f"{path}: the attempts of run {rec.run_id} are damaged ({e})") from e
+
+
+def lines(max_: int, items: list[Attempt]) -> list[str]:
+    """`fleet status`'s words for each attempt: how it ended, what replaced what, how long
+    from the failure to training again."""
+    out = []
+    for a, after in zip(items, [*items[1:], None], strict=True):
+        when = time.strftime("%H:%M:%S", time.localtime(a.stopped_at or a.ended))
+        words = f"  attempt {a.number}/{max_ + 1} ({a.run_id}): {a.status}"
+        if a.why:
+            words += f", {a.why} at {when}"
+        for host, spare in a.replaced.items():
+            words += f"; {host} replaced by {spare}"
+        if after is not None and a.stopped_at and after.progressed_at:
+            words += f"; training again {after.progressed_at - a.stopped_at:.1f}s later"
+        out.append(words)
+    return out
+
+
+def headline(max_: int, items: list[Attempt], number: int) -> str:
+    """`attempt 2/4, node2 replaced by spare1 after node2 was lost at 03:12`: the attempt
+    `number` (the last one, ended or under way), after the one before it."""
+    words = f"attempt {number}/{max_ + 1}"
+    before = items[number - 2] if 1 < number <= len(items) + 1 else None
+    if before is not None:
+        when = time.strftime("%H:%M", time.localtime(before.stopped_at or before.ended))
+        swaps = ", ".join(f"{h} replaced by {s}" for h, s in before.replaced.items())
+        words += f", {swaps} after {before.why} at {when}" if swaps else \
+            f" after {before.why} at {when}"
+    return words
+
+
+def records(rec: state.RunRecord) -> list[state.RunRecord]:
+    """Every attempt's record, the first one first, the one under way too (the run's own
+    alone, without attempts)."""
+    later = []
+    for path in state.state_dir().glob(f"{rec.run_id}-a*/run.json"):
+        number = path.parent.name.rpartition("-a")[2]
+        if number.isdigit():
+            later.append((int(number), path.parent.name))
+    return [rec] + [state.load(name) for _, name in sorted(later)]
+
+
+def as_json(rec: state.RunRecord) -> dict[str, Any] | None:
+    found = load(rec)
+    return None if not found else {"max": found[0],
+                                   "attempts": [dataclasses.asdict(a) for a in found[1]]}
