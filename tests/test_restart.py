@@ -205,3 +205,15 @@ def test_status_words_for_the_attempts(tmp_path: Path, monkeypatch: pytest.Monke
 ])
 def test_what_counts_as_the_jobs_own_first_line(line: str, counts: bool) -> None:
     assert progress(line) is counts
+
+
+def test_a_spare_not_fit_for_the_job_gives_its_place_to_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = book(tmp_path, "[restart]\nmax = 3\n", monkeypatch)
+    lost = Final(RunStatus.UNKNOWN)
+    assert b.record(FakeRun(b.run_id), lost, failed_state("n2", S.UNREACHABLE), None, 1.0,  # type: ignore[arg-type]
+                    2.0) == 2
+    assert b.unfit({"n1": "python 3.10 here"}) is False  # not a spare's: for a person
+    assert b.unfit({"s1": "unreachable"}) is True and b.replace == {"n2": "s2"}
+    assert b.unfit({"s2": "torch 2.1 here"}) is True and b.replace == {}
+    assert "no spare left: n2 is tried again" in said(b)

@@ -128,6 +128,30 @@ class Book:
         a.replaced[name] = free[0]
         self.console.info(f"restart: {name} replaced by spare {free[0]} ({a.why})")
 
+    def unfit(self, failures: dict[str, str]) -> bool:
+        """Spares that failed the checks of their attempt (unreachable, other versions, a
+        taken port...): the next free spare takes each one's place. False where none of the
+        failures is a spare's (the error is for a person)."""
+        swapped = {s: h for h, s in self.replace.items() if s in failures}
+        if not swapped:
+            return False
+        try:
+            spares = [h.name for h in load_inventory(self.job.inventory).spares]
+        except ConfigError:
+            spares = []
+        for spare, home in swapped.items():
+            self.console.info(f"restart: spare {spare} is not fit for the job "
+                              f"({failures[spare]})")
+            free = [s for s in spares if s not in self.used and s not in self.replace.values()]
+            if free:
+                self.replace[home] = free[0]
+                self.used.add(free[0])
+                self.console.info(f"restart: {free[0]} takes {home}'s place instead")
+            else:
+                del self.replace[home]
+                self.console.info(f"restart: no spare left: {home} is tried again")
+        return True
+
     def last_why(self) -> str:
         return self.attempts[-1].why
 

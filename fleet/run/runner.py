@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
 from fleet.console import Console
-from fleet.errors import Interrupted, JobFailed, RunStopped
+from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.run import attempts
 from fleet.run.guard import Guard
 from fleet.run.monitor import RunState, monitor
@@ -43,7 +43,12 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
     book = attempts.Book(job, policy, console)
     while True:
         opts = book.options(options)
-        ended = attempt(backend, book.job_for(opts.attempt), console, opts)
+        try:
+            ended = attempt(backend, book.job_for(opts.attempt), console, opts)
+        except HostError as e:  # a spare not fit for the job: the next one, if any
+            if not book.unfit(e.failures):
+                raise
+            continue
         assert not isinstance(ended, str)  # never detached here
         nxt = book.record(ended.run, ended.final, ended.state, ended.hang, ended.started,
                           ended.ended)
