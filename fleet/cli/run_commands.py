@@ -26,7 +26,9 @@ from fleet.transport.group import each, reason
 @app.command()
 def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
-    rec = attempts.records(state.load(run_id))[-1]  # with [restart]: the attempt now
+    run = state.load(run_id)
+    attempts.request_stop(run)  # with [restart]: no attempt after this one
+    rec = attempts.records(run)[-1]  # the attempt under way
     backends.for_record(rec).cancel(rec, Console())
 
 

@@ -24,6 +24,7 @@ from fleet.run.monitor import RunState
 from fleet.run.states import NodeStatus, RunStatus
 
 FILE = "attempts.json"  # in the run's (its first attempt's) local record
+STOP = "stop-requested"  # beside it: `fleet stop` asked for the run's end, no attempt after
 
 
 @dataclass
@@ -152,6 +153,9 @@ class Book:
                 self.console.info(f"restart: no spare left: {home} is tried again")
         return True
 
+    def stop_requested(self) -> bool:
+        return (state.state_dir() / self.run_id / STOP).exists()
+
     def last_why(self) -> str:
         return self.attempts[-1].why
 
@@ -209,6 +213,14 @@ def headline(max_: int, items: list[Attempt], number: int) -> str:
         words += f", {swaps} after {before.why} at {when}" if swaps else \
             f" after {before.why} at {when}"
     return words
+
+
+def request_stop(rec: state.RunRecord) -> None:
+    """No attempt of this run starts after this (`fleet stop`, which also stops the one under
+    way)."""
+    run_dir = state.state_dir() / (rec.parent or rec.run_id)
+    if run_dir.is_dir():
+        (run_dir / STOP).touch()
 
 
 def records(rec: state.RunRecord) -> list[state.RunRecord]:

@@ -58,10 +58,15 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
         console.info(f"restart: attempt {nxt}/{policy.max + 1} in {wait:g}s "
                      f"({book.last_why()})")
         try:
-            time.sleep(wait)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and not book.stop_requested():
+                time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
             raise Interrupted(e.signame, f"during the wait before attempt {nxt}: nothing of "
                                          f"run {book.run_id} was running") from None
+        if book.stop_requested():
+            raise RunStopped(f"run {book.run_id} was stopped by fleet stop during the wait "
+                             f"before attempt {nxt}; {book.summary()}")
 
 
 def attempt(backend: Backend, job: Job, console: Console, options: Options) -> Ended | str:

@@ -51,7 +51,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
     on from where it was on a fresh one; a node lost, then reached again, also says how it
     ended (a second NodeEnded)."""
     plan, console, pids, logdir = run.plan, run.console, run.pids, run.record_dir
-    ranked = plan.job.launcher != Launcher.COMMAND  # a command's lines carry no rank
+    ranked = plan.job.launcher != Launcher.COMMAND  # a worker's lines carry its (local) rank
     events: queue.Queue[tuple[str, str, object]] = queue.Queue()
     finished = threading.Event()
     index = {n.host.name: i for i, n in enumerate(plan.nodes)}
@@ -74,7 +74,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
             console.lines(index[name], [(tg.tag, tg.text) for tg in tagged])
             quiet.tell()
             if run.progressed_at is None and any(
-                    (tg.rank is not None or not ranked) and progress(tg.text) for tg in tagged):
+                    (tg.tag != name or not ranked) and progress(tg.text) for tg in tagged):
                 run.progressed_at = time.time()
 
         try:
