@@ -185,7 +185,7 @@ def test_status_words_for_the_attempts(tmp_path: Path, monkeypatch: pytest.Monke
                               progressed_at=109.5)]
     lines = attempts.lines(2, items)
     assert lines[0].startswith("  attempt 1/3 (r): failed, n2 was lost at ")
-    assert lines[0].endswith("; n2 replaced by s1; training again 9.5s later")
+    assert lines[0].endswith("; n2 replaced by s1; the job's first line again 9.5s later")
     assert lines[1] == "  attempt 2/3 (r-a2): succeeded"
     assert attempts.headline(2, items, 2).startswith("attempt 2/3, n2 replaced by s1 after "
                                                      "n2 was lost at ")

@@ -19,8 +19,12 @@ from fleet.errors import FleetError, UsageError
 from fleet.facts import run_state
 from fleet.run import attempts, hang
 from fleet.run import record as state
+from fleet.run.states import RunStatus
 from fleet.transport import open_transport
 from fleet.transport.group import each, reason
+
+ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.value,
+         RunStatus.NEVER_STARTED.value}
 
 
 @app.command()
@@ -28,8 +32,13 @@ def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
     run = state.load(run_id)
     attempts.request_stop(run)  # with [restart]: no attempt after this one
-    rec = attempts.records(run)[-1]  # the attempt under way
-    backends.for_record(rec).cancel(rec, Console())
+    every = attempts.records(run)
+    console = Console()
+    for rec in reversed(every[:-1]):  # an earlier attempt's lost node may still run its part
+        backend = backends.for_record(rec)
+        if backend.state_word(rec) not in ENDED:
+            backend.cancel(rec, console)
+    backends.for_record(every[-1]).cancel(every[-1], console)  # the attempt under way
 
 
 @app.command()
@@ -74,6 +83,7 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
     runs, damaged = state.all_runs()
     for path, why in damaged.items():
         echo(f"fleet: skipping a damaged run record {path} ({why})", err=True)
+    hosts_of = {r.run_id: attempts.records(r)[-1].nodes for r in runs if not r.parent}
     runs = [r for r in runs if not r.parent]  # a restart's attempts: with their run
     runs = runs if all_runs else runs[-10:]
 
@@ -90,7 +100,7 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
     for rec in runs:
         r = results[rec.run_id]
         said = r if isinstance(r, str) else f"unknown ({reason(r)})"
-        names = ",".join(n.host.name for n in rec.nodes)
+        names = ",".join(n.host.name for n in hosts_of.get(rec.run_id, rec.nodes))
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
 
@@ -132,9 +142,11 @@ def logs(run_id: RunArg = None,
     if attempt is not None and not 1 <= attempt <= len(every):
         raise UsageError(f"run {every[0].run_id} has {len(every)} attempt(s), not {attempt}")
     chosen = every if attempt is None else [every[attempt - 1]]
+    found = attempts.load(every[0])
+    total = found[0] + 1 if found else len(every)
     for one in chosen:
         if len(every) > 1:
-            console.info(f"attempt {every.index(one) + 1}/{len(every)}: run {one.run_id}")
+            console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
         backends.for_record(one).logs(one, console, follow and one is every[-1], node, rank)
 
 

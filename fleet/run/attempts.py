@@ -41,6 +41,8 @@ class Attempt:
     stopped_at: float | None = None  # when fleet began to stop it (the failure known)
     progressed_at: float | None = None  # a rank's first line of its own
     replaced: dict[str, str] = field(default_factory=dict)  # host -> the spare after it
+    then: str = ""  # what the policy decided after it: why no attempt followed, if none did
+    lost: list[str] = field(default_factory=list)  # nodes it lost: their part may still run
 
 
 def ending(final: Final, run_state: RunState, hang: str | None) -> tuple[Ending | None, str]:
@@ -82,9 +84,11 @@ class Book:
                started: float, ended: float) -> int | None:
         """Keep the attempt; the number of the next one, or None where the run is over."""
         kind, why = ending(final, run_state, hang)
-        a = Attempt(len(self.attempts) + 1, run.run_id, list(run_state.outcomes), started,
+        ordered = sorted(run_state.outcomes.values(), key=lambda o: o.node_rank)
+        a = Attempt(len(self.attempts) + 1, run.run_id, [o.name for o in ordered], started,
                     ended, final.status.value if not hang else RunStatus.FAILED.value, why,
-                    run_state.stopped_at, run.progressed())
+                    run_state.stopped_at, run.progressed(),
+                    lost=[o.name for o in ordered if o.status is NodeStatus.UNREACHABLE])
         self.attempts.append(a)
         nxt = self._next(a, kind, run_state)
         self.save()
@@ -95,15 +99,15 @@ class Book:
             return None
         say = self.console.info
         if kind not in self.policy.on:
-            say(f"not restarted: {a.why}, and [restart] on is "
-                f"{', '.join(e.value for e in self.policy.on) or 'empty'}")
-            return None
-        if a.progressed_at is None:
-            say(f"not restarted: {a.why} before any rank printed a line of its own (a script, "
-                "import or setup error needs a person, not a restart)")
-            return None
-        if a.number > self.policy.max:
-            say(f"restart: no attempt left ([restart] max = {self.policy.max})")
+            a.then = (f"not restarted: {a.why}, and [restart] on is "
+                      f"{', '.join(e.value for e in self.policy.on) or 'empty'}")
+        elif a.progressed_at is None:
+            a.then = (f"not restarted: {a.why} before any rank printed a line of its own (a "
+                      "script, import or setup error needs a person, not a restart)")
+        elif a.number > self.policy.max:
+            a.then = f"no attempt left ([restart] max = {self.policy.max})"
+        if a.then:
+            say(a.then if a.then.startswith("not") else f"restart: {a.then}")
             return None
         gone = [n for n, o in run_state.outcomes.items() if o.status is NodeStatus.UNREACHABLE]
         if kind is Ending.FAIL and run_state.first:
@@ -156,6 +160,15 @@ class Book:
     def stop_requested(self) -> bool:
         return (state.state_dir() / self.run_id / STOP).exists()
 
+    def left(self) -> str:
+        """What of the run may still run while no attempt does: the last one's lost nodes."""
+        lost = self.attempts[-1].lost if self.attempts else []
+        if not lost:
+            return f"nothing of run {self.run_id} was running"
+        return (f"nothing of run {self.run_id} was started since; its lost node(s) "
+                f"{', '.join(lost)} may still run their part: `fleet stop {self.run_id}` once "
+                "they answer")
+
     def last_why(self) -> str:
         return self.attempts[-1].why
 
@@ -196,8 +209,11 @@ def lines(max_: int, items: list[Attempt]) -> list[str]:
             words += f", {a.why} at {when}"
         for host, spare in a.replaced.items():
             words += f"; {host} replaced by {spare}"
+        if a.then:
+            words += f"; {a.then}"
         if after is not None and a.stopped_at and after.progressed_at:
-            words += f"; training again {after.progressed_at - a.stopped_at:.1f}s later"
+            words += (f"; the job's first line again {after.progressed_at - a.stopped_at:.1f}s "
+                      "later")
         out.append(words)
     return out
 

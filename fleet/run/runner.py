@@ -62,8 +62,8 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
             while time.monotonic() < deadline and not book.stop_requested():
                 time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
-            raise Interrupted(e.signame, f"during the wait before attempt {nxt}: nothing of "
-                                         f"run {book.run_id} was running") from None
+            raise Interrupted(e.signame, f"during the wait before attempt {nxt}: "
+                                         f"{book.left()}") from None
         if book.stop_requested():
             raise RunStopped(f"run {book.run_id} was stopped by fleet stop during the wait "
                              f"before attempt {nxt}; {book.summary()}")
