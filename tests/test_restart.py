@@ -217,3 +217,21 @@ def test_a_spare_not_fit_for_the_job_gives_its_place_to_the_next(
     assert b.unfit({"s1": "unreachable"}) is True and b.replace == {"n2": "s2"}
     assert b.unfit({"s2": "torch 2.1 here"}) is True and b.replace == {}
     assert "no spare left: n2 is tried again" in said(b)
+
+
+def test_slurm_refuses_restart_naming_the_key(tmp_path: Path) -> None:
+    """Before anything connects: the job file and its key, and what to use there instead."""
+    from fleet.backends.base import Options
+    from fleet.backends.slurm.backend import SlurmBackend
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "cluster.toml").write_text('[slurm]\nlogin = "localhost"\nnodes = 2\n'
+                                           f'workdir = "{tmp_path}/fleet"\n')
+    path = tmp_path / "job.toml"
+    path.write_text('inventory = "cluster.toml"\nscript = "train.py"\n[restart]\nmax = 1\n')
+    console = Console(out=io.StringIO(), err=io.StringIO())
+    with pytest.raises(ConfigError) as e:
+        SlurmBackend().prepare(load_job(path), console, Options())
+    assert e.value.key == "restart" and str(e.value).startswith(f"{path}: restart: ")
+    assert "--requeue" in str(e.value)
+    assert not (tmp_path / "fleet").exists()
