@@ -116,12 +116,16 @@ class Book:
             self._replace(a, name, kind)
         return a.number + 1
 
-    def _replace(self, a: Attempt, name: str, kind: Ending) -> None:
+    def _free(self) -> list[str]:
+        """The inventory's spares not taken yet (nor found unfit), in its order."""
         try:
             spares = [h.name for h in load_inventory(self.job.inventory).spares]
         except ConfigError:
             spares = []
-        free = [s for s in spares if s not in self.used and s not in self.replace.values()]
+        return [s for s in spares if s not in self.used and s not in self.replace.values()]
+
+    def _replace(self, a: Attempt, name: str, kind: Ending) -> None:
+        free = self._free()
         if not free:
             if kind is Ending.LOST:
                 self.console.info(f"restart: no spare left for {name}: the next attempt tries "
@@ -140,14 +144,10 @@ class Book:
         swapped = {s: h for h, s in self.replace.items() if s in failures}
         if not swapped:
             return False
-        try:
-            spares = [h.name for h in load_inventory(self.job.inventory).spares]
-        except ConfigError:
-            spares = []
         for spare, home in swapped.items():
             self.console.info(f"restart: spare {spare} is not fit for the job "
                               f"({failures[spare]})")
-            free = [s for s in spares if s not in self.used and s not in self.replace.values()]
+            free = self._free()
             if free:
                 self.replace[home] = free[0]
                 self.used.add(free[0])
