@@ -3,6 +3,7 @@ script's output, talk with a program), whatever carries it (fleet.transport.loca
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -161,7 +162,10 @@ def kill_on(stop: threading.Event | None, kill: Callable[[], None]) -> threading
     def watch() -> None:
         while not done.is_set():
             if stop.wait(0.2):
-                kill()
+                # A connection already closed (its run over, a restart's attempt ended) has no
+                # stream left to end: its channel's close raises instead (EOFError and kin).
+                with contextlib.suppress(Exception):
+                    kill()
                 return
 
     threading.Thread(target=watch, daemon=True).start()
