@@ -1,15 +1,36 @@
-"""Terminal output: phase lines on stderr, the tagged log stream on stdout, NO_COLOR honoured;
-whatever a node said is made harmless to the terminal first (`printable`)."""
+"""Terminal output: phase lines on stderr, the tagged log stream on stdout; on a terminal colour by
+meaning, a spinner or bar for every wait and tables that fit its width (drawn with rich), and
+plain, stable lines otherwise; whatever a node said is made harmless first (`printable`)."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import shutil
 import sys
 import threading
+import time
+from collections.abc import Iterator, Sequence
+from enum import Enum
 from typing import TextIO
 
+from rich.console import Console as RichConsole
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93")
+
+
+class Meaning(Enum):
+    """What a word means, and so its colour on a terminal (rich style names)."""
+    OK = "green"
+    WARN = "yellow"
+    FAIL = "bold red"
+    NOTE = "dim"
+    NAME = "cyan"
+    PLAIN = ""
 
 
 def _visible(code: int) -> str:
@@ -38,17 +59,54 @@ def printable(text: str, lines: bool = False) -> str:
     return text.translate(_LINES if lines else _LINE)
 
 
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
+
+
+def interactive(stream: object) -> bool:
+    """Whether a person watches this stream: a terminal that is not TERM=dumb, and fleet not
+    asked for plain lines (FLEET_PLAIN=1)."""
+    return (_isatty(stream) and os.environ.get("TERM", "") != "dumb"
+            and not os.environ.get("FLEET_PLAIN"))
+
+
+def colored(stream: object) -> bool:
+    """Whether colour goes to this stream: a terminal, and no NO_COLOR (no-color.org)."""
+    return "NO_COLOR" not in os.environ and _isatty(stream)
+
+
+def _render(text: Text, width: int, color: bool) -> str:
+    """rich's text (already printable) as the characters a terminal is sent."""
+    buf = io.StringIO()
+    RichConsole(file=buf, width=width, force_terminal=color, no_color=not color,
+                color_system="standard" if color else None, highlight=False, emoji=False,
+                markup=False, soft_wrap=True).print(text, end="")
+    return buf.getvalue()
+
+
 class Console:
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None,
-                 color: bool | None = None) -> None:
+                 color: bool | None = None, live: bool | None = None) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
-        if color is None:
-            color = "NO_COLOR" not in os.environ and self.out.isatty()
-        self.color = color
-        self._lock = threading.Lock()
+        self.color = colored(self.out) if color is None else color  # the log stream's tags
+        self.err_color = colored(self.err) if color is None else color
+        # live: a person watches stderr; waits are drawn as a spinner or bar redrawn in place
+        self.live = interactive(self.err) if live is None else live
+        self._lock = threading.RLock()
         self._width = 0
         self.drawn = False  # a redrawn line (a progress bar) is on the terminal, unended
+        self._status: str | None = None  # the wait under way, redrawn after every line
+        self._spinner = Spinner("dots")
+        self._ticker: threading.Thread | None = None
+
+    @property
+    def columns(self) -> int:
+        """The terminal's width (80 where there is none: plain output is not wrapped)."""
+        return shutil.get_terminal_size((80, 24)).columns
 
     def hosts(self, names: list[str]) -> None:
         """Align tags for these host names."""
@@ -59,22 +117,32 @@ class Console:
             return text
         return f"\033[{_COLORS[index % len(_COLORS)]}m{text}\033[0m"
 
-    def phase(self, host: str, message: str) -> None:
-        with self._lock:
-            self._clear()
-            self._print(printable(f"fleet: {host:<{self._width}}  {message}", lines=True),
-                        self.err)
+    def paint(self, text: str, meaning: Meaning, err: bool = True) -> str:
+        """Text (made printable) coloured by its meaning where colour goes (stderr's, or with
+        err=False stdout's)."""
+        color = self.err_color if err else self.color
+        safe = printable(text, lines=True)
+        if not color or meaning is Meaning.PLAIN:
+            return safe
+        return _render(Text(safe, style=meaning.value), 10_000, True)
 
-    def info(self, message: str) -> None:
+    def phase(self, host: str, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
+        self._say(f"{host:<{self._width}}  {message}", meaning)
+
+    def info(self, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
+        self._say(message, meaning)
+
+    def _say(self, message: str, meaning: Meaning) -> None:
         with self._lock:
             self._clear()
-            self._print(printable(f"fleet: {message}", lines=True), self.err)
+            self._print("fleet: " + self.paint(message, meaning), self.err)
+            self._draw_status()
 
     def redraw(self, text: str) -> None:
         """One line drawn over the last one (a progress bar), on a terminal; the next line
         printed takes its place."""
         with self._lock, contextlib.suppress(OSError, ValueError):
-            self.err.write("\r\033[K" + printable(text))
+            self.err.write("\r\033[K" + self._fit(printable(text)))
             self.err.flush()
             self.drawn = True
 
@@ -85,11 +153,69 @@ class Console:
             with contextlib.suppress(OSError, ValueError):
                 self.err.flush()
 
+    def _fit(self, text: str) -> str:
+        """A redrawn line cut to the terminal's width: one that wraps cannot be redrawn."""
+        width = self.columns - 1
+        return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
+
     def _clear(self) -> None:
         if self.drawn:
             self.drawn = False
             with contextlib.suppress(OSError, ValueError):
                 self.err.write("\r\033[K")
+
+    @contextlib.contextmanager
+    def waiting(self, text: str) -> Iterator[Waiting]:
+        """A wait a person sees: on a terminal a spinner with `text` (which `Waiting.update`
+        changes), erased when the wait ends; without one, nothing (the lines said before and
+        after are the record)."""
+        wait = Waiting(self)
+        if not self.live:
+            yield wait
+            return
+        with self._lock:
+            self._status = text
+            self._draw_status()
+            if self._ticker is None or not self._ticker.is_alive():
+                self._ticker = threading.Thread(target=self._tick, daemon=True,
+                                                name="fleet-spinner")
+                self._ticker.start()
+        try:
+            yield wait
+        finally:
+            with self._lock:
+                self._status = None
+                self._clear()
+                with contextlib.suppress(OSError, ValueError):
+                    self.err.flush()
+
+    def _set_status(self, text: str) -> None:
+        with self._lock:
+            if self._status is not None:
+                self._status = text
+                self._draw_status()
+
+    def _tick(self) -> None:
+        """Redraws the spinner ten times a second while a wait is under way."""
+        while True:
+            time.sleep(0.1)
+            with self._lock:
+                if self._status is None:
+                    self._ticker = None
+                    return
+                self._draw_status()
+
+    def _draw_status(self) -> None:
+        if self._status is None:
+            return
+        frame = self._spinner.render(time.monotonic())
+        mark = frame.plain if isinstance(frame, Text) else "*"
+        if self.err_color:
+            mark = _render(Text(mark, style="cyan"), 10, True)
+        with contextlib.suppress(OSError, ValueError):
+            self.err.write("\r\033[K" + mark + " " + self._fit(printable(self._status)))
+            self.err.flush()
+        self.drawn = True
 
     def line(self, tag: str, index: int, text: str) -> None:
         self.lines(index, [(tag, text)])
@@ -101,7 +227,33 @@ class Console:
             block = "\n".join(self._paint(printable(tag), index) + " | "
                                + printable(text.removesuffix("\r")) for tag, text in tagged)
             with self._lock:
+                self._clear()
                 self._print(block, self.out)
+                self._draw_status()
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]],
+              meanings: Sequence[Meaning | None] = (), err: bool = False) -> str:
+        """Rows as a table, every cell made printable. On a terminal: drawn by rich to fit its
+        width (long cells wrap inside their column), a row coloured by its meaning; otherwise
+        plain columns, one line a row, that scripts can read."""
+        cells = [[printable(c) for c in row] for row in rows]
+        stream = self.err if err else self.out
+        if not interactive(stream):
+            widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+            return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+                             .rstrip() for row in [list(headers), *cells])
+        t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+        for i, h in enumerate(headers):
+            t.add_column(h, overflow="fold", no_wrap=i < len(headers) - 1 and len(headers) > 1)
+        for i, row in enumerate(cells):
+            meaning = meanings[i] if i < len(meanings) else None
+            t.add_row(*(Text(c) for c in row), style=meaning.value if meaning else None)
+        buf = io.StringIO()
+        color = self.err_color if err else self.color
+        RichConsole(file=buf, width=self.columns, force_terminal=color, no_color=not color,
+                    color_system="standard" if color else None, highlight=False, emoji=False,
+                    markup=False).print(t)
+        return buf.getvalue().rstrip("\n")
 
     @staticmethod
     def _print(text: str, stream: TextIO) -> None:
@@ -109,3 +261,13 @@ class Console:
         from following and tearing down the run; the job's log stays on the nodes."""
         with contextlib.suppress(OSError, ValueError):
             print(text, file=stream, flush=True)
+
+
+class Waiting:
+    """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def update(self, text: str) -> None:
+        self.console._set_status(text)
