@@ -10,7 +10,7 @@ teardown, the monitor (fail-fast, the hang watchdog), the report's verdict and t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,10 +143,12 @@ class Backend(ABC):
         or an unreachable host raises before anything is left anywhere."""
 
     @abstractmethod
-    def checks(self, job: Job, collective: bool) -> list[Check]:
+    def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
+               trust: str) -> list[Check]:
         """`fleet check`: per host (or login node) and check, pass / warn / fail with the fix;
         nothing is started. `collective` (a short all_reduce after) is refused where it cannot
-        run."""
+        run. `progress` hears how far the checks are; `trust` is the command that trusts the
+        hosts' keys, as the user named the files."""
 
     @abstractmethod
     def trust_inventory(self, path: Path) -> Inventory | None:

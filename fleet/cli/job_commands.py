@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,8 @@ from fleet import backends
 from fleet import trust as fleet_trust
 from fleet.backends.base import Options
 from fleet.backends.checks import Status
-from fleet.backends.checks import table as checks_table
+from fleet.backends.checks import summary as checks_summary
+from fleet.backends.checks import view as checks_view
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import planview
 from fleet.backends.slurm import cluster as slurm
@@ -125,21 +127,27 @@ def export_slurm(
 def check(job_path: JobArg, inventory: InvOpt = None,
           collective: Annotated[bool, typer.Option(
               "--collective", help="Also run a short all_reduce and print bandwidth per size.")
+          ] = False,
+          verbose: Annotated[bool, typer.Option(
+              "--verbose", "-v", help="Every check in its own row, host by host (by default the "
+                                      "passing ones are folded into one line per host).")
           ] = False) -> None:
     """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk (on a
     Slurm cluster: the login node, Slurm's clients, and whether Slurm would take the job)."""
     job = load_job(job_path, inventory)
     backend = backends.for_inventory(job.inventory)
-    checks = backend.checks(job, collective)
-    echo(checks_table(checks))
-    failed = [c for c in checks if c.status is Status.FAIL]
-    warned = [c for c in checks if c.status is Status.WARN]
-    echo(f"\n{len(failed)} failed, {len(warned)} warning(s), "
-         f"{len(checks) - len(failed) - len(warned)} passed")
-    if failed:
+    console = Console()
+    # The command that trusts these hosts' keys, as the user named the files here.
+    trust = shlex.join(["fleet", "trust", str(job_path)]
+                       + (["--inventory", str(inventory)] if inventory else []))
+    with console.waiting("checking") as wait:
+        checks = backend.checks(job, collective, progress=wait.update, trust=trust)
+    echo(checks_view(console, checks, verbose))
+    echo("\n" + checks_summary(checks))
+    if any(c.status is Status.FAIL for c in checks):
         raise typer.Exit(1)
     if collective:
-        runner.up(backend, fleet_check.collective_job(job), Console())
+        runner.up(backend, fleet_check.collective_job(job), console)
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ class HostsBackend(Backend):
     def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
         return prepare(job, console, options)
 
-    def checks(self, job: Job, collective: bool) -> list[Check]:
-        return fleet_check.run_checks(load_inventory(job.inventory), job)
+    def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
+               trust: str) -> list[Check]:
+        return fleet_check.run_checks(load_inventory(job.inventory), job, progress, trust)
 
     def trust_inventory(self, path: Path) -> Inventory:
         return load_inventory(path)

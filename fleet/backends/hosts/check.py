@@ -3,9 +3,12 @@ anything runs. One deep probe per node (fleet.facts.probe) says what the checks 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.backends.checks import Check, Status, connection_checks
+from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
 from fleet.backends.hosts.ports import port_checks
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import DEFAULT_EXCLUDE, Job
@@ -23,76 +26,162 @@ DISK_FAIL_BYTES = 1 << 30
 REVERSE_DNS_WARN_S = 1.0
 
 
-def run_checks(inventory: Inventory, job: Job) -> list[Check]:
+def _quiet(_: str) -> None:
+    """No one watches the checks' progress."""
+
+
+class _Tally:
+    """How many hosts' own checks are done, said through `progress` as each one ends."""
+
+    def __init__(self, total: int, progress: Callable[[str], None]) -> None:
+        self.total, self.done, self.progress = total, 0, progress
+        self._lock = threading.Lock()
+        self.say()
+
+    def say(self, then: str = "") -> None:
+        noun = "host" if self.total == 1 else "hosts"
+        self.progress(f"checking {self.total} {noun}: {self.done}/{self.total} done{then}")
+
+    def one_done(self) -> None:
+        with self._lock:
+            self.done += 1
+            self.say()
+
+
+@dataclass
+class _Own:
+    """One host's own checks (those that need no other host's answer), and what later ones
+    need of it."""
+
+    conn: list[Check] = field(default_factory=list)
+    probe: list[Check] = field(default_factory=list)
+    python: list[Check] = field(default_factory=list)
+    rest: list[Check] = field(default_factory=list)
+    facts: Facts | None = None
+    net: NodeNet | Exception | None = None
+
+
+class _MasterIP:
+    """The master's address, found by the master's own checks; the others wait for it (None:
+    it could not be found, and their checks end with their connection)."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+        self.value: str | None = None
+
+    def give(self, value: str | None) -> None:
+        if not self._set.is_set():
+            self.value = value
+            self._set.set()
+
+    def wait(self) -> str | None:
+        self._set.wait()
+        return self.value
+
+
+def run_checks(inventory: Inventory, job: Job, progress: Callable[[str], None] = _quiet,
+               trust: str = "fleet trust INVENTORY") -> list[Check]:
+    """Every check of every host. Each host's own checks run apart, all at once (`progress`
+    hears as each host's are done); then what compares or connects the hosts. `trust` is the
+    command that trusts the user's own file, for the advice on an unknown key."""
     hosts = {h.name: h for h in inventory.hosts}
-    checks: list[Check] = []
-    conn = each(((h.name, h) for h in inventory.hosts), open_transport)
-    session = {n: t for n, t in conn.items() if isinstance(t, Transport)}
-    try:
-        for name, r in conn.items():
-            if isinstance(r, Exception):
-                checks.append(Check(name, "ssh", Status.FAIL, reason(r), _ssh_fix(hosts[name])))
-            else:
-                checks += connection_checks(r)
-        master = inventory.hosts[0]
-        if master.name not in session:
-            return checks
+    master = inventory.hosts[0]
+    session: dict[str, Transport] = {}
+    master_ip = _MasterIP()
+    tally = _Tally(len(hosts), progress)
+
+    def own(h: Host) -> _Own:
         try:
-            master_ip = master_address(inventory, probe(session[master.name], None))
-        except FleetError as e:
-            checks.append(Check(master.name, "probe", Status.FAIL, str(e)))
+            return _own_checks(h, inventory, master_ip, session, job, trust)
+        finally:
+            if h is master:
+                master_ip.give(None)  # the others never wait for good
+            tally.one_done()
+
+    try:
+        found = each(((h.name, h) for h in inventory.hosts), own)
+        ours = {n: r for n, r in found.items() if isinstance(r, _Own)}
+        checks = [c for o in ours.values() for c in o.conn + o.probe]
+        checks += [Check(n, "checks", Status.FAIL, reason(r))
+                   for n, r in found.items() if isinstance(r, Exception)]
+        ip = master_ip.value
+        if ip is None:
             return checks
-        found = each(session.items(), lambda t: probe(t, master_ip, deep=True))
-        facts = {n: f for n, f in found.items() if isinstance(f, Facts)}
-        for name, fr in found.items():
-            if isinstance(fr, Exception):
-                checks.append(Check(name, "probe", Status.FAIL, reason(fr)))
-        nets: dict[str, NodeNet | Exception] = {}
-        for name, f in facts.items():
-            try:
-                nets[name] = net_for(hosts[name], f, master_ip)
-            except RuntimeError as e:
-                nets[name] = e
+        facts = {n: o.facts for n, o in ours.items() if o.facts is not None}
         checks += _storage_checks(facts)
-
-        def own_ip(name: str) -> str:
-            net = nets.get(name)
-            return (net.address if isinstance(net, NodeNet) else None) or hosts[name].address
-
-        good: dict[str, tuple[Facts, Health]] = {}
-        for name, f in facts.items():
-            if f.health is not None:
-                good[name] = (f, f.health)
-                continue
-            said = f.detail.strip().splitlines()
-            checks.append(Check(name, "python", Status.FAIL,
-                                said[-1] if said else f"{hosts[name].python} said nothing",
-                                f"set `python` for {name} in the inventory to an interpreter "
-                                "with torch (the venv's full path)"))
-        checks += _version_checks(good, master.name)
-        chosen = {n: t for n, t in session.items() if hosts[n].gpus}
-        for name, g in each(chosen.items(), gpu_facts).items():
-            checks.append(_chosen_gpu_check(hosts[name], g))
-        for name, (f, health) in good.items():
-            checks += _node_checks(name, f.hostname, health, session[name].clock_offset,
-                                   node_nproc(job, hosts[name]), alone=len(hosts) == 1,
-                                   chosen=name in chosen)
-            checks.append(_write_check(session[name]))
-            net = nets.get(name)
-            if isinstance(net, NodeNet):
-                checks.append(Check(name, "interface", Status.PASS if net.interface or
-                                    len(inventory.hosts) == 1 else Status.WARN,
-                                    f"{net.interface or '-'} ({net.reason})"))
-            elif net is not None:
-                checks.append(Check(name, "interface", Status.FAIL, reason(net),
-                                    "the node has no route to the master's address"))
+        checks += [c for o in ours.values() for c in o.python]
+        checks += _version_checks({n: (f, f.health) for n, f in facts.items()
+                                   if f.health is not None}, master.name)
+        checks += [c for o in ours.values() for c in o.rest]
         if all(n in session for n in hosts):
-            checks += port_checks(session, master, master_ip, job.rendezvous.port,
+            tally.say("; testing the ports between them")
+
+            def own_ip(name: str) -> str:
+                net = ours[name].net if name in ours else None
+                return (net.address if isinstance(net, NodeNet) else None) or hosts[name].address
+
+            checks += port_checks(session, master, ip, job.rendezvous.port,
                                   {n: own_ip(n) for n in session})
     finally:
-        for t in session.values():
+        for t in list(session.values()):
             t.close()
     return checks
+
+
+def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,
+                session: dict[str, Transport], job: Job, trust: str) -> _Own:
+    """Connection, probe, python, GPUs, names, clock, disk, write and interface of one host."""
+    out, count = _Own(), len(inventory.hosts)
+    try:
+        t = open_transport(h)
+    except Exception as e:  # noqa: BLE001 - a host fleet cannot reach is a row, not a crash
+        out.conn.append(ssh_failed(h, e, trust))
+        return out
+    session[h.name] = t
+    out.conn = connection_checks(t)
+    if h is inventory.hosts[0]:
+        try:
+            master_ip.give(master_address(inventory, probe(t, None)))
+        except FleetError as e:
+            out.probe.append(Check(h.name, "probe", Status.FAIL, str(e)))
+            return out
+    ip = master_ip.wait()
+    if ip is None:
+        return out
+    try:
+        out.facts = probe(t, ip, deep=True)
+    except Exception as e:  # noqa: BLE001 - the probe's failure is this host's row
+        out.probe.append(Check(h.name, "probe", Status.FAIL, reason(e)))
+    if h.gpus:
+        try:
+            g: GpuFacts | Exception = gpu_facts(t)
+        except Exception as e:  # noqa: BLE001 - said as a warning by the check
+            g = e
+        out.rest.append(_chosen_gpu_check(h, g))
+    f = out.facts
+    if f is None:
+        return out
+    try:
+        out.net = net_for(h, f, ip)
+    except RuntimeError as e:
+        out.net = e
+    if f.health is None:
+        said = f.detail.strip().splitlines()
+        out.python.append(Check(h.name, "python", Status.FAIL,
+                                said[-1] if said else f"{h.python} said nothing",
+                                f"set `python` for {h.name} in the inventory to an interpreter "
+                                "with torch (the venv's full path)"))
+        return out
+    out.rest += _node_checks(h.name, f.hostname, f.health, t.clock_offset, node_nproc(job, h),
+                             alone=count == 1, chosen=bool(h.gpus))
+    out.rest.append(_write_check(t))
+    if isinstance(out.net, NodeNet):
+        out.rest.append(Check(h.name, "interface", Status.PASS if out.net.interface or count == 1
+                              else Status.WARN, f"{out.net.interface or '-'} ({out.net.reason})"))
+    elif out.net is not None:
+        out.rest.append(Check(h.name, "interface", Status.FAIL, reason(out.net),
+                              "the node has no route to the master's address"))
+    return out
 
 
 def _storage_checks(facts: dict[str, Facts]) -> list[Check]:
@@ -118,14 +207,6 @@ def _write_check(t: Transport) -> Check:
         t.run(sh("rm", "-f", path), what="remove the write test")
     return Check(t.host.name, "write", Status.PASS,
                  f"1 MiB written and read back in {t.host.workdir}")
-
-
-def _ssh_fix(h: Host) -> str:
-    if h.transport == "local":
-        return ""
-    port = h.port or 22
-    return (f"check that sshd runs on {h.address}:{port} and that `ssh -p {port} "
-            f"{h.user + '@' if h.user else ''}{h.address}` works with the same key")
 
 
 def _version_checks(facts: dict[str, tuple[Facts, Health]], master: str) -> list[Check]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fleet.backends.base import Backend, Options
-from fleet.backends.checks import Check, Status, connection_checks
+from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
 from fleet.backends.slurm.cluster import Cluster, load_cluster
 from fleet.backends.slurm.jobs import (
     SlurmRecord,
@@ -46,7 +47,7 @@ from fleet.transport.group import reason
 from fleet.trust import KeyStatus, record_inventory
 
 
-def checks(cluster: Cluster, job: Job) -> list[Check]:
+def checks(cluster: Cluster, job: Job, trust: str) -> list[Check]:
     """`fleet check` on a Slurm cluster: the login node (connection, shell, Slurm's clients,
     the workdir), Slurm's answer to the request, and the python there. Nothing is submitted:
     the script goes to a scratch directory, removed at the end."""
@@ -54,7 +55,7 @@ def checks(cluster: Cluster, job: Job) -> list[Check]:
     try:
         t = open_transport(cluster.login)
     except FleetError as e:
-        return [Check("login", "ssh", Status.FAIL, reason(e))]
+        return [ssh_failed(cluster.login, e, trust, label="login")]
     with t:
         out = connection_checks(t)
         why = missing_clients(t)
@@ -210,11 +211,13 @@ class SlurmBackend(Backend):
                               "policy allows it)")
         return prepare(cluster, job, console, options)
 
-    def checks(self, job: Job, collective: bool) -> list[Check]:
+    def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
+               trust: str) -> list[Check]:
         if collective:
             raise UsageError("--collective runs on host lists only; on Slurm, submit a job "
                              "that runs it")
-        return checks(load_cluster(job.inventory), job)
+        progress("checking the login node and what Slurm would say")
+        return checks(load_cluster(job.inventory), job, trust)
 
     def trust_inventory(self, path: Path) -> Inventory | None:
         """The login node, the one host fleet connects to; None where it is this machine."""
