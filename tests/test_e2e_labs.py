@@ -127,7 +127,7 @@ def test_shared_home_syncs_once_and_check_says_so(cli: CLI, mixed: Testbed,
     assert "node1, node2, node3 share one filesystem under their workdir" in r.stderr, r.stderr
     assert re.search(r"node1\s+code: sent 2 file", r.stderr), r.stderr
     assert re.search(r"node2\s+code: shared with node1", r.stderr), r.stderr
-    chk = cli("check", str(job))
+    chk = cli("check", "-v", str(job))
     assert chk.returncode == 0, chk.stdout + chk.stderr
     assert re.search(r"^node2\s+storage\s+PASS\s+workdir shared with node1, node3", chk.stdout,
                      re.M), chk.stdout
@@ -153,7 +153,7 @@ def test_ipv6_only_non_root_zsh_dash(cli: CLI, v6lab: Testbed, tmp_path: Path) -
 def test_ipv6_interfaces_and_check(cli: CLI, v6lab: Testbed, tmp_path: Path) -> None:
     v6lab.inventory(tmp_path / "inv.toml")
     job = allreduce_job(tmp_path, 29575)
-    chk = cli("check", str(job))
+    chk = cli("check", "-v", str(job))
     assert chk.returncode == 0, chk.stdout + chk.stderr
     master = v6lab.hosts[0].addr
     assert re.search(rf"^node2\s+reach master\s+PASS\s+TCP to {re.escape(master)}:29575",

@@ -53,7 +53,7 @@ def test_gloo_job_runs_with_no_interface_settings(cli: CLI, tricky: Testbed,
 
 def test_check_passes_on_a_healthy_testbed(cli: CLI, tricky: Testbed, tmp_path: Path) -> None:
     inv = tricky.inventory(tmp_path / "inv.toml")
-    r = cli("check", str(JOBS / "allreduce.toml"), "-i", str(inv))
+    r = cli("check", "-v", str(JOBS / "allreduce.toml"), "-i", str(inv))
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^0 failed, \d+ warning\(s\), \d+ passed$", r.stdout, re.M), r.stdout
     assert row(r.stdout, "node2", "reach master").startswith("PASS")
@@ -114,7 +114,7 @@ def test_check_names_a_host_whose_sshd_is_down(cli: CLI, tmp_path: Path) -> None
     with Testbed(2) as tb:
         inv = tb.inventory(tmp_path / "inv.toml")
         tb.kill_sshd("node2")
-        r = cli("check", str(JOBS / "allreduce.toml"), "-i", str(inv))
+        r = cli("check", "-v", str(JOBS / "allreduce.toml"), "-i", str(inv))
         assert r.returncode == 1, r.stdout + r.stderr
         assert row(r.stdout, "node2", "ssh").startswith("FAIL cannot connect to")
         assert "fix: check that sshd runs on" in r.stdout

@@ -288,7 +288,7 @@ def test_fleet_up_through_an_ssh_login_node(slurm: Slurm, tmp_path: Path) -> Non
 def test_check_asks_slurm_without_submitting(slurm: Slurm, tmp_path: Path) -> None:
     d = job_dir(slurm, "check", ALL_REDUCE, 29629)
     cli = fleet(slurm, tmp_path)
-    r = cli("check", str(d / "job.toml"))
+    r = cli("check", "-v", str(d / "job.toml"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^login\s+slurm clients\s+PASS", r.stdout, re.M), r.stdout
     assert re.search(r"^slurm\s+request\s+PASS\s+sbatch --test-only: sbatch: Job \d+ to start",
