@@ -120,3 +120,20 @@ def test_folded_by_default_every_row_with_verbose_and_a_spinner_on_a_terminal(
     tally = re.search(r"^0 failed, (\d+) warning\(s\), (\d+) passed$", folded, re.M)
     assert tally and folded.count("\n0 failed") == 1
     assert int(tally[2]) == sum(s == "PASS" for _, _, s, _ in every), folded
+
+
+def test_slurm_login_node_with_an_unknown_key_gets_the_same_advice(cli: CLI, tb2: Testbed,
+                                                                   tmp_path: Path) -> None:
+    """A Slurm cluster's check goes through the same view and advice: the login node's key is
+    unknown; the command names the job and the inventory the user gave on the command line."""
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(f'[slurm]\nlogin = "{tb2.hosts[0].addr}"\nuser = "{tb2.user}"\n'
+                       f'identity = "{tb2.key}"\nknown_hosts = "{known}"\nnodes = 2\n')
+    job = allreduce_job(tmp_path, 29584)
+    r = cli("check", str(job), "-i", "cluster.toml")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"^login\s+ssh\s+FAIL\s+unknown host key for ", r.stdout, re.M), r.stdout
+    assert f"record it with `fleet trust {job} --inventory cluster.toml --accept`" in r.stdout
+    assert re.search(r"^1 failed, 0 warning\(s\), 0 passed$", r.stdout, re.M), r.stdout
