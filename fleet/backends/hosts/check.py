@@ -1,5 +1,6 @@
 """`fleet check` on a host list: per host and check, pass / warn / fail with the fix, before
-anything runs. One deep probe per node (fleet.facts.probe) says what the checks judge."""
+anything runs. One deep probe per node (fleet.facts.probe) says what the checks judge; each
+host's own checks run apart, so that a person can be told how many hosts are done."""
 
 from __future__ import annotations
 
