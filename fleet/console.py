@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import sys
 import threading
@@ -20,6 +21,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+_PADDING = re.compile(r" +((?:\x1b\[0m)?)$")
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93")
 
 
@@ -253,7 +255,9 @@ class Console:
         RichConsole(file=buf, width=self.columns, force_terminal=color, no_color=not color,
                     color_system="standard" if color else None, highlight=False, emoji=False,
                     markup=False).print(t)
-        return buf.getvalue().rstrip("\n")
+        # rich pads every row to the table's width: trailing blanks (inside a row's colour too)
+        # only make copied text worse
+        return "\n".join(_PADDING.sub(r"\1", line) for line in buf.getvalue().splitlines())
 
     @staticmethod
     def _print(text: str, stream: TextIO) -> None:
