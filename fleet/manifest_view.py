@@ -202,8 +202,8 @@ def grouped(per: dict[str, list[str]], every: bool) -> list[str]:
 
 def words_changed(a: list[str], b: list[str]) -> str:
     """Two commands' difference word by word, as `git diff --word-diff` writes it: `[-old-]`,
-    `{+new+}`, each change after the word before it (`…` where words are left out), so that
-    the same change on nodes whose commands differ elsewhere reads the same."""
+    `{+new+}`, each change after the word before it (a path by its last part: the same change
+    on nodes whose homes or run directories differ reads the same), `…` for words left out."""
     parts: list[str] = []
     shown = 0  # the words of `a` said (or skipped) so far
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
@@ -212,11 +212,11 @@ def words_changed(a: list[str], b: list[str]) -> str:
         before = max(i1 - 1, shown)
         if before > shown:
             parts.append("…")
-        parts += a[before:i1]
+        parts += [w.rstrip("/").rpartition("/")[2] or w for w in a[before:i1]]
         old = f"[-{' '.join(a[i1:i2])}-]" if i2 > i1 else ""
         parts.append(old + (f"{{+{' '.join(b[j1:j2])}+}}" if j2 > j1 else ""))
         shown = i2
-    if shown < len(a):
+    if parts and shown < len(a):
         parts.append("…")
     return " ".join(parts)
 

@@ -101,3 +101,15 @@ def _read_spec(path: Path) -> GitIgnoreSpec | None:
 def ignores(root: Path) -> Ignores:
     """The rules for the workdir `root` (one git call where it is in a work tree)."""
     return Ignores(root, git_ignored(root), _read_spec(root / FLEETIGNORE))
+
+
+def counted(ignored: tuple[tuple[str, str], ...]) -> list[tuple[str, list[str]]]:
+    """Ignored paths grouped by the file that ignores them: .gitignore's first."""
+    return [(why, names) for why in (GITIGNORE, FLEETIGNORE)
+            if (names := [rel for rel, w in ignored if w == why])]
+
+
+def summary(ignored: tuple[tuple[str, str], ...]) -> str:
+    """`7 path(s) by .gitignore, 1 by .fleetignore` (an ignored directory is one path)."""
+    return ", ".join(f"{len(names)}{' path(s)' if i == 0 else ''} by {why}"
+                     for i, (why, names) in enumerate(counted(ignored)))

@@ -17,7 +17,7 @@ from fleet.plan import SITE, NodePlan, Plan
 from fleet.render import render_node
 from fleet.run import faults
 from fleet.shell import sh
-from fleet.transport import prune, transfer
+from fleet.transport import ignore, prune, transfer
 from fleet.transport.group import all_ok, each
 from fleet.transport.sync import (
     Entry,
@@ -48,6 +48,8 @@ def scan_sources(job: Job, console: Console) -> Sources:
     """The job's workdir and data as fleet sends them; what is skipped, and why, said once."""
     code = scan(job.workdir, job.exclude, ignore_files=True)
     data = scan(job.data, ()) if job.data else None
+    if code.ignored:
+        console.info(f"not sent: {ignore.summary(code.ignored)} (`fleet plan` names them)")
     for s in (code, data):
         if s is None:
             continue
@@ -165,8 +167,8 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         after: tuple[str, ...] = ()
         if ls.dirs:
             entries.append(Entry(f"{node.code_dir}/{SYNCED}", 0o644, data=plan.run_id.encode()))
-            kept, after = prune.entries(node.code_dir, code.manifest, ls.stale, ls.dirs[0][2])
-            entries += kept
+            pruning, after = prune.entries(node.code_dir, code.manifest, ls.stale, ls.dirs[0][2])
+            entries += pruning
         if ls.run_files:
             entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
                         for name, (text, mode) in render_node(plan, node).files.items()]
