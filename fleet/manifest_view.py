@@ -176,9 +176,15 @@ def _package_changes(x: dict[str, Any] | None, y: dict[str, Any] | None,
                 for name, _, version in pairs}
 
     px, py = by_name(x), by_name(y)
-    return [f"package {(py.get(k) or px[k])[0]} {px.get(k, ('', '(none)'))[1]} -> "
-            f"{py.get(k, ('', '(none)'))[1]}" for k in sorted(set(px) | set(py))
-            if px.get(k, ("", ""))[1] != py.get(k, ("", ""))[1] and k not in shown]
+    out = []
+    for key in sorted(set(px) | set(py)):
+        old, new = px.get(key), py.get(key)
+        if key in shown or (old and new and old[1] == new[1]):
+            continue
+        name = (new or old or ("", ""))[0]
+        out.append(f"package {name} {old[1] if old else '(none)'} -> "
+                   f"{new[1] if new else '(none)'}")
+    return out
 
 
 def grouped(per: dict[str, list[str]], every: bool) -> list[str]:

@@ -263,3 +263,10 @@ def test_grouped_names_the_nodes_a_change_holds_for() -> None:
 ])
 def test_words_changed_reads_like_git_word_diff(old: str, new: str, said: str) -> None:
     assert words_changed(old.split(), new.split()) == said
+
+
+def test_needed_names_the_jobs_files_an_ignore_file_leaves_out() -> None:
+    ignored = (("train.py", ".gitignore"), ("conf/", ".fleetignore"))
+    assert ignore.needed(ignored, ("train.py", "conf/req.txt", "ok.py", "")) == [
+        ("train.py", ".gitignore"), ("conf/req.txt", ".fleetignore")]
+    assert ignore.needed((("confx/", ".gitignore"),), ("conf/req.txt",)) == []

@@ -72,8 +72,9 @@ class Ignores:
     def _gitignored(self, rel: str, is_dir: bool) -> bool:
         parts = rel.split("/")
         if self.git is not None:
-            # A directory git ignores whole is listed alone; its files are ignored with it.
-            return (rel + "/" if is_dir else rel) in self.git or any(
+            # A directory git ignores whole is listed alone (a link to one, as a file); its
+            # files are ignored with it.
+            return rel in self.git or (is_dir and rel + "/" in self.git) or any(
                 "/".join(parts[:i]) + "/" in self.git for i in range(1, len(parts)))
         # The deepest .gitignore with a matching line decides, as in git.
         for i in range(len(parts) - 1, -1, -1):
@@ -101,6 +102,19 @@ def _read_spec(path: Path) -> GitIgnoreSpec | None:
 def ignores(root: Path) -> Ignores:
     """The rules for the workdir `root` (one git call where it is in a work tree)."""
     return Ignores(root, git_ignored(root), _read_spec(root / FLEETIGNORE))
+
+
+def needed(ignored: tuple[tuple[str, str], ...], rels: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The files among rels (the job's script, its setup's inputs) that an ignore file leaves
+    out, with that file: the job could not run without them."""
+    why = dict(ignored)
+
+    def left_out(rel: str) -> str | None:
+        parts = rel.split("/")
+        return why.get(rel) or next((why[d] for i in range(1, len(parts))
+                                     if (d := "/".join(parts[:i]) + "/") in why), None)
+
+    return [(rel, w) for rel in rels if (w := left_out(rel)) is not None]
 
 
 def counted(ignored: tuple[tuple[str, str], ...]) -> list[tuple[str, list[str]]]:

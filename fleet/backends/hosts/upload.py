@@ -12,6 +12,7 @@ from fleet.backends.hosts.ports import Listeners
 from fleet.backends.hosts.prepare import Session, preflight
 from fleet.config.job import Job
 from fleet.console import Console
+from fleet.errors import ConfigError
 from fleet.nodeside.ferry import part_name
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.render import render_node
@@ -50,6 +51,10 @@ def scan_sources(job: Job, console: Console) -> Sources:
     data = scan(job.data, ()) if job.data else None
     if code.ignored:
         console.info(f"not sent: {ignore.summary(code.ignored)} (`fleet plan` names them)")
+    for rel, why in ignore.needed(code.ignored, (job.script or "", *job.setup_inputs)):
+        raise ConfigError(job.path, "script" if rel == job.script else "setup_inputs",
+                          f"{rel} is left out of the sync by {job.workdir / why}; send it with "
+                          f"a line `!{rel}` in {job.workdir / ignore.FLEETIGNORE}")
     for s in (code, data):
         if s is None:
             continue
