@@ -1,6 +1,7 @@
 """A run's manifest: exactly what ran where. The inventory and job as loaded, each node's env
 (secrets masked) and command, the code's git commit, dirty state and diff, the hashes of the
-synced files and data, each node's software versions, and its setup hash; on Slurm the cluster
+synced files and data, each node's software versions and installed packages (the job
+interpreter's `pip freeze`, with its hash), and its setup hash; on Slurm the cluster
 as loaded, the batch script's env and command, the job id, and the nodes Slurm ran it on. Kept
 with the run's local record and in the master's run directory (on Slurm: the run directory on
 the shared filesystem); `fleet show` prints one, `fleet diff` compares two. Building, showing
@@ -46,12 +47,13 @@ def git_info(workdir: Path) -> dict[str, Any]:
             "untracked": untracked}
 
 
-def file_hashes(root: Path, exclude: tuple[str, ...],
-                cache: Path | None = None) -> dict[str, str]:
+def file_hashes(root: Path, exclude: tuple[str, ...], cache: Path | None = None,
+                ignore_files: bool = False) -> dict[str, str]:
     """sha256 of every file fleet syncs from root as it is now (transport.sync.scan's rules), each
     hashed once per content where `cache` keeps them (see received)."""
     memo = _load_cache(cache)
-    out = {rel: _hash(path, memo) for rel, path in sorted(scan(root, exclude).files.items())}
+    files = scan(root, exclude, ignore_files).files
+    out = {rel: _hash(path, memo) for rel, path in sorted(files.items())}
     _save_cache(cache, memo)
     return out
 
@@ -82,8 +84,19 @@ def build(plan: Plan, setup_hashes: dict[str, str], code: dict[str, Any],
             "node_rank": n.node_rank, "address": n.host.address, "nproc": n.nproc,
             "env": masked(n.env, secret), "argv": list(n.argv), "code_dir": n.code_dir,
             "versions": plan.versions.get(n.host.name, {}),
+            "packages": packages_entry(plan.packages.get(n.host.name)),
             "setup": setup_hashes.get(n.host.name)} for n in plan.nodes},
     }
+
+
+def packages_entry(packages: tuple[str, ...] | None) -> dict[str, Any] | None:
+    """A node's installed packages as the manifest keeps them: the list (name==version) and a
+    sha256 of it, so two runs' environments compare at a glance; None where not asked."""
+    if packages is None:
+        return None
+    text = "".join(f"{p}\n" for p in packages)
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "count": len(packages),
+            "list": list(packages)}
 
 
 def is_slurm(m: dict[str, Any]) -> bool:
@@ -176,7 +189,7 @@ def record(plan: Plan, setup_hashes: dict[str, str], record_dir: Path,
         data_files = (received(sources.data, data_dests, sources.sent, cache)
                       if sources.data is not None else None)
     else:
-        code_files = file_hashes(job.workdir, job.exclude)
+        code_files = file_hashes(job.workdir, job.exclude, ignore_files=True)
         data_files = file_hashes(job.data, ()) if job.data else None
     m = build(plan, setup_hashes, git_info(job.workdir), code_files, data_files)
     (record_dir / "manifest.json").write_text(dumps(m))

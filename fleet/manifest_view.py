@@ -3,6 +3,7 @@ pure functions of the manifests, whichever backend ran them."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -46,6 +47,9 @@ def _show_hosts(m: dict[str, Any]) -> list[str]:
                      f"process(es); {soft or 'versions unknown'}")
         if n.get("setup"):
             lines.append(f"  setup: {n['setup']}")
+        if n.get("packages"):
+            lines.append(f"  packages: {n['packages']['count']} installed (sha256 "
+                         f"{n['packages']['sha256'][:12]}; `fleet show --json` lists them)")
         lines += [f"  env {k}={val}" for k, val in n["env"].items()]
         lines.append(f"  command: {' '.join(n['argv'])}")
     return lines
@@ -141,22 +145,86 @@ def _slurm_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     xa = [_unrun(w, a["run_id"]) for w in sa["command"]]
     xb = [_unrun(w, b["run_id"]) for w in sb["command"]]
     if xa != xb:
-        out.append(f"command: {' '.join(xa)} -> {' '.join(xb)}")
+        out.append(f"command: {words_changed(xa, xb)}")
     na, nb = a["nodes"], b["nodes"]
     out += [f"node {name}: only in {a['run_id']}" for name in na if name not in nb]
     out += [f"node {name}: only in {b['run_id']}" for name in nb if name not in na]
+    per: dict[str, list[str]] = {}
     for name in [n for n in na if n in nb]:
         x, y = na[name], nb[name]
-        for key in ("node_rank", "nproc"):
-            if x.get(key) != y.get(key):
-                out.append(f"{name}: {key} {x.get(key)} -> {y.get(key)}")
-        out += _version_changes(name, x.get("versions") or {}, y.get("versions") or {})
+        per[name] = [f"{key} {x.get(key)} -> {y.get(key)}" for key in ("node_rank", "nproc")
+                     if x.get(key) != y.get(key)]
+        per[name] += _version_changes(x.get("versions") or {}, y.get("versions") or {})
+    return out + grouped(per, every=set(na) == set(nb))
+
+
+def _version_changes(x: dict[str, str], y: dict[str, str]) -> list[str]:
+    return [f"{k} {x.get(k) or '(none)'} -> {y.get(k) or '(none)'}"
+            for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+
+
+def _package_changes(x: dict[str, Any] | None, y: dict[str, Any] | None,
+                     shown: set[str]) -> list[str]:
+    """What differs between two nodes' package lists, by name (versions already compared,
+    `shown`, left out); nothing where either run did not record them."""
+    if not x or not y or x.get("sha256") == y.get("sha256"):
+        return []
+
+    def by_name(entry: dict[str, Any]) -> dict[str, tuple[str, str]]:
+        pairs = (p.partition("==") for p in entry.get("list") or [])
+        return {re.sub(r"[-_.]+", "-", name).lower(): (name, version)
+                for name, _, version in pairs}
+
+    px, py = by_name(x), by_name(y)
+    out = []
+    for key in sorted(set(px) | set(py)):
+        old, new = px.get(key), py.get(key)
+        if key in shown or (old and new and old[1] == new[1]):
+            continue
+        name = (new or old or ("", ""))[0]
+        out.append(f"package {name} {old[1] if old else '(none)'} -> "
+                   f"{new[1] if new else '(none)'}")
     return out
 
 
-def _version_changes(name: str, x: dict[str, str], y: dict[str, str]) -> list[str]:
-    return [f"{name}: {k} {x.get(k) or '(none)'} -> {y.get(k) or '(none)'}"
-            for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+def grouped(per: dict[str, list[str]], every: bool) -> list[str]:
+    """Per node its changes, each said once: with the nodes it holds for (`on every node (N):`
+    where it is all of them and `every`, both runs having the same nodes), in the order they
+    first appear; one node's own keep its name alone (`gpu-a: ...`)."""
+    where: dict[str, list[str]] = {}
+    for name, changes in per.items():
+        for change in changes:
+            where.setdefault(change, []).append(name)
+    out = []
+    for change, names in where.items():
+        if len(names) == 1:
+            out.append(f"{names[0]}: {change}")
+        elif every and len(names) == len(per):
+            out.append(f"on every node ({len(names)}): {change}")
+        else:
+            out.append(f"on {', '.join(names)}: {change}")
+    return out
+
+
+def words_changed(a: list[str], b: list[str]) -> str:
+    """Two commands' difference word by word, as `git diff --word-diff` writes it: `[-old-]`,
+    `{+new+}`, each change after the word before it (a path by its last part: the same change
+    on nodes whose homes or run directories differ reads the same), `…` for words left out."""
+    parts: list[str] = []
+    shown = 0  # the words of `a` said (or skipped) so far
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        before = max(i1 - 1, shown)
+        if before > shown:
+            parts.append("…")
+        parts += [w.rstrip("/").rpartition("/")[2] or w for w in a[before:i1]]
+        old = f"[-{' '.join(a[i1:i2])}-]" if i2 > i1 else ""
+        parts.append(old + (f"{{+{' '.join(b[j1:j2])}+}}" if j2 > j1 else ""))
+        shown = i2
+    if parts and shown < len(a):
+        parts.append("…")
+    return " ".join(parts)
 
 
 def _hosts_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -166,22 +234,25 @@ def _hosts_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         out.append(f"host {name}: only in {a['run_id']}")
     for name in [n for n in nb if n not in na]:
         out.append(f"host {name}: only in {b['run_id']} ({nb[name]['address']})")
+    per: dict[str, list[str]] = {}
     for name in [n for n in na if n in nb]:
         x, y = na[name], nb[name]
-        for key in ("address", "node_rank", "nproc", "setup"):
-            if x.get(key) != y.get(key):
-                out.append(f"{name}: {key} {x.get(key)} -> {y.get(key)}")
+        changes = [f"{key} {x.get(key)} -> {y.get(key)}"
+                   for key in ("address", "node_rank", "nproc", "setup")
+                   if x.get(key) != y.get(key)]
         ex = {k: _unrun(v, a["run_id"]) for k, v in x["env"].items()}
         ey = {k: _unrun(v, b["run_id"]) for k, v in y["env"].items()}
-        for k in sorted(set(ex) | set(ey)):
-            if ex.get(k) != ey.get(k):
-                out.append(f"{name}: env {k} {ex.get(k, '(unset)')} -> {ey.get(k, '(unset)')}")
-        out += _version_changes(name, x.get("versions") or {}, y.get("versions") or {})
+        changes += [f"env {k} {ex.get(k, '(unset)')} -> {ey.get(k, '(unset)')}"
+                    for k in sorted(set(ex) | set(ey)) if ex.get(k) != ey.get(k)]
+        vx, vy = x.get("versions") or {}, y.get("versions") or {}
+        changes += _version_changes(vx, vy)
+        changes += _package_changes(x.get("packages"), y.get("packages"), set(vx) | set(vy))
         ax = [_unrun(w, a["run_id"]) for w in x["argv"]]
         ay = [_unrun(w, b["run_id"]) for w in y["argv"]]
         if ax != ay:
-            out.append(f"{name}: command {' '.join(ax)} -> {' '.join(ay)}")
-    return out
+            changes.append(f"command: {words_changed(ax, ay)}")
+        per[name] = changes
+    return out + grouped(per, every=set(na) == set(nb))
 
 
 def _unrun(text: str, run_id: str) -> str:

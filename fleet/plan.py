@@ -67,6 +67,8 @@ class Plan:
     storage: tuple[tuple[str, ...], ...] = field(default=())
     # Per node the software its job's interpreter reported (python, torch, cuda, nccl...).
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Per node what that interpreter has installed (name==version, as the probe said it).
+    packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def master(self) -> NodePlan:

@@ -165,8 +165,8 @@ def test_diff_names_code_files_env_versions_and_hosts(tmp_path: Path) -> None:
     del b["nodes"]["c"]
     assert manifest_view.diff(a, b) == [
         "code: clean -> dirty (2 diff lines)", "file new.py: added", "file train.py: changed",
-        "host c: only in j-1", "a: setup abc -> def", "a: env LR 0.1 -> 0.2",
-        "a: torch 2.14.1 -> 2.15.0", "b: env LR 0.1 -> 0.2"]
+        "host c: only in j-1", "a: setup abc -> def", "on a, b: env LR 0.1 -> 0.2",
+        "a: torch 2.14.1 -> 2.15.0"]
     assert manifest_view.diff(a, a) == []
 
 
@@ -181,6 +181,5 @@ def test_diff_replaces_the_run_id_only_where_it_stands_alone(tmp_path: Path) -> 
     assert manifest_view.diff(a, b) == []
     b["nodes"]["a"]["argv"][-1] = "/h/fleet/code/j-2c1eb3c5/train.py"
     assert manifest_view.diff(a, b) == [
-        "a: command python3 /h/fleet/runs/RUN/a/x --rdzv-id RUN /h/fleet/code/j-1c1eb3c5/"
-        "train.py -> python3 /h/fleet/runs/RUN/a/x --rdzv-id RUN /h/fleet/code/j-2c1eb3c5/"
-        "train.py"]
+        "a: command: … RUN [-/h/fleet/code/j-1c1eb3c5/train.py-]{+/h/fleet/code/j-2c1eb3c5/"
+        "train.py+}"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ class Facts:
     shell: str = ""
     node_time: str = ""  # the node's clock, the script's last act (date +%s.%N)
     health: Health | None = None  # where asked (deep), and the node's python could say it
+    packages: tuple[str, ...] = ()  # name==version of what the python has installed (sorted)
 
     def versions(self) -> dict[str, str]:
         """What a run's manifest keeps of this node's software ("" where absent)."""
@@ -129,7 +131,20 @@ def parse_probe(out: str) -> Facts:
                  route_error=str(py.get("route_error", "")),
                  detail="\n".join(other[-3:]), held=tuple(parse_held(out)),
                  home=fields.get("home", ""), shell=fields.get("shell", ""),
-                 node_time=fields.get("now", ""), health=parse_health(py.get("check")))
+                 node_time=fields.get("now", ""), health=parse_health(py.get("check")),
+                 packages=parse_packages(py.get("packages")))
+
+
+PACKAGES_MAX = 20_000  # a node's list, kept in the run's manifest
+PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}==[!-~]{1,100}")  # printable, no space
+
+
+def parse_packages(said: object) -> tuple[str, ...]:
+    """python_facts.py's "packages": `name==version` texts; anything else a node says there is
+    dropped (it reaches the manifest and the terminal)."""
+    if not isinstance(said, list):
+        return ()
+    return tuple(p for p in said[:PACKAGES_MAX] if isinstance(p, str) and PACKAGE.fullmatch(p))
 
 
 def parse_health(said: object) -> Health | None:

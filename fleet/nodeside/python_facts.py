@@ -2,11 +2,12 @@
 run by probe.sh with the node's own interpreter, standard library only, Python 3.8+.
 
 Argv: MASTER [deep WORKDIR]. Prints one line, `py=` then a JSON object: the versions (without
-importing torch: seconds saved per node), every address of every interface (getifaddrs through
-ctypes: no `ip` needed, IPv6 included), and, given a MASTER, the source address the kernel would
-use towards it (a UDP connect sends nothing). With `deep` (`fleet check`), also "check": what
-importing torch says (its version, CUDA, GPUs), the driver and GPU processes, name resolution,
-the reverse lookup's time, and the free space under WORKDIR.
+importing torch: seconds saved per node), the installed packages (`pip freeze`'s name==version),
+every address of every interface (getifaddrs through ctypes: no `ip` needed, IPv6 included),
+and, given a MASTER, the source address the kernel would use towards it (a UDP connect sends
+nothing). With `deep` (`fleet check`), also "check": what importing torch says (its version,
+CUDA, GPUs), the driver and GPU processes, name resolution, the reverse lookup's time, and the
+free space under WORKDIR.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import distributions, version
 from typing import Any, Dict  # noqa: UP035 - Python 3.8
 
 Json = Dict[str, Any]  # noqa: UP006 - evaluated at run time, on Python 3.8 too
@@ -45,6 +46,21 @@ def versions(out: Json) -> None:
             if found:
                 out[key] = os.path.basename(found[0])[:-len(".dist-info")].split("-")[1]
                 break
+
+
+def packages(out: Json) -> None:
+    """What this interpreter has installed, as `pip freeze` names it: name==version of each
+    distribution on sys.path, the first of a name where several are (the one imported)."""
+    seen: Dict[str, str] = {}  # noqa: UP006 - Python 3.8
+    try:
+        for dist in distributions():
+            name = dist.metadata["Name"] or ""
+            key = name.lower().replace("_", "-").replace(".", "-")
+            if name and key not in seen:
+                seen[key] = f"{name}=={dist.version}"
+    except Exception as e:  # a broken distribution's metadata: the rest is still said
+        out["packages_error"] = f"{type(e).__name__}: {e}"
+    out["packages"] = [seen[k] for k in sorted(seen)]
 
 
 class SockAddr(ctypes.Structure):
@@ -149,6 +165,7 @@ def check(workdir: str, own: str) -> Json:
 def main(argv: list[str]) -> int:
     out: Json = {"python": sys.version.split()[0], "torch": "", "has_torch": False}
     versions(out)
+    packages(out)
     addresses(out)
     if argv and argv[0]:
         route(out, argv[0])

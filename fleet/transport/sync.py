@@ -18,6 +18,7 @@ from fleet.errors import WorkdirError
 from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
 from fleet.transport.base import Transport
+from fleet.transport.ignore import Ignores, ignores
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime in nanoseconds)
 NS = 10**9
@@ -54,21 +55,35 @@ class Scan:
     manifest: Manifest
     skipped: tuple[tuple[str, str], ...] = ()
     sparse: tuple[str, ...] = ()
+    ignored: tuple[tuple[str, str], ...] = ()  # (path, the file that leaves it out); dirs end in /
 
 
-def scan(root: Path, exclude: tuple[str, ...]) -> Scan:
+def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False) -> Scan:
     """The files of a directory fleet sends, by one rule per kind (README: "What is synced"):
-    regular files are sent; a link to a file or directory inside `root` is followed (its content
-    is sent under the link's name); a link pointing outside `root`, a dangling link, a link back
-    to a directory already walked (a loop), and special files (FIFOs, sockets, devices) are
-    skipped, each named in `skipped`; a sparse file is sent whole (named in `sparse`); a file
-    that cannot be read stops everything before any host is touched (WorkdirError)."""
+    with `ignore_files` (a workdir), what .gitignore and .fleetignore leave out is not sent,
+    named in `ignored` (transport.ignore); regular files are sent; a link to a file or
+    directory inside `root` is followed (its content is sent under the link's name); a link
+    pointing outside `root`, a dangling link, a link back to a directory already walked (a
+    loop), and special files (FIFOs, sockets, devices) are skipped, each named in `skipped`; a
+    sparse file is sent whole (named in `sparse`); a file that cannot be read stops everything
+    before any host is touched (WorkdirError)."""
     top = os.path.realpath(root)
     files: dict[str, Path] = {}
     meta: Manifest = {}
     skipped: list[tuple[str, str]] = []
     sparse: list[str] = []
     unreadable: list[str] = []
+    ignored: list[tuple[str, str]] = []
+    rules: Ignores | None = ignores(root) if ignore_files else None
+
+    def left_out(rel: str, is_dir: bool) -> bool:
+        """Ignored (and named so); a directory is walked all the same where .fleetignore may
+        send a file in it (its files are then judged, and named, one by one)."""
+        why = rules.why(rel, is_dir) if rules is not None else None
+        if why is None or (is_dir and rules is not None and rules.reincludes):
+            return False
+        ignored.append((rel + "/" if is_dir else rel, why))
+        return True
 
     def inside(real: str) -> bool:
         return real == top or real.startswith(top.rstrip("/") + "/")
@@ -109,7 +124,10 @@ def scan(root: Path, exclude: tuple[str, ...]) -> Scan:
                 if link and (real_dir == real or real_dir.startswith(real.rstrip("/") + "/")):
                     skipped.append((rel, "a link to a directory that holds it (a loop)"))
                     continue
-                walk(real, rel)
+                if not left_out(rel, True):
+                    walk(real, rel)
+            elif stat.S_ISREG(st.st_mode) and left_out(rel, False):
+                continue
             elif stat.S_ISREG(st.st_mode):
                 if not os.access(path, os.R_OK):
                     unreadable.append(f"{rel} (permission denied)")
@@ -127,7 +145,7 @@ def scan(root: Path, exclude: tuple[str, ...]) -> Scan:
                                              if len(unreadable) > 5 else "")
         raise WorkdirError(f"{root}: cannot read {shown}; make them readable, or leave them "
                            "out with `exclude = [...]` in the job (nothing was started)")
-    return Scan(root, files, meta, tuple(skipped), tuple(sparse))
+    return Scan(root, files, meta, tuple(skipped), tuple(sparse), tuple(ignored))
 
 
 def _kind(mode: int) -> str:
@@ -180,15 +198,18 @@ def same_time(a: int, b: int) -> bool:
 
 # ---- one bundle per node: every file of a launch in one tar, one listing before it -----------
 def listing_script(dirs: list[str], private: tuple[str, ...] = (),
-                   make: tuple[str, ...] = ()) -> str:
+                   make: tuple[str, ...] = (), then: tuple[str, ...] = ()) -> str:
     """One round trip: create the directories (`private` ones 0700), and list each of `dirs`,
-    each listing after a `#dir N` line (see parse_listing)."""
+    each listing after a `#dir N` line (see parse_listing); `then`, lines whose output follows
+    an `#end` line (transport.prune's record)."""
     lines = [sh("mkdir", "-p", "-m", "700", *private)] if private else []
     if make or dirs:
         lines.append(sh("mkdir", "-p", *make, *dirs))
     for i, d in enumerate(dirs):
         lines.append(f"echo '#dir {i}'")
         lines.append(f"( {manifest_script(d)} )")
+    if then:
+        lines += ["echo '#end'", *then]
     return "\n".join(lines) if lines else "true"
 
 
@@ -199,6 +220,8 @@ def parse_listing(out: str, count: int) -> list[Manifest]:
     for line in out.splitlines():
         if line.startswith("#dir ") and (n := number(line[5:], count)) is not None:
             at = n
+        elif line == "#end":
+            at = -1
         elif 0 <= at < count:
             parts[at].append(line)
     return [parse_manifest("\n".join(p)) for p in parts]
@@ -292,17 +315,20 @@ def code_entries(root: Path | Scan, dest: str, rels: list[str]) -> list[Entry]:
             for rel in rels]
 
 
-def send(t: Transport, entries: list[Entry], tag: str) -> dict[str, str]:
+def send(t: Transport, entries: list[Entry], tag: str,
+         after: tuple[str, ...] = ()) -> dict[str, str]:
     """The entries to the node in one verified bundle, unpacked in place: two round trips (the
-    file, then one command that checks it whole and unpacks it), whatever their number. The
-    sha256 of every local file's bytes as sent, by destination."""
+    file, then one command that checks it whole and unpacks it), whatever their number; once
+    unpacked, the sh scripts among them named in `after` run, and go. The sha256 of every
+    local file's bytes as sent, by destination."""
     root = bundle_root(entries)
     name = f"{root}/.fleet-bundle-{tag}.tar.gz"
     data, sent = bundle(entries, root)
     stale = "".join(f"; rm -f {pyc}" for pyc in stale_bytecode([e.dest for e in entries]))
+    run = "".join(f"; [ $s -ne 0 ] || sh {quote(p)}; rm -f {quote(p)}" for p in after)
     t.write(name, data, 0o600, what=f"unpack into {root}",
             then=f"tar -xzpf {quote(name)} --no-same-owner -C {quote(root)}; s=$?; "
-                 f"rm -f {quote(name)}{stale}; exit $s")
+                 f"rm -f {quote(name)}{stale}{run}; exit $s")
     return sent
 
 

@@ -4,6 +4,7 @@ with `probe`, as the nodes answer (read-only: nothing is created on them)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from fleet import preview
 from fleet.backends.hosts import prepare as launch
@@ -15,16 +16,61 @@ from fleet.config.job import Job
 from fleet.console import Console
 from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.shell import join
+from fleet.transport.ignore import counted
+from fleet.transport.sync import Scan
+from fleet.transport.transfer import human
+
+LARGEST = 3  # files named by size in the text; --json names LARGEST_JSON
+LARGEST_JSON = 20
+IGNORED_SHOWN = 3  # per ignore file in the text; --json names up to IGNORED_MAX
+IGNORED_MAX = 1000
 
 
-def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], preview.Preview]:
-    """The plan, each node's setup decision and the data's preview."""
+@dataclass(frozen=True)
+class Moves:
+    """What `up` would send: the workdir as scanned (what is synced, what is ignored and by
+    which file) and the preview of what moves where."""
+
+    code: Scan
+    preview: preview.Preview
+
+
+def largest(code: Scan, count: int) -> list[tuple[str, int]]:
+    """The largest files synced, (path, bytes), largest first (then by path)."""
+    return sorted(((rel, m[0]) for rel, m in code.manifest.items()),
+                  key=lambda f: (-f[1], f[0]))[:count]
+
+
+def code_lines(code: Scan) -> list[str]:
+    """What is synced from the workdir: how much, its largest files, and what .gitignore and
+    .fleetignore leave out (an ignored directory counts once, with a trailing /)."""
+    size = sum(m[0] for m in code.manifest.values())
+    top = ", ".join(f"{rel} {human(n)}" for rel, n in largest(code, LARGEST))
+    out = [f"code to sync: {len(code.manifest)} file(s), {human(size)} from {code.root}"
+           + (f" (largest: {top})" if top else "")]
+    for why, names in counted(code.ignored):
+        more = len(names) - IGNORED_SHOWN
+        out.append(f"  ignored by {why}: {len(names)} ({', '.join(names[:IGNORED_SHOWN])}"
+                   f"{f' and {more} more' if more > 0 else ''})")
+    return out
+
+
+def code_json(code: Scan) -> dict[str, object]:
+    return {"root": str(code.root), "files": len(code.manifest),
+            "bytes": sum(m[0] for m in code.manifest.values()),
+            "largest": [{"path": rel, "bytes": n} for rel, n in largest(code, LARGEST_JSON)],
+            "ignored": [{"path": rel, "by": why} for rel, why in code.ignored[:IGNORED_MAX]]}
+
+
+def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves]:
+    """The plan, each node's setup decision and what would be sent."""
     inv = load_inventory(job.inventory)
     console = Console(out=sys.stderr)
     sources = scan_sources(job, console)  # as `up` does, before any host is touched
     if not probe:
         p = make_plan(inv, job, new_run_id(job.name))
-        return p, fleet_setup.decide(p, None), preview.preview(p, sources.code, sources.data)
+        return p, fleet_setup.decide(p, None), Moves(
+            sources.code, preview.preview(p, sources.code, sources.data))
     console.hosts([h.name for h in inv.hosts])
     session = launch.connect(inv, console)
     try:
@@ -37,10 +83,10 @@ def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], preview.Pr
                                 tuple(n for n, f in session.facts.items() if not f.storage))
     finally:
         session.close()
-    return p, setups, moves
+    return p, setups, Moves(sources.code, moves)
 
 
-def lines(p: Plan, setups: dict[str, Decision], moves: preview.Preview) -> list[str]:
+def lines(p: Plan, setups: dict[str, Decision], moves: Moves) -> list[str]:
     job = p.job
     out = [f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
            f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}"]
@@ -64,10 +110,10 @@ def lines(p: Plan, setups: dict[str, Decision], moves: preview.Preview) -> list[
         out += [f"  env {k}={v}" for k, v in masked(n.env, job.secret_env).items()]
         out.append(f"  command:   {join(n.argv)}")
     out.append("")
-    return out + preview.lines(moves)
+    return out + code_lines(moves.code) + preview.lines(moves.preview)
 
 
-def as_json(p: Plan, moves: preview.Preview) -> dict[str, object]:
+def as_json(p: Plan, moves: Moves) -> dict[str, object]:
     return {"run_id": p.run_id, "job": p.job.name, "notes": list(p.notes),
             "storage": [list(g) for g in p.storage], "nodes": [
         {"host": n.host.name, "address": n.host.address, "transport": n.host.transport,
@@ -78,4 +124,4 @@ def as_json(p: Plan, moves: preview.Preview) -> dict[str, object]:
          "interface": n.net.interface, "interface_reason": n.net.reason,
          "run_dir": n.run_dir, "code_dir": n.code_dir,
          "env": masked(n.env, p.job.secret_env), "argv": list(n.argv)}
-        for n in p.nodes], "data": preview.as_json(moves)}
+        for n in p.nodes], "data": preview.as_json(moves.preview), "sync": code_json(moves.code)}

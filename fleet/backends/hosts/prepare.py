@@ -95,7 +95,8 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     has_gpus = gpu_plan(session, inventory, job, console)
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
                      storage=storage_groups(facts), has_gpus=has_gpus)
-    plan = dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()})
+    plan = dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()},
+                               packages={n: f.packages for n, f in facts.items()})
     for node in plan.nodes:
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
@@ -131,7 +132,8 @@ def check_job_python(session: Session, plan: Plan, console: Console,
     if problems:
         raise HostError("checking the job's python", problems)
     _versions_agree(facts, plan.master.host.name, console, allow_mismatch)
-    return dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()})
+    return dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()},
+                               packages={n: f.packages for n, f in facts.items()})
 
 
 def gpu_plan(session: Session, inventory: Inventory, job: Job,

@@ -12,12 +12,13 @@ from fleet.backends.hosts.ports import Listeners
 from fleet.backends.hosts.prepare import Session, preflight
 from fleet.config.job import Job
 from fleet.console import Console
+from fleet.errors import ConfigError
 from fleet.nodeside.ferry import part_name
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.render import render_node
 from fleet.run import faults
 from fleet.shell import sh
-from fleet.transport import transfer
+from fleet.transport import ignore, prune, transfer
 from fleet.transport.group import all_ok, each
 from fleet.transport.sync import (
     Entry,
@@ -46,8 +47,14 @@ class Sources:
 
 def scan_sources(job: Job, console: Console) -> Sources:
     """The job's workdir and data as fleet sends them; what is skipped, and why, said once."""
-    code = scan(job.workdir, job.exclude)
+    code = scan(job.workdir, job.exclude, ignore_files=True)
     data = scan(job.data, ()) if job.data else None
+    if code.ignored:
+        console.info(f"not sent: {ignore.summary(code.ignored)} (`fleet plan` names them)")
+    for rel, why in ignore.needed(code.ignored, (job.script or "", *job.setup_inputs)):
+        raise ConfigError(job.path, "script" if rel == job.script else "setup_inputs",
+                          f"{rel} is left out of the sync by {job.workdir / why}; send it with "
+                          f"a line `!{rel}` in {job.workdir / ignore.FLEETIGNORE}")
     for s in (code, data):
         if s is None:
             continue
@@ -75,6 +82,7 @@ class _Listed:
     rels: list[list[str]]
     t0: float
     streamed: dict[int, transfer.Moved] | None = None  # per directory, once streamed
+    stale: list[str] = dataclasses.field(default_factory=list)  # see transport.prune
 
     @property
     def changed_bytes(self) -> int:
@@ -137,7 +145,8 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
             dirs.append((data, node.data_dir, data.manifest, "data"))
         private = (node.run_dir, f"{node.run_dir}/{SITE}") if run_files else ()
         t0 = time.monotonic()
-        r = t.run(listing_script([d[1] for d in dirs], private, (node.code_dir,)),
+        r = t.run(listing_script([d[1] for d in dirs], private, (node.code_dir,),
+                                 tuple(prune.listing_lines(node.code_dir)) if syncs else ()),
                   what=f"create {node.run_dir}")
         r.check(node.host.name)
         faults.point("upload-listed")
@@ -145,7 +154,8 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         dirs = [(src, dest, there, label) for (src, dest, _, label), there
                 in zip(dirs, theres, strict=True)]
         rels = [changed(src.manifest, there) for src, _, there, _ in dirs]
-        return _Listed(node, run_files, dirs, rels, t0)
+        stale = prune.stale(prune.parse_was(r.out), code.manifest, theres[0]) if syncs else []
+        return _Listed(node, run_files, dirs, rels, t0, stale=stale)
 
     lists = all_ok("prepare", each(((n.host.name, (n, s, r)) for n, s, r in todo), listed))
     big = [ls for ls in lists.values() if transfer.streams(ls.changed_bytes, ls.resumes)]
@@ -159,13 +169,16 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         if ls.streamed is None:
             for (src, dest, _, _), rels in zip(ls.dirs, ls.rels, strict=True):
                 entries += code_entries(src, dest, rels)
+        after: tuple[str, ...] = ()
         if ls.dirs:
             entries.append(Entry(f"{node.code_dir}/{SYNCED}", 0o644, data=plan.run_id.encode()))
+            pruning, after = prune.entries(node.code_dir, code.manifest, ls.stale, ls.dirs[0][2])
+            entries += pruning
         if ls.run_files:
             entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
                         for name, (text, mode) in render_node(plan, node).files.items()]
         if entries:
-            got = send_bundle(t, entries, plan.run_id)
+            got = send_bundle(t, entries, plan.run_id, after)
             with lock:
                 sources.sent.setdefault(node.host.name, {}).update(got)
         took = time.monotonic() - ls.t0
@@ -184,6 +197,9 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
             if touched:
                 console.phase(node.host.name, f"{label}: {touched} file(s) with a new time "
                               "but the same content: only their times were set")
+        if ls.stale:
+            console.phase(node.host.name, f"code: removed {len(ls.stale)} file(s) an earlier "
+                          "sync left that are no longer synced (deleted or ignored here)")
 
     all_ok("prepare", each(lists.items(), finish))
 

@@ -107,8 +107,8 @@ class SlurmRun(Run):
     def schedule(self, options: Options) -> None:
         t, rec, job, console = self.t, self.rec, self.job, self.console
         s = self.script
-        stats = sync_dir(t, t.host.python, scan(job.workdir, job.exclude), s.code_dir,
-                         rec.run_id, console)
+        code = scan(job.workdir, job.exclude, ignore_files=True)
+        stats = sync_dir(t, t.host.python, code, s.code_dir, rec.run_id, console)
         console.phase("login", f"code: {stats.files} file(s) sent, {stats.unchanged} unchanged "
                                f"({s.code_dir})")
         if job.data is not None and s.data_dir is not None:
