@@ -146,8 +146,10 @@ class HostsRun(Run):
         faults.point(Phase.WORKER_START.value)
         pids.update(started)
         if wait_port:
-            remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port,
-                             plan.job.start_timeout, self.key(m.host.name))
+            with console.waiting(f"waiting for the rendezvous {m.master_addr}:{m.master_port} "
+                                 f"to open on {m.host.name}"):
+                remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port,
+                                 plan.job.start_timeout, self.key(m.host.name))
             console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
         return pids
 

@@ -100,6 +100,13 @@ def upload(session: Session, plan: Plan, console: Console,
     sources = sources or scan_sources(plan.job, console)
     leader = {name: group[0] for group in plan.storage for name in group}
     nodes = {n.host.name: n for n in plan.nodes}
+    what = "code and data" if sources.data is not None else "code"
+    with console.waiting(f"sending the {what} to {len(nodes)} node(s)"):
+        return _upload(session, plan, console, sources, leader, nodes)
+
+
+def _upload(session: Session, plan: Plan, console: Console, sources: Sources,
+            leader: dict[str, str], nodes: dict[str, NodePlan]) -> Sources:
     _sync(session, plan, console, sources,
           [(n, leader[name] == name, True) for name, n in nodes.items()])
 
