@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.run import attempts
 from fleet.run.guard import Guard
@@ -105,7 +105,7 @@ def conclude(ended: Ended, console: Console, run_id: str = "", summary: str = ""
         raise JobFailed(f"run {run_id} hung: {ended.hang}; {run.halted_words()} (logs: "
                         f"`fleet logs {run_id}`){tail}")
     if final.status is RunStatus.SUCCEEDED:
-        console.info(f"run {run_id} succeeded {final.words}{tail}")
+        console.info(f"run {run_id} succeeded {final.words}{tail}", Meaning.OK)
         return run_id
     if final.status is RunStatus.STOPPED:
         raise RunStopped(f"run {run_id} was stopped{final.words}{tail}")

@@ -26,7 +26,7 @@ from fleet.backends.hosts.stop import stop_nodes
 from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
 from fleet.config.inventory import Inventory, load_inventory
 from fleet.config.job import Job, Launcher
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
 from fleet.plan import NodePlan, Plan, new_run_id
@@ -228,10 +228,14 @@ class HostsRun(Run):
         self.session.close()
 
 
+MEANINGS = {NodeStatus.SUCCEEDED: Meaning.OK, NodeStatus.FAILED: Meaning.FAIL,
+            NodeStatus.UNREACHABLE: Meaning.FAIL, NodeStatus.STOPPED: Meaning.WARN}
+
+
 def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
            console: Console) -> RunStatus:
     for o in outcomes:
-        console.phase(o.name, o.describe())
+        console.phase(o.name, o.describe(), MEANINGS.get(o.status, Meaning.PLAIN))
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
     found = each(((o.name, o) for o in failed), lambda o: failure.explain(
         session.transports[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
