@@ -10,7 +10,7 @@ import re
 import pytest
 from rich.cells import cell_len
 
-from fleet.backends.hosts.events import joined, joining_words
+from fleet.backends.hosts.events import Joining, joined, joining_words
 from fleet.backends.slurm.watch import Announcer
 from fleet.console import Console
 from fleet.facts import slurm as sj
@@ -57,6 +57,22 @@ def test_joining_words_say_the_count_then_what_is_waited_for() -> None:
     assert joining_words(4, 6, "workers") == "workers joining: 4/6"
     assert joining_words(6, 6, "workers") == ("workers joined: 6/6; waiting for the job's "
                                               "first line")
+
+
+def test_the_joining_spinner_counts_then_ends_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    console, err = live(80, monkeypatch)
+    joining = Joining(console, {"node1": 2, "node2": 2})
+    assert err.getvalue().endswith("workers joining: 0/4")
+    joining.show({"node1": 2})
+    assert joining.full("node1") and not joining.full("node2")
+    assert err.getvalue().endswith("workers joining: 2/4")
+    joining.show({"node2": 2})
+    assert err.getvalue().endswith("workers joined: 4/4; waiting for the job's first line")
+    joining.end()
+    assert err.getvalue().endswith("\r\x1b[K") and not console._waits
+    joining.end()  # the first line, the run's end and the count's own end may each end it
+    joining.show({"node1": 2})  # a count that comes late draws nothing
+    assert err.getvalue().endswith("\r\x1b[K")
 
 
 # ---- the spinner's line ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ guard schedule, monitor and report; with `[restart]`, the policy decides on each
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -59,8 +60,11 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
                      f"({book.last_why()})")
         try:
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and not book.stop_requested():
-                time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
+            with console.waiting(f"restart: attempt {nxt} in {math.ceil(wait)}s") as w:
+                while time.monotonic() < deadline and not book.stop_requested():
+                    left = math.ceil(max(deadline - time.monotonic(), 0))
+                    w.update(f"restart: attempt {nxt} in {left}s")
+                    time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
             raise Interrupted(e.signame, f"during the wait before attempt {nxt}: "
                                          f"{book.left()}") from None

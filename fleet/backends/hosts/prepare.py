@@ -206,10 +206,9 @@ def preflight(session: Session, plan: Plan, console: Console,
               listeners: Listeners | None = None) -> None:
     """The network part of `fleet check`: the master's port is free and reachable both ways."""
     m = plan.master
-    with console.waiting(f"preflight: rendezvous port {m.master_port} on {m.host.name}"):
-        checks = port_checks(session.transports, m.host, m.master_addr, m.master_port,
-                             {n.host.name: n.net.address or n.host.address for n in plan.nodes},
-                             listeners)
+    checks = port_checks(session.transports, m.host, m.master_addr, m.master_port,
+                         {n.host.name: n.net.address or n.host.address for n in plan.nodes},
+                         listeners)
     bad = {c.host: f"{c.detail}; fix: {c.fix}" for c in checks if c.status is Status.FAIL}
     if bad:
         raise HostError("preflight (skip with --skip-checks)", bad)

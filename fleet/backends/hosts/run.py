@@ -174,8 +174,9 @@ class HostsRun(Run):
         nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
         if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
-        problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
-                              self.lost, self.plan.job.watchdog.unreachable_after)
+        with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"):
+            problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
+                                  self.lost, self.plan.job.watchdog.unreachable_after)
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 

@@ -46,8 +46,9 @@ class Sources:
 
 def scan_sources(job: Job, console: Console) -> Sources:
     """The job's workdir and data as fleet sends them; what is skipped, and why, said once."""
-    code = scan(job.workdir, job.exclude)
-    data = scan(job.data, ()) if job.data else None
+    with console.waiting("reading the files to send"):
+        code = scan(job.workdir, job.exclude)
+        data = scan(job.data, ()) if job.data else None
     for s in (code, data):
         if s is None:
             continue
@@ -237,20 +238,24 @@ def upload_checked(session: Session, plan: Plan, console: Console, checks: bool,
             listeners.stop_all()  # a check that failed half-way leaves no listener behind
 
     th = threading.Thread(target=check, daemon=True)
-    th.start()
-    try:
-        sent = upload(session, plan, console, sources)
-    except BaseException:
-        # Nothing may outlive a failed launch on a node: no new test listener starts, a
-        # round trip under way may finish, and every listener started ends now instead of
-        # waiting 20 s for connections that will never come.
-        listeners.cancelled.set()
+    m = plan.master
+    # Its spinner is this thread's (the upload's drawn over it while it runs): a wait is ended
+    # by the thread that began it, and the check's thread may be left behind on a failure.
+    with console.waiting(f"preflight: rendezvous port {m.master_port} on {m.host.name}"):
+        th.start()
         try:
-            th.join(CHECKS_GIVE_UP_S)
-        finally:
-            listeners.stop_all()
-        raise
-    th.join()
+            sent = upload(session, plan, console, sources)
+        except BaseException:
+            # Nothing may outlive a failed launch on a node: no new test listener starts, a
+            # round trip under way may finish, and every listener started ends now instead
+            # of waiting 20 s for connections that will never come.
+            listeners.cancelled.set()
+            try:
+                th.join(CHECKS_GIVE_UP_S)
+            finally:
+                listeners.stop_all()
+            raise
+        th.join()
     if problem:
         raise problem[0]
     return sent
