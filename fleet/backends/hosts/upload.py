@@ -238,24 +238,25 @@ def upload_checked(session: Session, plan: Plan, console: Console, checks: bool,
             listeners.stop_all()  # a check that failed half-way leaves no listener behind
 
     th = threading.Thread(target=check, daemon=True)
-    m = plan.master
-    # Its spinner is this thread's (the upload's drawn over it while it runs): a wait is ended
-    # by the thread that began it, and the check's thread may be left behind on a failure.
-    with console.waiting(f"preflight: rendezvous port {m.master_port} on {m.host.name}"):
-        th.start()
+    th.start()
+    try:
+        sent = upload(session, plan, console, sources)
+    except BaseException:
+        # Nothing may outlive a failed launch on a node: no new test listener starts, a
+        # round trip under way may finish, and every listener started ends now instead of
+        # waiting 20 s for connections that will never come.
+        listeners.cancelled.set()
         try:
-            sent = upload(session, plan, console, sources)
-        except BaseException:
-            # Nothing may outlive a failed launch on a node: no new test listener starts, a
-            # round trip under way may finish, and every listener started ends now instead
-            # of waiting 20 s for connections that will never come.
-            listeners.cancelled.set()
-            try:
-                th.join(CHECKS_GIVE_UP_S)
-            finally:
-                listeners.stop_all()
-            raise
-        th.join()
+            th.join(CHECKS_GIVE_UP_S)
+        finally:
+            listeners.stop_all()
+        raise
+    # Checks that outlast the upload: their spinner is this thread's, so that it surely ends
+    # (the checks' own thread may be left behind).
+    if th.is_alive():
+        m = plan.master
+        with console.waiting(f"preflight: rendezvous port {m.master_port} on {m.host.name}"):
+            th.join()
     if problem:
         raise problem[0]
     return sent
