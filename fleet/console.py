@@ -281,7 +281,7 @@ class Console:
 class Waiting:
     """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined)."""
 
-    def __init__(self, console: Console, text: str) -> None:
+    def __init__(self, console: Console, text: str = "") -> None:
         self.console, self.text = console, text
 
     def update(self, text: str) -> None:
