@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from enum import Enum
 from typing import TextIO
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console as RichConsole
 from rich.spinner import Spinner
 from rich.table import Table
@@ -101,7 +102,10 @@ class Console:
         self._lock = threading.RLock()
         self._width = 0
         self.drawn = False  # a redrawn line (a progress bar) is on the terminal, unended
-        self._status: str | None = None  # the wait under way, redrawn after every line
+        # The waits under way (threads may each have one: the preflight's beside the upload's):
+        # the newest is drawn, redrawn after every line; the one before it again once it ends.
+        self._waits: list[Waiting] = []
+        self._bar: str | None = None  # a progress bar's line: drawn in place of the spinner
         self._spinner = Spinner("dots")
         self._ticker: threading.Thread | None = None
 
@@ -144,21 +148,26 @@ class Console:
         """One line drawn over the last one (a progress bar), on a terminal; the next line
         printed takes its place."""
         with self._lock, contextlib.suppress(OSError, ValueError):
-            self.err.write("\r\033[K" + self._fit(printable(text)))
+            self._bar = self._fit(printable(text))
+            self.err.write("\r\033[K" + self._bar)
             self.err.flush()
             self.drawn = True
 
     def settle(self) -> None:
         """The redrawn line, if any, erased (its work is over)."""
         with self._lock:
+            self._bar = None
             self._clear()
+            self._draw_status()
             with contextlib.suppress(OSError, ValueError):
                 self.err.flush()
 
-    def _fit(self, text: str) -> str:
-        """A redrawn line cut to the terminal's width: one that wraps cannot be redrawn."""
-        width = self.columns - 1
-        return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
+    def _fit(self, text: str, room: int = 0) -> str:
+        """A redrawn line cut to the terminal's width less `room` (a spinner's mark), in
+        cells (a wide character takes two), its last column left free: a line that wraps
+        cannot be redrawn."""
+        width = max(self.columns - 1 - room, 2)
+        return text if cell_len(text) <= width else set_cell_size(text, width - 1) + "…"
 
     def _clear(self) -> None:
         if self.drawn:
@@ -171,12 +180,12 @@ class Console:
         """A wait a person sees: on a terminal a spinner with `text` (which `Waiting.update`
         changes), erased when the wait ends; without one, nothing (the lines said before and
         after are the record)."""
-        wait = Waiting(self)
+        wait = Waiting(self, text)
         if not self.live:
             yield wait
             return
         with self._lock:
-            self._status = text
+            self._waits.append(wait)
             self._draw_status()
             if self._ticker is None or not self._ticker.is_alive():
                 self._ticker = threading.Thread(target=self._tick, daemon=True,
@@ -186,15 +195,15 @@ class Console:
             yield wait
         finally:
             with self._lock:
-                self._status = None
+                self._waits.remove(wait)
                 self._clear()
+                self._draw_status()  # the wait this one was nested in, if any
                 with contextlib.suppress(OSError, ValueError):
                     self.err.flush()
 
-    def _set_status(self, text: str) -> None:
+    def _set_status(self, wait: Waiting) -> None:
         with self._lock:
-            if self._status is not None:
-                self._status = text
+            if self._waits and self._waits[-1] is wait:
                 self._draw_status()
 
     def _tick(self) -> None:
@@ -202,20 +211,26 @@ class Console:
         while True:
             time.sleep(0.1)
             with self._lock:
-                if self._status is None:
+                if not self._waits:
                     self._ticker = None
                     return
                 self._draw_status()
 
     def _draw_status(self) -> None:
-        if self._status is None:
+        """The newest wait's spinner and words, or the progress bar while one is shown."""
+        if not self._waits:
             return
-        frame = self._spinner.render(time.monotonic())
-        mark = frame.plain if isinstance(frame, Text) else "*"
-        if self.err_color:
-            mark = _render(Text(mark, style="cyan"), 10, True)
+        if self._bar is not None:
+            line = self._bar
+        else:
+            frame = self._spinner.render(time.monotonic())
+            mark = frame.plain if isinstance(frame, Text) else "*"
+            words = self._fit(printable(self._waits[-1].text), cell_len(mark) + 1)
+            if self.err_color:
+                mark = _render(Text(mark, style="cyan"), 10, True)
+            line = mark + " " + words
         with contextlib.suppress(OSError, ValueError):
-            self.err.write("\r\033[K" + mark + " " + self._fit(printable(self._status)))
+            self.err.write("\r\033[K" + line)
             self.err.flush()
         self.drawn = True
 
@@ -270,8 +285,9 @@ class Console:
 class Waiting:
     """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined)."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+    def __init__(self, console: Console, text: str = "") -> None:
+        self.console, self.text = console, text
 
     def update(self, text: str) -> None:
-        self.console._set_status(text)
+        self.text = text
+        self.console._set_status(self)

@@ -1159,7 +1159,8 @@ def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -
             return True
     err, clock = Tty(), Clock()
     states = bar_states({"node1": 0}, 64 << 20)
-    bar = progress.Bar(Console(out=io.StringIO(), err=err), 64 << 20, states, ["node1"], clock)
+    bar = progress.Bar(Console(out=io.StringIO(), err=err, live=True), 64 << 20, states,
+                       ["node1"], clock)
     for _ in range(8):
         clock.now += 0.5
         states["node1"].at += 4 << 20
@@ -1265,7 +1266,7 @@ def test_a_line_printed_while_the_bar_is_drawn_takes_its_place() -> None:
         def isatty(self) -> bool:
             return True
     err, clock = Tty(), Clock()
-    console = Console(out=io.StringIO(), err=err)
+    console = Console(out=io.StringIO(), err=err, live=True)
     states = bar_states({"node1": 0}, 64 << 20)
     bar = progress.Bar(console, 64 << 20, states, ["node1"], clock)
     clock.now += 1

@@ -96,7 +96,8 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
     limit = run.job.watchdog.hang_timeout
     console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
                  f"{limit:g}s); taking every rank's stack")
-    lines, problems = run.stacks(True, skip)
+    with console.waiting("taking every rank's stack"):
+        lines, problems = run.stacks(True, skip)
     for line in lines + problems:
         console.info(f"  {line}")
     saved = hang.save(run.record_dir, f"hang of run {run.run_id}: no output for "

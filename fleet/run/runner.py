@@ -4,12 +4,13 @@ guard schedule, monitor and report; with `[restart]`, the policy decides on each
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.run import attempts
 from fleet.run.guard import Guard
@@ -59,8 +60,11 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
                      f"({book.last_why()})")
         try:
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and not book.stop_requested():
-                time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
+            with console.waiting(f"restart: attempt {nxt} in {math.ceil(wait)}s") as w:
+                while time.monotonic() < deadline and not book.stop_requested():
+                    left = math.ceil(max(deadline - time.monotonic(), 0))
+                    w.update(f"restart: attempt {nxt} in {left}s")
+                    time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
             raise Interrupted(e.signame, f"during the wait before attempt {nxt}: "
                                          f"{book.left()}") from None
@@ -105,7 +109,7 @@ def conclude(ended: Ended, console: Console, run_id: str = "", summary: str = ""
         raise JobFailed(f"run {run_id} hung: {ended.hang}; {run.halted_words()} (logs: "
                         f"`fleet logs {run_id}`){tail}")
     if final.status is RunStatus.SUCCEEDED:
-        console.info(f"run {run_id} succeeded {final.words}{tail}")
+        console.info(f"run {run_id} succeeded {final.words}{tail}", Meaning.OK)
         return run_id
     if final.status is RunStatus.STOPPED:
         raise RunStopped(f"run {run_id} was stopped{final.words}{tail}")

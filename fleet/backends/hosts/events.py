@@ -24,7 +24,7 @@ from fleet.run.faults import Phase
 from fleet.run.logs import AfterStop, Tagger, progress
 from fleet.run.states import NodeOutcome, NodeStatus
 from fleet.transport import Received, Transport
-from fleet.transport.group import reason
+from fleet.transport.group import each, reason
 from fleet.transport.link import Link
 
 R = TypeVar("R")
@@ -60,6 +60,8 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
     outcomes: dict[str, NodeOutcome] = {}
     drained: set[str] = set()  # nodes whose log was read to its end (or can no more be)
     ends: set[str] = set()  # nodes whose end watcher has said what it knows
+    joining = Joining(console, {n.host.name: n.nproc for n in plan.nodes}) \
+        if ranked and console.live else None
 
     def follow(node: NodePlan) -> None:
         name = node.host.name
@@ -76,6 +78,8 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
             if run.progressed_at is None and any(
                     (tg.tag != name or not ranked) and progress(tg.text) for tg in tagged):
                 run.progressed_at = time.time()
+                if joining is not None:
+                    joining.end()  # the job's own first line says the rest
 
         try:
             events.put(("drained", name, on_link(link, finished, lambda t: remote.follow(
@@ -102,8 +106,21 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
         run.links[name].keep(finished, lambda: name in outcomes,
                              lambda why: events.put(("lost", name, why)))
 
+    def count() -> None:
+        """Until every worker has joined or the job says something: how many have."""
+        assert joining is not None
+        while not finished.wait(JOIN_POLL_S):
+            if run.progressed_at is not None or run.stopping or outcomes:
+                break
+            found = each(((n.host.name, n) for n in plan.nodes if not joining.full(n.host.name)),
+                         lambda n: len(run_state.ranks(run.links[n.host.name].t, n.run_dir)))
+            joining.show({name: r for name, r in found.items() if isinstance(r, int)})
+        joining.end()
+
     threads = [threading.Thread(target=fn, args=(n,), daemon=True)
                for n in plan.nodes for fn in (follow, watch, keep)]
+    if joining is not None:
+        threads.append(threading.Thread(target=count, daemon=True, name="fleet-joining"))
     try:
         for th in threads:
             th.start()
@@ -153,6 +170,55 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                 yield NodeEnded(outcome)
     finally:
         finished.set()
+        if joining is not None:
+            joining.end()
+
+
+JOIN_POLL_S = 1.0  # how often the nodes are asked how many of their workers have started
+
+
+def joined(found: dict[str, int], nprocs: dict[str, int | str]) -> tuple[int, int, str]:
+    """How many of the run's workers have joined, of how many, from how many ranks each node's
+    workers recorded (fleet's sitecustomize, as each worker starts: torchrun starts them only
+    once the rendezvous is complete). Where a node's process count is decided there ("auto"),
+    what can be counted is the nodes whose workers have started."""
+    counts = [n for n in nprocs.values() if isinstance(n, int)]
+    if len(counts) == len(nprocs):
+        return (sum(min(max(found.get(name, 0), 0), n) for name, n in nprocs.items()
+                    if isinstance(n, int)), sum(counts), "workers")
+    return sum(1 for name in nprocs if found.get(name, 0) > 0), len(nprocs), "nodes"
+
+
+def joining_words(count: int, total: int, unit: str) -> str:
+    if count < total:
+        return f"{unit} joining: {count}/{total}"
+    return f"{unit} joined: {count}/{total}; waiting for the job's first line"
+
+
+class Joining:
+    """The wait between the start and the job's first line, on a terminal: how many workers
+    have joined; ended (from any thread, once) by that line, a node's end, or the run's."""
+
+    def __init__(self, console: Console, nprocs: dict[str, int | str]) -> None:
+        self.nprocs = nprocs
+        self.found: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.stack = contextlib.ExitStack()
+        self.wait = self.stack.enter_context(console.waiting(joining_words(*joined({}, nprocs))))
+
+    def full(self, name: str) -> bool:
+        """Whether every worker of this node has joined (it need not be asked again)."""
+        nproc, got = self.nprocs[name], self.found.get(name, 0)
+        return got >= nproc if isinstance(nproc, int) else got > 0
+
+    def show(self, found: dict[str, int]) -> None:
+        with self.lock:
+            self.found.update(found)
+            self.wait.update(joining_words(*joined(self.found, self.nprocs)))
+
+    def end(self) -> None:
+        with self.lock:
+            self.stack.close()
 
 
 def on_link(link: Link, stop: threading.Event, fn: Callable[[Transport], R]) -> R:

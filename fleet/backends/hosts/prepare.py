@@ -4,6 +4,7 @@ fleet.backends.hosts.upload); nothing of the job runs anywhere yet."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 from fleet.backends.checks import Status
@@ -49,14 +50,21 @@ class Session:
 
 def connect(inventory: Inventory, console: Console) -> Session:
     """Connect to every host in parallel; if any fails, close the rest and name each failure."""
+    total = len(inventory.hosts)
+    done: list[str] = []
+    lock = threading.Lock()
 
     def one(host: Host) -> Transport:
         t0 = time.monotonic()
         t = open_transport(host, hello=False)  # the probe, next, learns what a hello would
         console.phase(host.name, f"connected ({host.transport}, {time.monotonic() - t0:.2f}s)")
+        with lock:
+            done.append(host.name)
+            wait.update(f"connecting {len(done)}/{total}")
         return t
 
-    results = each(((h.name, h) for h in inventory.hosts), one)
+    with console.waiting(f"connecting 0/{total}") as wait:
+        results = each(((h.name, h) for h in inventory.hosts), one)
     bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
     if bad:
         for r in results.values():
@@ -75,8 +83,9 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     hosts = {h.name: h for h in inventory.hosts}
     guess = master_address(inventory, None)
     hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
-    facts: dict[str, Facts] = all_ok("probe", each(
-        session.transports.items(), lambda t: probe(t, hint, create=create, held=held)))
+    with console.waiting(f"probing {len(session.transports)} host(s)"):
+        facts: dict[str, Facts] = all_ok("probe", each(
+            session.transports.items(), lambda t: probe(t, hint, create=create, held=held)))
     session.facts = facts
     own = job.python is not None  # the job's interpreter exists after its setup: checked then
     problems = {name: p for name in facts if (p := python_problem(
@@ -84,13 +93,15 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     if problems:
         raise HostError("checking python", problems)
     master_ip = master_address(inventory, facts[inventory.hosts[0].name])
-    if master_ip != hint:  # the route could only be asked once the master's IP was known
-        facts = all_ok("finding the route to the master", each(
-            session.transports.items(), lambda t: probe(t, master_ip, create=False)))
-    if not own:
-        _versions_agree(facts, inventory.hosts[0].name, console, allow_mismatch)
-    nets = all_ok("finding the route to the master", each(
-        ((n, n) for n in session.transports), lambda n: net_for(hosts[n], facts[n], master_ip)))
+    with console.waiting(f"finding the route to the master ({master_ip})"):
+        if master_ip != hint:  # the route could only be asked once the master's IP was known
+            facts = all_ok("finding the route to the master", each(
+                session.transports.items(), lambda t: probe(t, master_ip, create=False)))
+        if not own:
+            _versions_agree(facts, inventory.hosts[0].name, console, allow_mismatch)
+        nets = all_ok("finding the route to the master", each(
+            ((n, n) for n in session.transports),
+            lambda n: net_for(hosts[n], facts[n], master_ip)))
     homes = {n: t.home for n, t in session.transports.items()}
     has_gpus = gpu_plan(session, inventory, job, console)
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
@@ -120,9 +131,11 @@ def check_job_python(session: Session, plan: Plan, console: Console,
                      allow_mismatch: bool = False) -> Plan:
     """After setup, the job's own interpreter on every node: there, with torch (and accelerate
     where the launcher needs it), the same versions everywhere. The plan with its versions."""
-    facts: dict[str, Facts] = all_ok("checking the job's python", each(
-        ((n.host.name, n) for n in plan.nodes),
-        lambda n: probe(session.transports[n.host.name], None, create=False, python=n.python)))
+    with console.waiting("checking the job's python"):
+        facts: dict[str, Facts] = all_ok("checking the job's python", each(
+            ((n.host.name, n) for n in plan.nodes),
+            lambda n: probe(session.transports[n.host.name], None, create=False,
+                            python=n.python)))
     problems = {}
     for n in plan.nodes:
         why = python_problem(dataclasses.replace(n.host, python=n.python), facts[n.host.name],
@@ -144,7 +157,9 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
     asked."""
     if job.launcher != Launcher.ACCELERATE and not any(h.gpus for h in inventory.hosts):
         return None
-    facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.transports.items(), gpu_facts))
+    with console.waiting("listing GPUs"):
+        facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.transports.items(),
+                                                                 gpu_facts))
     problems = {}
     for h in inventory.hosts:
         f = facts[h.name]

@@ -26,7 +26,7 @@ from fleet.backends.hosts.stop import stop_nodes
 from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
 from fleet.config.inventory import Inventory, load_inventory
 from fleet.config.job import Job, Launcher
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
 from fleet.plan import NodePlan, Plan, new_run_id
@@ -146,8 +146,10 @@ class HostsRun(Run):
         faults.point(Phase.WORKER_START.value)
         pids.update(started)
         if wait_port:
-            remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port,
-                             plan.job.start_timeout, self.key(m.host.name))
+            with console.waiting(f"waiting for the rendezvous {m.master_addr}:{m.master_port} "
+                                 f"to open on {m.host.name}"):
+                remote.wait_port(tm, m.run_dir, m.master_addr, m.master_port,
+                                 plan.job.start_timeout, self.key(m.host.name))
             console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
         return pids
 
@@ -172,8 +174,9 @@ class HostsRun(Run):
         nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
         if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
-        problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
-                              self.lost, self.plan.job.watchdog.unreachable_after)
+        with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"):
+            problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
+                                  self.lost, self.plan.job.watchdog.unreachable_after)
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 
@@ -226,10 +229,14 @@ class HostsRun(Run):
         self.session.close()
 
 
+MEANINGS = {NodeStatus.SUCCEEDED: Meaning.OK, NodeStatus.FAILED: Meaning.FAIL,
+            NodeStatus.UNREACHABLE: Meaning.FAIL, NodeStatus.STOPPED: Meaning.WARN}
+
+
 def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
            console: Console) -> RunStatus:
     for o in outcomes:
-        console.phase(o.name, o.describe())
+        console.phase(o.name, o.describe(), MEANINGS.get(o.status, Meaning.PLAIN))
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
     found = each(((o.name, o) for o in failed), lambda o: failure.explain(
         session.transports[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,

@@ -156,10 +156,16 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
             raise SetupFailed(f"setup exited {code}; its output ends:\n    {shown}")
         t.run(sh("printf", "%s\n", wanted) + " > " + quote(f"{node.code_dir}/{MARKER}"),
               what="record the setup").check(name)
+        with lock:
+            done.append(name)
+            wait.update(f"setup: {len(done)}/{len(todo)} node(s) done")
         return SetupResult(True, time.monotonic() - t0)
 
     interrupted = threading.Event()
-    results = each(((n, n) for n in todo), one, cancel=interrupted.set)
+    lock = threading.Lock()
+    done: list[str] = []
+    with console.waiting(f"setup: running on {len(todo)} node(s)") as wait:
+        results = each(((n, n) for n in todo), one, cancel=interrupted.set)
     bad = failures(results)
     if bad:
         raise SetupError("setup", bad)

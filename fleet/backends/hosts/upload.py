@@ -47,8 +47,9 @@ class Sources:
 
 def scan_sources(job: Job, console: Console) -> Sources:
     """The job's workdir and data as fleet sends them; what is skipped, and why, said once."""
-    code = scan(job.workdir, job.exclude, ignore_files=True)
-    data = scan(job.data, ()) if job.data else None
+    with console.waiting("reading the files to send"):
+        code = scan(job.workdir, job.exclude, ignore_files=True)
+        data = scan(job.data, ()) if job.data else None
     if code.ignored:
         console.info(f"not sent: {ignore.summary(code.ignored)} (`fleet plan` names them)")
     for rel, why in ignore.needed(code.ignored, (job.script or "", *job.setup_inputs)):
@@ -108,6 +109,13 @@ def upload(session: Session, plan: Plan, console: Console,
     sources = sources or scan_sources(plan.job, console)
     leader = {name: group[0] for group in plan.storage for name in group}
     nodes = {n.host.name: n for n in plan.nodes}
+    what = "code and data" if sources.data is not None else "code"
+    with console.waiting(f"sending the {what} to {len(nodes)} node(s)"):
+        return _upload(session, plan, console, sources, leader, nodes)
+
+
+def _upload(session: Session, plan: Plan, console: Console, sources: Sources,
+            leader: dict[str, str], nodes: dict[str, NodePlan]) -> Sources:
     _sync(session, plan, console, sources,
           [(n, leader[name] == name, True) for name, n in nodes.items()])
 
@@ -259,7 +267,12 @@ def upload_checked(session: Session, plan: Plan, console: Console, checks: bool,
         finally:
             listeners.stop_all()
         raise
-    th.join()
+    # Checks that outlast the upload: their spinner is this thread's, so that it surely ends
+    # (the checks' own thread may be left behind).
+    if th.is_alive():
+        m = plan.master
+        with console.waiting(f"preflight: rendezvous port {m.master_port} on {m.host.name}"):
+            th.join()
     if problem:
         raise problem[0]
     return sent

@@ -10,7 +10,7 @@ from collections.abc import Callable, Generator
 
 from fleet.backends.base import Quiet
 from fleet.backends.slurm.jobs import SlurmRecord, job_info, node_infos
-from fleet.console import Console
+from fleet.console import Console, Waiting
 from fleet.errors import (
     FleetError,
 )
@@ -96,20 +96,34 @@ class TaggedSink:
 
 class Announcer:
     """Says where a job stands while it is not over (PENDING and Slurm's reason, RUNNING and
-    its nodes): at the first look, then only when it changes, never once per poll. The job's
-    end is for the report to say."""
+    its nodes): at the first look, then only when it changes, never once per poll; on a
+    terminal, a spinner while it waits in the queue. The job's end is for the report to say."""
 
     def __init__(self, console: Console, job_id: str) -> None:
         self.console, self.job_id = console, job_id
         self.said = ""
+        self.queued = contextlib.ExitStack()  # the spinner of its wait in the queue, if shown
+        self.wait: Waiting | None = None
 
     def __call__(self, info: sj.JobInfo | None) -> None:
+        if info is None or info.status is not RunStatus.STARTING:
+            self.close()
         if info is None or info.status.is_terminal:
             return
         words = sj.state_words(info)
         if words != self.said:
             self.console.phase("slurm", f"job {self.job_id} is {words}")
             self.said = words
+        if info.status is RunStatus.STARTING:
+            text = f"job {self.job_id} is {words}"
+            if self.wait is None:
+                self.wait = self.queued.enter_context(self.console.waiting(text))
+            self.wait.update(text)
+
+    def close(self) -> None:
+        """The queue's spinner ended (the job left the queue, or fleet stops watching)."""
+        self.queued.close()
+        self.wait = None
 
 
 class Watch:
@@ -163,6 +177,8 @@ class Watch:
                 time.sleep(POLL_S)
             self._add_nodes()  # the nodes whose log appeared while the job ended
         finally:
+            if isinstance(self.announce, Announcer):
+                self.announce.close()
             for f in self.followers.values():  # every stream stopped first: none runs on
                 f.halt()
             for name, f in self.followers.items():
@@ -197,13 +213,17 @@ def wait_started(t: Transport, rec: SlurmRecord, nodes: int,
     Returns Slurm's last word and how many nodes had started."""
     assert rec.job_id is not None
     deadline = time.monotonic() + timeout
-    while True:
-        info = job_info(t, rec.job_id)
-        announce(info)
-        running = info is not None and info.status is RunStatus.RUNNING
-        started = len(node_infos(t, rec.run_dir)) if running else 0
-        if info is None or info.status.is_terminal or started >= nodes or \
-                time.monotonic() > deadline:
-            return info, started
-        time.sleep(0.5)
+    try:
+        while True:
+            info = job_info(t, rec.job_id)
+            announce(info)
+            running = info is not None and info.status is RunStatus.RUNNING
+            started = len(node_infos(t, rec.run_dir)) if running else 0
+            if info is None or info.status.is_terminal or started >= nodes or \
+                    time.monotonic() > deadline:
+                return info, started
+            time.sleep(0.5)
+    finally:
+        if isinstance(announce, Announcer):
+            announce.close()
 

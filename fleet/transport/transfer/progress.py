@@ -13,13 +13,13 @@ PROGRESS_LINE_S = 10.0  # without a terminal, a progress line this often
 
 class Bar:
     """Progress: bytes in place on the nodes against what they place, the rate and the time
-    left; on a terminal one line redrawn, else a line now and then."""
+    left; where a person watches (`Console.live`) one line redrawn, else a line now and then."""
 
     def __init__(self, console: Console, total: int, states: dict[str, NodeState],
                  order: list[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.console, self.total, self.states, self.order = console, total, states, order
         self.clock = clock
-        self.tty = _isatty(console.err)
+        self.tty = console.live
         self.t0 = clock()
         self.shown = self.t0
 
@@ -51,9 +51,3 @@ class Bar:
     def end(self) -> None:
         self.console.settle()
 
-
-def _isatty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):
-        return False
