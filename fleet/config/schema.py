@@ -111,7 +111,8 @@ class Table:
 
     def missing(self, name: str, message: str = "required key is missing") -> ConfigError:
         """The error for a required key that is not there: where a key not read yet looks like
-        a misspelling of it (`scirpt`), that key is the mistake, named with its likely fix."""
+        a misspelling of it (`scirpt`), that key is the mistake, named with its likely fix (no
+        known key of fleet's files is that close to a required one)."""
         unread = [k for k in self.data if k not in self._seen]
         close = difflib.get_close_matches(name, unread, n=1)
         if close:
