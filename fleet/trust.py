@@ -13,6 +13,9 @@ import paramiko
 
 from fleet.config import hostkeys
 from fleet.config.inventory import Host, Inventory
+from fleet.config.job import load_job
+from fleet.config.schema import load_toml
+from fleet.errors import ConfigError, UsageError
 from fleet.transport import ssh_connection
 from fleet.transport.group import each
 
@@ -34,6 +37,21 @@ class KeyStatus:
     key: paramiko.PKey | None = None
     detail: str = ""
     record_to: str = ""  # the known_hosts file fleet reads for this host, to record it in
+
+
+def inventory_for(path: Path, inventory: Path | None = None) -> Path:
+    """The inventory whose hosts `fleet trust` asks: `path` itself where it is one (it has
+    `hosts` or a `[slurm]` table), else that of the job file `path` (or `inventory`, as -i
+    overrides a job's own everywhere)."""
+    data = load_toml(path, "job or inventory")
+    if "hosts" in data or "slurm" in data:
+        if inventory is not None:
+            raise UsageError(f"{path} is an inventory: give -i only with a job file")
+        return path
+    if not {"script", "module", "command", "inventory"} & set(data):
+        raise ConfigError(path, None, "neither a job file (it would have `script`, `module` or "
+                                      "`command`) nor an inventory (`[[hosts]]` or `[slurm]`)")
+    return load_job(path, inventory).inventory
 
 
 def survey_host(host: Host) -> KeyStatus:

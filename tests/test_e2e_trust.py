@@ -76,7 +76,7 @@ def test_trust_a_slurm_clusters_login_node(cli: CLI, tb2: Testbed, tmp_path: Pat
                        f'known_hosts = "{known}"\nnodes = 2\n')
     up = cli("up", str(JOBS / "allreduce.toml"), "-i", str(cluster))
     assert up.returncode == 3 and "unknown host key" in up.stderr, up.stdout + up.stderr
-    assert "fleet trust INVENTORY --accept" in up.stderr
+    assert f"fleet trust {cluster} --accept" in up.stderr  # the file the user gave
     shown = cli("trust", str(cluster))
     assert shown.returncode == 1, shown.stdout + shown.stderr
     assert re.search(r"^login\s+NEW\s+ssh-ed25519 SHA256:\S+", shown.stdout, re.M), shown.stdout

@@ -1,30 +1,121 @@
-"""The typer application and what every command shares: its argument types and `echo`."""
+"""The typer application and what every command shares: its argument types (run ids completed
+in the shell), `--version`, help as a person reads it, and `echo`."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
+from fleet.config import hostkeys
 from fleet.console import printable
+from fleet.run import record
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+PROG = "fleet"
+
+
+class FleetGroup(TyperGroup):
+    """fleet's command group: named `fleet` however it was started (`python -m fleet` too: the
+    shell's completion asks `_FLEET_COMPLETE`), its help tidied once before it is read."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("prog_name", PROG)
+        tidy(self)
+        return super().main(*args, **kwargs)
+
+
+def tidy(command: Any) -> None:
+    """Help as written, for every command and parameter: a flag shows no `<bool>` value (it
+    takes none), text is never read as rich markup (`[restart]` stays), and a paragraph's line
+    breaks are the source's, not the terminal's (rich wraps it to the width)."""
+    if getattr(command, "_fleet_tidy", False):
+        return
+    command._fleet_tidy = True
+    command.help = _prose(command.help)
+    ctx = typer.Context(command)
+    for param in [*command.params, command.get_help_option(ctx)]:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+        if isinstance(param, TyperOption | TyperArgument) and param.help:
+            param.help = _prose(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        tidy(sub)
+
+
+def _prose(text: str | None) -> str | None:
+    if not text:
+        return text
+    paragraphs = text.strip().split("\n\n")
+    return escape("\n\n".join(" ".join(p.split()) for p in paragraphs))
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    try:
+        version = importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown: not installed as a package)"
+    print(f"{PROG} {version}")
+    raise typer.Exit()
+
+
+def complete_run(incomplete: str) -> list[tuple[str, str]]:
+    """The shell's completion of a run id: the recorded runs (newest first) whose id starts with
+    what is typed (a shell completes the start of a word), each with its job and start time."""
+    runs, _ = record.all_runs()
+    return [(r.run_id, f"{Path(r.job).name}, {_when(r.started)}") for r in reversed(runs)
+            if not r.parent and r.run_id.startswith(incomplete)]
+
+
+def _when(started: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+
+
+def job_given(value: Path | None) -> Path | None:
+    """A command's job (or inventory) file: what the advice for an unknown host key names."""
+    if value is not None:
+        hostkeys.given("job", str(value))
+    return value
+
+
+def inventory_given(value: Path | None) -> Path | None:
+    """An inventory file named beside a job (-i) or instead of one: the advice names it."""
+    if value is not None:
+        hostkeys.given("inventory", str(value))
+    return value
+
+
+app = typer.Typer(cls=FleetGroup, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a PyTorch distributed job across the hosts of an inventory.")
 
-JobArg = Annotated[Path, typer.Argument(help="Job file (TOML), e.g. jobs/mnist.toml.")]
-InvOpt = Annotated[Path | None, typer.Option("--inventory", "-i",
+JobArg = Annotated[Path, typer.Argument(metavar="JOB", callback=job_given,
+                                        help="Job file (TOML), e.g. jobs/mnist.toml.")]
+InvOpt = Annotated[Path | None, typer.Option("--inventory", "-i", metavar="INVENTORY",
+                                             callback=inventory_given,
                                              help="Inventory file; overrides the job's own.")]
 ExtraArgs = Annotated[list[str] | None, typer.Argument(
-    help="Extra arguments for the script, after --: fleet up JOB -- --resume")]
-RunArg = Annotated[str | None, typer.Argument(help="Run id (default: the latest run).")]
+    metavar="[-- ARGS...]",
+    help="Arguments for the script, after --: added after the job's args (fleet up JOB -- "
+         "--resume), or in the place of the word \"{args}\" where the job's args hold it.")]
+RUN_HELP = "Run id, or a unique start of it or of its tag (49b0)"
+RunArg = Annotated[str | None, typer.Argument(
+    metavar="RUN", autocompletion=complete_run, help=f"{RUN_HELP}; default: the latest run.")]
 
 
 @app.callback()
 def _options(debug: Annotated[bool, typer.Option(
         "--debug", help="Show the Python traceback of an error (for reporting a bug).")
-        ] = False) -> None:
+        ] = False,
+        version: Annotated[bool, typer.Option(
+            "--version", "-V", callback=_version, is_eager=True,
+            help="Show fleet's version and exit.")] = False) -> None:
     """Run a PyTorch distributed job across the hosts of an inventory."""
 
 

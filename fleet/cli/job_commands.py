@@ -20,7 +20,7 @@ from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import planview
 from fleet.backends.slurm import cluster as slurm
 from fleet.backends.slurm import script as slurm_script
-from fleet.cli.app import ExtraArgs, InvOpt, JobArg, app, echo
+from fleet.cli.app import ExtraArgs, InvOpt, JobArg, app, echo, job_given
 from fleet.config import hostkeys
 from fleet.config.job import load_job, with_extra_args
 from fleet.console import Console
@@ -48,7 +48,9 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
        force_setup: Annotated[bool, typer.Option(
            "--setup", help="Run the job's setup again on every node, changed or not.")] = False,
        ) -> None:
-    """Start the job on every host (master first) and stream all logs, tagged by host and rank."""
+    """Start the job on every host and stream its logs.
+
+    The master starts first; every log line is tagged by host and rank."""
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
@@ -68,8 +70,10 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                              "and paths, and what `up` would send to which node, by which "
                              "route.")] = False,
          ) -> None:
-    """Dry run: each node's rank, env and command, and the data to sync; without --probe nothing
-    is connected to."""
+    """Show what `up` would run, without running it.
+
+    Each node's rank, env and command, and the data to sync; without --probe nothing is
+    connected to."""
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
@@ -103,8 +107,10 @@ def export_slurm(
             "--debug", help="With the distributed debugging env of `fleet up --debug`.")
         ] = False,
         ) -> None:
-    """A standalone sbatch script for the job (fleet not needed to run it): one torchrun per
-    node with the node rank from Slurm, fail-fast srun, the same NIC choice as fleet."""
+    """Write a standalone sbatch script for the job.
+
+    fleet is not needed to run it: one torchrun per node with the node rank from Slurm,
+    fail-fast srun, the same NIC choice as fleet."""
     job = load_job(job_path, inventory)
     if debug_env:
         job = dataclasses.replace(job, debug=True)
@@ -132,8 +138,10 @@ def check(job_path: JobArg, inventory: InvOpt = None,
               "--verbose", "-v", help="Every check in its own row, host by host (by default the "
                                       "passing ones are folded into one line per host).")
           ] = False) -> None:
-    """Check every host before running: SSH, versions, GPUs, ports, names, clocks, disk (on a
-    Slurm cluster: the login node, Slurm's clients, and whether Slurm would take the job)."""
+    """Check every host before running.
+
+    SSH, versions, GPUs, ports, names, clocks, disk (on a Slurm cluster: the login node,
+    Slurm's clients, and whether Slurm would take the job)."""
     job = load_job(job_path, inventory)
     backend = backends.for_inventory(job.inventory)
     console = Console()
@@ -151,7 +159,12 @@ def check(job_path: JobArg, inventory: InvOpt = None,
 
 
 @app.command()
-def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (TOML).")],
+def trust(path: Annotated[Path, typer.Argument(
+              metavar="JOB_OR_INVENTORY", callback=job_given,
+              help="Job file, as every command takes (its inventory's hosts), or an inventory "
+                   "file: a job has `script` (or `module`, `command`), an inventory `[[hosts]]` "
+                   "or `[slurm]`.")],
+          inventory: InvOpt = None,
           accept: Annotated[bool, typer.Option(
               "--accept", help="Record the NEW keys shown (a CHANGED key never is).")] = False,
           to: Annotated[str, typer.Option(
@@ -160,9 +173,10 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
                            "UserKnownHostsFile, else ~/.ssh/known_hosts) or inventory (pin "
                            "`host_key` per host).")
           ] = "known_hosts") -> None:
-    """Show each host's key fingerprint, and with --accept record the new ones."""
+    """Show each host's key fingerprint; --accept records the new ones."""
     if to not in ("known_hosts", "inventory"):
         raise UsageError("--to must be known_hosts or inventory")
+    inventory_path = fleet_trust.inventory_for(path, inventory)
     backend = backends.for_inventory(inventory_path)
     inv = backend.trust_inventory(inventory_path)
     if inv is None:
@@ -179,8 +193,8 @@ def trust(inventory_path: Annotated[Path, typer.Argument(help="Inventory file (T
             n = backend.pin_keys(statuses, inventory_path)
             echo(f"pinned {n} key(s) in {inventory_path}")
         else:
-            for path, n in fleet_trust.record_known_hosts(statuses).items():
-                echo(f"recorded {n} key(s) in {path}")
+            for where, n in fleet_trust.record_known_hosts(statuses).items():
+                echo(f"recorded {n} key(s) in {where}")
         new = []
     bad = [s for s in statuses if s.state in (KeyState.CHANGED, KeyState.UNREACHABLE)]
     if bad or new:

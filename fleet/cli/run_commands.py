@@ -12,7 +12,7 @@ import typer
 
 from fleet import backends, manifest_view
 from fleet import manifest as fleet_manifest
-from fleet.cli.app import RunArg, app, echo
+from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console
 from fleet.errors import FleetError, UsageError
@@ -29,7 +29,9 @@ ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.va
 
 @app.command()
 def stop(run_id: RunArg = None) -> None:
-    """Stop a run on every host: SIGTERM, then SIGKILL after a grace period."""
+    """Stop a run on every host.
+
+    SIGTERM, then SIGKILL after a grace period."""
     run = state.load(run_id)
     attempts.request_stop(run)  # with [restart]: no attempt after this one
     every = attempts.records(run)
@@ -42,8 +44,11 @@ def stop(run_id: RunArg = None) -> None:
 
 
 @app.command()
-def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
-    """Remove a finished run: its directory on every node and its local record."""
+def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=complete_run,
+                                             help=f"{RUN_HELP}.")]) -> None:
+    """Remove a finished run, from the nodes and from here.
+
+    Its directory on every node and its local record."""
     console = Console()
     rec = state.load(run_id)
     every = attempts.records(rec)
@@ -56,8 +61,10 @@ def rm(run_id: Annotated[str, typer.Argument(help="Run id.")]) -> None:
 
 @app.command()
 def status(run_id: RunArg = None) -> None:
-    """Each node's state for a run; exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node
-    could not be asked), 4 stopped."""
+    """Show each node's state for a run.
+
+    Exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node could not be asked), 4
+    stopped."""
     rec = state.load(run_id)
     found = attempts.load(rec)
     every = attempts.records(rec)
@@ -74,9 +81,10 @@ def status(run_id: RunArg = None) -> None:
 def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run, "
                                                "not only the last 10.")] = False,
        hosts: Annotated[Path | None, typer.Option(
-           "--hosts", help="Instead: the runs alive on the hosts of this inventory, whoever "
-                           "started them.")] = None) -> None:
-    """Recorded runs, newest last, each with its state across its nodes."""
+           "--hosts", callback=inventory_given,
+           help="Instead: the runs alive on the hosts of this inventory, whoever "
+                "started them.")] = None) -> None:
+    """List the recorded runs, newest last, each with its state."""
     if hosts is not None:
         _ps_hosts(hosts)
         return
@@ -136,7 +144,9 @@ def logs(run_id: RunArg = None,
              "--attempt", help="With [restart]: only this attempt (default: every one, in "
                                "order).")] = None,
          ) -> None:
-    """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
+    """Print a run's logs from the nodes.
+
+    From the start; -f follows a live run to its end."""
     console = Console()
     every = attempts.records(state.load(run_id))
     if attempt is not None and not 1 <= attempt <= len(every):
@@ -154,9 +164,11 @@ def logs(run_id: RunArg = None,
 def show(run_id: RunArg = None,
          as_json: Annotated[bool, typer.Option("--json", help="The manifest as JSON.")] = False,
          ) -> None:
-    """What exactly ran: job and inventory, each node's env, command and versions, the code's
-    commit and diff, the synced files' hashes, setup (on Slurm: the job id, the script's env
-    and command, the nodes)."""
+    """Show exactly what a run ran.
+
+    Job and inventory, each node's env, command and versions, the code's commit and diff, the
+    synced files' hashes, setup (on Slurm: the job id, the script's env and command, the
+    nodes)."""
     rec = state.load(run_id)
     m = _manifest(attempts.records(rec)[-1])
     tried = attempts.as_json(rec)
@@ -174,9 +186,15 @@ def show(run_id: RunArg = None,
 
 
 @app.command("diff")
-def diff_runs(run_a: Annotated[str, typer.Argument(help="The earlier run.")],
-              run_b: Annotated[str, typer.Argument(help="The later run.")]) -> None:
-    """What changed between two runs: code, files, hosts, env, commands, versions, setup."""
+def diff_runs(run_a: Annotated[str, typer.Argument(
+                  metavar="RUN_A", autocompletion=complete_run,
+                  help=f"The earlier run: {RUN_HELP[0].lower()}{RUN_HELP[1:]}.")],
+              run_b: Annotated[str, typer.Argument(
+                  metavar="RUN_B", autocompletion=complete_run, help="The later run.")]
+              ) -> None:
+    """Show what changed between two runs.
+
+    Code, files, hosts, env, commands, versions, setup."""
     a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
     changes = manifest_view.diff(a, b)
     for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
@@ -189,8 +207,10 @@ def _manifest(rec: state.RunRecord) -> dict[str, Any]:
 
 @app.command()
 def dump(run_id: RunArg = None) -> None:
-    """Every rank's Python stack on every node of a running run, grouped (the rank that is
-    different named first); the run goes on. Kept in the run's record too."""
+    """Print every rank's Python stack in a running run.
+
+    On every node, grouped (the rank that is different named first); the run goes on. Kept in
+    the run's record too."""
     rec = state.load(run_id)
     lines, problems = backends.for_record(rec).dump(rec)
     for line in lines + problems:

@@ -39,6 +39,8 @@ class RendezvousBackend(StrEnum):
 
 PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "first_rank",
                 "master_addr", "master_port", "run_id", "code_dir", "data_dir", "host", "python")
+# A word of `args` that stands for the command line's arguments: `fleet up JOB -- A B`.
+ARGS_WORD = "{args}"
 NPROC_WORDS = ("gpu", "cpu", "auto")
 MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 # How the legacy launcher passes the local rank: torch >= 2.0 says --local-rank; scripts written
@@ -72,6 +74,9 @@ class Job:
     workdir: Path
     script: str | None  # a file in the workdir, or None with `module` or launcher = "command"
     args: tuple[str, ...] = ()
+    # Where the command line's arguments (after `--`) go in args: the place of the job's
+    # `{args}` word; None: after them all.
+    args_at: int | None = None
     module: str | None = None  # run as `python -m module` (installed, or in the workdir)
     launcher: Launcher = Launcher.TORCHRUN
     command: tuple[str, ...] = ()  # launcher = "command": the argv, with {placeholders}
@@ -125,7 +130,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     inv_text = root.take("inventory", str, None)
     if inventory is None:
         if inv_text is None:
-            raise root.error("inventory", "required key is missing (or pass -i INVENTORY)")
+            raise root.missing("inventory", "required key is missing (or pass -i INVENTORY)")
         inventory = here / inv_text
     workdir = here / root.take("workdir", str, ".")
     if not workdir.is_dir():
@@ -148,7 +153,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         if not MODULE.match(module):
             raise root.error("module", f"{module!r} is not a python module name (pkg.mod)")
     elif script is None and launcher != Launcher.COMMAND:
-        raise root.error("script", "required key is missing (or give module)")
+        raise root.missing("script", "required key is missing (or give module)")
     if script is not None:
         script_path = (workdir / script).resolve()
         if not script_path.is_file():
@@ -156,7 +161,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         if not script_path.is_relative_to(workdir.resolve()):
             raise root.error("script", f"{script!r} must lie inside the workdir {workdir}")
         script = script_path.relative_to(workdir.resolve()).as_posix()
-    args = tuple(root.take_str_list("args", []))
+    args, args_at = _args(root)
     launcher_args = tuple(root.take_str_list("launcher_args", []))
     if launcher_args and launcher == Launcher.COMMAND:
         raise root.error("launcher_args", 'not used with launcher = "command" (it has no '
@@ -168,8 +173,6 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     if root.has("local_rank_flag") and launcher != Launcher.LEGACY:
         raise root.error("local_rank_flag", 'only used with launcher = "legacy" (torchrun '
                                             "passes LOCAL_RANK in the environment)")
-    for i, word in enumerate(args):
-        _check_placeholders(root, f"args[{i}]", word)
     nproc = _nproc(root)
     if launcher in (Launcher.ACCELERATE, Launcher.COMMAND) and not isinstance(nproc, int):
         raise root.error("nproc_per_node", f"must be a number with launcher = "
@@ -216,7 +219,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         raise root.error("start_timeout", "must be positive")
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
-               script=script, args=args, launcher=launcher, command=command,
+               script=script, args=args, args_at=args_at, launcher=launcher, command=command,
                nproc_per_node=nproc, env=env, rendezvous=rdzv, templates=templates,
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
@@ -225,9 +228,28 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
-    """The job with command-line arguments appended, taken literally (no placeholders)."""
+    """The job with the command line's arguments (`fleet up JOB -- ...`) in the place of its
+    `{args}` word, else after its args; taken literally (no placeholders)."""
     literal = tuple(a.replace("{", "{{").replace("}", "}}") for a in extra)
-    return dataclasses.replace(job, args=job.args + literal)
+    at = len(job.args) if job.args_at is None else job.args_at
+    return dataclasses.replace(job, args=job.args[:at] + literal + job.args[at:],
+                               args_at=None if job.args_at is None else at + len(literal))
+
+
+def _args(root: Table) -> tuple[tuple[str, ...], int | None]:
+    """`args`, and where the `{args}` word stood in them (taken out: the command line's
+    arguments go there, or nothing)."""
+    args: list[str] = []
+    at: int | None = None
+    for i, word in enumerate(root.take_str_list("args", [])):
+        if word != ARGS_WORD:
+            _check_placeholders(root, f"args[{i}]", word)
+            args.append(word)
+        elif at is not None:
+            raise root.error(f"args[{i}]", f"{ARGS_WORD} may stand once in args")
+        else:
+            at = len(args)
+    return tuple(args), at
 
 
 def _check_placeholders(root: Table, key: str, word: str) -> None:
@@ -237,6 +259,9 @@ def _check_placeholders(root: Table, key: str, word: str) -> None:
     except ValueError as e:
         raise root.error(key, f"bad placeholder in {word!r}: {e} (write {{{{ for a brace)") from e
     for f in fields:
+        if f == "args":
+            raise root.error(key, f"{ARGS_WORD} stands for the words after `--` on the command "
+                                  f"line: it is a word of its own in args, not part of {word!r}")
         if f not in PLACEHOLDERS:
             raise root.error(key, f"unknown placeholder {{{f}}} in {word!r} (known: "
                                   f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -51,7 +52,7 @@ class Table:
         self._seen.add(name)
         if name not in self.data:
             if default is _MISSING:
-                raise self.error(name, "required key is missing")
+                raise self.missing(name)
             return default  # type: ignore[no-any-return]
         value = self.data[name]
         if type(value) is not kind and not (kind is float and type(value) is int):
@@ -66,7 +67,7 @@ class Table:
         value = self.data.get(name, _MISSING)
         if value is _MISSING:
             if default is None:
-                raise self.error(name, "required key is missing")
+                raise self.missing(name)
             return list(default)
         if not isinstance(value, list) or not all(type(v) is str for v in value):
             raise self.error(name, f"must be a list of strings, not {_describe(value)}")
@@ -103,14 +104,29 @@ class Table:
         self._seen.add(name)
         value = self.data.get(name, _MISSING)
         if value is _MISSING:
-            raise self.error(name, f"required: at least one [[{self.key(name)}]] table")
+            raise self.missing(name, f"required: at least one [[{self.key(name)}]] table")
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise self.error(name, f"must be an array of tables ([[{self.key(name)}]])")
         return [Table(self.path, v, f"{self.key(name)}[{i}].") for i, v in enumerate(value)]
 
+    def missing(self, name: str, message: str = "required key is missing") -> ConfigError:
+        """The error for a required key that is not there: where a key not read yet looks like
+        a misspelling of it (`scirpt`), that key is the mistake, named with its likely fix (no
+        known key of fleet's files is that close to a required one)."""
+        unread = [k for k in self.data if k not in self._seen]
+        close = difflib.get_close_matches(name, unread, n=1)
+        if close:
+            return self.error(close[0], f"unknown key; did you mean {name}?")
+        return self.error(name, message)
+
     def done(self) -> None:
+        """Every key of the table has been read: any other is a mistake, said with the known
+        key it most looks like, else with the keys known here."""
         unknown = sorted(set(self.data) - self._seen)
         if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(self._seen), n=1)
+            if close:
+                raise self.error(unknown[0], f"unknown key; did you mean {close[0]}?")
             known = ", ".join(sorted(self._seen))
             raise self.error(unknown[0], f"unknown key (known keys here: {known})")
 

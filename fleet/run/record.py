@@ -165,7 +165,8 @@ def parse_record(text: str) -> RunRecord:
 
 
 def load(run_id: str | None = None) -> RunRecord:
-    """A recorded run by id, or the latest one."""
+    """A recorded run by id (or by a unique start of its id or of its tag, see `matches`), or
+    the latest one."""
     root = state_dir()
     if run_id is None:
         runs, _ = all_runs()
@@ -174,13 +175,37 @@ def load(run_id: str | None = None) -> RunRecord:
             raise RunNotFound(f"no runs recorded under {root} (run `fleet up JOB` first)")
         return runs[-1]
     path = root / run_id / "run.json"
-    if "/" in run_id or not path.is_file():
+    if "/" in run_id or not run_id:
         raise RunNotFound(f"no run {run_id!r} under {root} (see `fleet ps`)")
+    if not path.is_file():
+        return _by_prefix(run_id, root)
     try:
         return parse_record(path.read_text())
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DamagedRecord(f"{path}: the record of run {run_id} is damaged ({e}); remove that "
                             "directory if the run is no more") from e
+
+
+def matches(run_id: str, typed: str) -> bool:
+    """Whether what a person typed names this run: the start of its id (`mnist-2025`) or of
+    its tag, the id's last word (`49b0` of mnist-20250101-120000-49b0)."""
+    return run_id.startswith(typed) or run_id.rpartition("-")[2].startswith(typed)
+
+
+SHOWN = 10  # candidates an ambiguous run id lists
+
+
+def _by_prefix(typed: str, root: Path) -> RunRecord:
+    runs, _ = all_runs()
+    found = [r for r in runs if not r.parent and matches(r.run_id, typed)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise RunNotFound(f"no run {typed!r} under {root} (see `fleet ps`)")
+    listed = "\n  ".join(r.run_id for r in found[-SHOWN:])
+    more = f"\n  (and {len(found) - SHOWN} older)" if len(found) > SHOWN else ""
+    raise UsageError(f"run {typed!r} is ambiguous: {len(found)} runs match; give more of "
+                     f"the id:\n  {listed}{more}")
 
 
 def all_runs() -> tuple[list[RunRecord], dict[str, str]]:

@@ -28,8 +28,8 @@ def open_client(host: Host) -> paramiko.SSHClient:
     except hostkeys.UnknownHostKey as e:
         raise TransportError(
             f"unknown host key for {e.hostname} ({hostkeys.fingerprint(e.key)}); if that is "
-            "the right key, record it with `fleet trust INVENTORY --accept` (or connect once "
-            "with ssh and accept it)") from e
+            f"the right key, record it with {hostkeys.trust_command()} (or connect once with "
+            "ssh and accept it)") from e
     except paramiko.BadHostKeyException as e:
         raise TransportError(
             f"HOST KEY CHANGED for {e.hostname}: got {hostkeys.fingerprint(e.key)}, expected "
