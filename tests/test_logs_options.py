@@ -5,6 +5,7 @@ programs that keep and read a log's times (log_times.py, log_view.sh) under a re
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from fleet.backends.hosts import logs as host_logs
 from fleet.backends.hosts import node as remote
+from fleet.backends.slurm.backend import refuse
 from fleet.errors import UsageError
 from fleet.run.logs import View, Viewed, final_line, merged, parse_since, parse_view, placed
 from fleet.run.states import RunStatus
@@ -74,6 +76,17 @@ def test_only_no_option_at_all_is_the_plain_view() -> None:
     assert View().plain
     assert not View(merge=True).plain and not View(tail=0).plain
     assert not View(since=NOW).plain
+
+
+@pytest.mark.parametrize(("view", "why"), [
+    (View(merge=True), "--merge and --since read the times"),
+    (View(since=NOW), "--merge and --since read the times"),
+    (View(tail=3), "--tail: on Slurm, each node's log says the node's rank on its first line"),
+])
+def test_slurm_refuses_what_its_logs_cannot_give(view: View, why: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(why)):
+        refuse(view)
+    refuse(View())  # the plain view, as ever
 
 
 # ---- the node's view of its log -----------------------------------------------------------

@@ -147,7 +147,8 @@ def logs(run_id: RunArg = None,
                                                    "after this: 30s, 10m, 2h, 1d back, or an "
                                                    "ISO time (2026-11-24T10:00).")] = None,
          ) -> None:
-    """Print a run's logs from the nodes, from the start; -f follows a live run to its end."""
+    """Print a run's logs from the nodes, from the start; -f follows a live run to its end, then
+    says the run's state and exits with its code (0 succeeded, 1 failed, 3 unknown, 4 stopped)."""
     view = run_logs.View(merge, tail, None if since is None
                          else run_logs.parse_since(since, time.time()))
     console = Console()
@@ -164,8 +165,8 @@ def logs(run_id: RunArg = None,
                                       view)
     if follow:
         final, lines = backends.for_record(every[-1]).describe(every[-1])
-        console.info(run_logs.final_line(every[0].run_id, final, lines), _MEANING.get(final,
-                                                                                      Meaning.WARN))
+        said = run_logs.final_line(every[0].run_id, final, lines)
+        console.info(said, _MEANING.get(final, Meaning.WARN))
         if final.exit_code:
             raise typer.Exit(final.exit_code)
 

@@ -124,8 +124,9 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
             show(name, [tg for _, tg in group])
     for name, s in seen.items():
         if s.untimed and (view.merge or view.since is not None):
-            console.phase(name, "its log has no times (its run was started by an earlier "
-                                "fleet): --merge and --since place its lines as written by now")
+            console.phase(name, "its log has no times (no node.times beside it: an earlier "
+                                "fleet started the run, or the node's python could not keep "
+                                "them): --merge and --since take its lines as written by now")
 
     def go_on(n: NodeRecord) -> int:
         s = seen[n.host.name]
