@@ -19,6 +19,7 @@ from fleet.backends.checks import Check
 from fleet.config.inventory import Inventory
 from fleet.config.job import Job
 from fleet.console import Console
+from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
 from fleet.trust import KeyStatus
@@ -172,9 +173,10 @@ class Backend(ABC):
 
     @abstractmethod
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
-             rank: int | None) -> int:
-        """Print the run's logs from the first line (until its end with `follow`); returns
-        how many lines were shown."""
+             rank: int | None, view: View) -> int:
+        """Print the run's logs from the first line, or those `view` asks for (--merge, --tail,
+        --since), and with `follow` what comes until the run's end; returns how many lines
+        were shown. A view a backend cannot give is refused (UsageError)."""
 
     @abstractmethod
     def dump(self, rec: RunRecord) -> tuple[list[str], list[str]]:

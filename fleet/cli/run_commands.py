@@ -14,10 +14,11 @@ from fleet import backends, manifest_view
 from fleet import manifest as fleet_manifest
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.config.inventory import Host, load_inventory
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
 from fleet.facts import run_state
 from fleet.run import attempts, hang
+from fleet.run import logs as run_logs
 from fleet.run import record as state
 from fleet.run.states import RunStatus
 from fleet.transport import open_transport
@@ -136,17 +137,30 @@ def _ps_hosts(path: Path) -> None:
 
 @app.command()
 def logs(run_id: RunArg = None,
-         follow: Annotated[bool, typer.Option("--follow", "-f",
-                                              help="Keep following a live run.")] = False,
+         follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following a live "
+                                              "run; at its end, say its state and exit with "
+                                              "its code (as `fleet status`).")] = False,
          node: Annotated[str | None, typer.Option("--node", help="Only this host.")] = None,
          rank: Annotated[int | None, typer.Option("--rank", help="Only this global rank.")] = None,
          attempt: Annotated[int | None, typer.Option(
              "--attempt", help="With [restart]: only this attempt (default: every one, in "
                                "order).")] = None,
+         merge: Annotated[bool, typer.Option("--merge", help="Every host's lines in one stream, "
+                                             "by when each was written (each node's clock "
+                                             "offset taken off).")] = False,
+         tail: Annotated[int | None, typer.Option("--tail", min=0, help="Only the last N lines "
+                                                  "of each host (of the stream, with --merge); "
+                                                  "-f follows on from them.")] = None,
+         since: Annotated[str | None, typer.Option("--since", help="Only lines written at or "
+                                                   "after this: 30s, 10m, 2h, 1d back, or an "
+                                                   "ISO time (2026-11-24T10:00).")] = None,
          ) -> None:
     """Print a run's logs from the nodes.
 
-    From the start; -f follows a live run to its end."""
+    From the start; -f follows a live run to its end, then says the run's state and exits with
+    its code (0 succeeded, 1 failed, 3 unknown, 4 stopped)."""
+    view = run_logs.View(merge, tail, None if since is None
+                         else run_logs.parse_since(since, time.time()))
     console = Console()
     every = attempts.records(state.load(run_id))
     if attempt is not None and not 1 <= attempt <= len(every):
@@ -157,7 +171,18 @@ def logs(run_id: RunArg = None,
     for one in chosen:
         if len(every) > 1:
             console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
-        backends.for_record(one).logs(one, console, follow and one is every[-1], node, rank)
+        backends.for_record(one).logs(one, console, follow and one is every[-1], node, rank,
+                                      view)
+    if follow:
+        final, lines = backends.for_record(every[-1]).describe(every[-1])
+        said = run_logs.final_line(every[0].run_id, final, lines)
+        console.info(said, _MEANING.get(final, Meaning.WARN))
+        if final.exit_code:
+            raise typer.Exit(final.exit_code)
+
+
+_MEANING = {RunStatus.SUCCEEDED: Meaning.OK, RunStatus.FAILED: Meaning.FAIL,
+            RunStatus.NEVER_STARTED: Meaning.FAIL}
 
 
 @app.command()

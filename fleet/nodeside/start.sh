@@ -1,6 +1,8 @@
 # Starts the run's wrapper, run.sh, detached from this connection (its own session, no tty),
 # then prints its pid once run.sh has recorded it.
-# $1: the run directory, $2: the run id, $3: how many times to look for the pid, 0.01 s apart.
+# $1: the run directory, $2: the run id, $3: how many times to look for the pid, 0.01 s apart;
+# $4 (optional): the node's python, which keeps node.log's time index beside it while the
+# wrapper lives (log_times.py, its text on file descriptor 3, started by `-c $5`).
 cd "$1" || exit 1
 [ -e stopped ] && { echo 'stopped before it started' >&2; exit 3; }
 # Appending: stop.sh's line lands whole between the job's, never overwritten by them.
@@ -10,4 +12,9 @@ while [ ! -s pid ] && [ "$i" -lt "$3" ]; do
   sleep 0.01
   i=$((i + 1))
 done
-cat pid
+p=$(cat pid)
+# Not in the run's environment: stop.sh leaves it be, and it ends by itself after the wrapper.
+if [ -n "$4" ] && [ -n "$p" ]; then
+  setsid "$4" -I -S -c "$5" "$1" "$p" < /dev/null > /dev/null 2>&1 &
+fi
+echo "$p"

@@ -1,15 +1,19 @@
 """Log lines: torchrun's `[defaultN]:` prefix turned into a host+rank tag, the stop's noise kept
-out of the attached stream; re-attaching to a run."""
+out of the attached stream; re-attaching to a run; what `fleet logs` is asked to show (--merge,
+--tail, --since) and the line that ends `fleet logs -f`."""
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
 
-from fleet.errors import FleetError
+from fleet.errors import FleetError, UsageError
 from fleet.facts.failure import RANK_PREFIX
+from fleet.run.states import RunStatus
 
 # The line stop.sh writes into the node's log where fleet's stop of the node begins.
 STOP_MARK = re.compile(r"\[fleet\] stopping run \S+ on this node \(.*\)\Z")
@@ -105,3 +109,91 @@ def progress(text: str) -> bool:
     way a restart cannot mend: a typo, an import, a config)."""
     text = _HOOK.sub("", text, count=1)
     return bool(text.strip()) and not text[:1].isspace() and not _REPORT.match(text)
+
+
+# ---- what `fleet logs` shows --------------------------------------------------------------
+@dataclass(frozen=True)
+class View:
+    """Which of a run's log lines to show, and how: `merge` every node's lines in one stream
+    by time; only the `tail` last lines (of each node, or of the merged stream); only lines
+    written at or after `since` (this machine's clock, seconds since the epoch)."""
+
+    merge: bool = False
+    tail: int | None = None
+    since: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Every line from the first, node by node: what `fleet logs` always did."""
+        return not self.merge and self.tail is None and self.since is None
+
+
+T = TypeVar("T")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+
+
+def parse_since(text: str, now: float) -> float:
+    """`--since`: a duration back from `now` (10m, 30s, 2h, 1d, 1.5h) or an ISO time
+    (2026-11-24T10:00, this machine's time zone unless it names one), as seconds since the
+    epoch."""
+    said = text.strip()
+    m = _DURATION.fullmatch(said)
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return datetime.fromisoformat(said).timestamp()
+    except ValueError:
+        raise UsageError(f"--since {text!r}: neither a duration (30s, 10m, 2h, 1d) nor an ISO "
+                         "time (2026-11-24T10:00 or 2026-11-24 10:00:00+00:00)") from None
+
+
+@dataclass(frozen=True)
+class Viewed:
+    """What fleet/nodeside/log_view.sh said of a node's log: its lines with when each was
+    written (the node's clock; None where its time index has not reached the line), the node's
+    time when asked, and the byte after the last whole line (a follower resumes there)."""
+
+    lines: list[tuple[float | None, str]]
+    now: float
+    end: int
+
+
+def parse_view(out: str) -> Viewed:
+    """log_view.sh's output (a login shell's noise before it is passed over); ValueError if it
+    did not say all of it."""
+    text = out.split("\n")
+    first = next((i for i, line in enumerate(text) if line.startswith("size=")), None)
+    last = next((i for i in range(len(text) - 1, -1, -1) if text[i].startswith("end=")), None)
+    if first is None or last is None or last < first:
+        raise ValueError("the log's view was cut short")
+    head = dict(word.partition("=")[::2] for word in text[first].split())
+    lines: list[tuple[float | None, str]] = []
+    for line in text[first + 1:last]:
+        stamp, _, said = line.partition(" ")
+        # Of a line redrawn with "\r" (a progress bar), its last state is the line.
+        said = said.removesuffix("\r").rsplit("\r", 1)[-1]
+        lines.append((None if stamp == "-" else float(stamp), said))
+    return Viewed(lines, float(head.get("now", "0")), int(text[last][4:]))
+
+
+def placed(viewed: Viewed, clock_offset: float) -> list[tuple[float, str]]:
+    """A node's lines with their times on this machine's clock (the node's clock offset taken
+    off); a line its index has not reached yet was written by the time the node was asked."""
+    return [((viewed.now if t is None else t) - clock_offset, line) for t, line in viewed.lines]
+
+
+def merged(nodes: Iterable[list[tuple[float, T]]], tail: int | None) -> list[T]:
+    """Every node's lines in one stream by time, a tie in the order the nodes come (and a
+    node's own lines in theirs); with `tail`, only the stream's last lines."""
+    keyed = [(t, n, i, line) for n, lines in enumerate(nodes) for i, (t, line) in enumerate(lines)]
+    every = [line for _, _, _, line in sorted(keyed, key=lambda x: (x[0], x[1], x[2]))]
+    return every if tail is None else every[len(every) - tail:] if tail else []
+
+
+def final_line(run_id: str, status: RunStatus, described: list[str]) -> str:
+    """How `fleet logs -f` ends: the run's state as `fleet status` says it (`described`: its
+    lines, the run's then each node's), on one line, each node's spaces folded."""
+    nodes = "\n".join(described).split("\n")[1:]
+    detail = "; ".join(" ".join(line.split()) for line in nodes if line.strip())
+    return f"run {run_id} {status.value}" + (f": {detail}" if detail else "")

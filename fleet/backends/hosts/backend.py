@@ -22,6 +22,7 @@ from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.run import hang
+from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
 from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
@@ -97,17 +98,17 @@ class HostsBackend(Backend):
         console.info(f"run {rec.run_id} stopped on every node")
 
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
-             rank: int | None) -> int:
+             rank: int | None, view: View) -> int:
         if node is not None and node not in {n.host.name for n in rec.nodes}:
             raise UsageError(f"run {rec.run_id} has no node {node!r}")
-        keep = rec.dir if node is None and rank is None else None
-        problems, shown = fleet_logs.attach(rec, console, follow, node, rank, keep)
+        keep = rec.dir if node is None and rank is None and view.plain else None
+        problems, shown = fleet_logs.attach(rec, console, follow, view, node, rank, keep)
         for name, why in problems.items():
             console.phase(name, f"unreachable: {why}")
         if problems:
             raise NotEveryNode(f"run {rec.run_id}: the logs of {', '.join(problems)} could "
                                "not be read")
-        if rank is not None and not shown:
+        if rank is not None and not shown and view.plain:
             raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}"
                              + (f" on {node}" if node else "") + " (lines that workers did "
                              "not print through the launcher carry no rank)")

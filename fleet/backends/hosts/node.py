@@ -15,7 +15,7 @@ from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
 from fleet.nodedata import number
-from fleet.nodeside import shell_program
+from fleet.nodeside import loader, shell_program
 from fleet.run.states import NodeStatus
 from fleet.shell import quote, sh
 from fleet.transport import Received, Transport
@@ -26,9 +26,13 @@ PID_WAIT_TICKS = 500
 
 
 # ---- start --------------------------------------------------------------------------------
-def start_script(run_dir: str, run_id: str) -> str:
-    """run.sh detached from this connection (own session, no tty); prints its pid."""
-    return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
+def start_script(run_dir: str, run_id: str, python: str = "") -> str:
+    """run.sh detached from this connection (own session, no tty); prints its pid. With the
+    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py)."""
+    if not python:
+        return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
+    return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
+                         loader("log_times.py"), python="log_times.py")
 
 
 def parse_pid(out: str) -> int | None:
@@ -37,7 +41,8 @@ def parse_pid(out: str) -> int | None:
 
 
 def start(t: Transport, run_dir: str, run_id: str) -> int:
-    r = t.run(start_script(run_dir, run_id), timeout=30, what="start run.sh")
+    r = t.run(start_script(run_dir, run_id, t.path(t.host.python)), timeout=30,
+              what="start run.sh")
     pid = parse_pid(r.out)
     if not r.ok or pid is None:
         raise RemoteCommandError(t.host.name, "start run.sh", r.code, r.out + r.err)

@@ -39,6 +39,7 @@ from fleet.errors import (
 )
 from fleet.facts import slurm as sj
 from fleet.facts.probe import probe, python_problem
+from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
 from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
@@ -185,6 +186,18 @@ def logs(rec: SlurmRecord, console: Console, follow: bool, node: str | None,
     return shown
 
 
+def refuse(view: View) -> None:
+    """What `fleet logs` cannot do for a Slurm run, said before anything is read."""
+    if view.merge or view.since is not None:
+        raise UsageError("--merge and --since read the times fleet keeps beside each node's log "
+                         "on a host list; a Slurm run's node logs are its batch script's output "
+                         "on the shared filesystem, without times: leave them out")
+    if view.tail is not None:
+        raise UsageError("--tail: on Slurm, each node's log says the node's rank on its first "
+                         "line, and every line's tag needs it, so fleet reads the logs from "
+                         "their first line: leave --tail out (or pipe through `tail`)")
+
+
 def remove(rec: SlurmRecord) -> str:
     if rec.job_id is None and rec.submitting:
         raise UsageError(f"run {rec.run_id}: sbatch gave no job id, and a job Slurm may have "
@@ -243,7 +256,8 @@ class SlurmBackend(Backend):
         stop(load(rec), console)
 
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
-             rank: int | None) -> int:
+             rank: int | None, view: View) -> int:
+        refuse(view)
         shown = logs(load(rec), console, follow, node, rank)
         if rank is not None and not shown:
             raise UsageError(f"run {rec.run_id}: no log line of global rank {rank}")

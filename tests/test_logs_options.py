@@ -1,0 +1,235 @@
+"""`fleet logs` --merge, --tail, --since and -f's last line: the pure parts (the --since parser,
+the node's view of its log and its parser, the merge by time, the final line), and the node-side
+programs that keep and read a log's times (log_times.py, log_view.sh) under a real `sh`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from fleet.backends.hosts import logs as host_logs
+from fleet.backends.hosts import node as remote
+from fleet.backends.slurm.backend import refuse
+from fleet.errors import UsageError
+from fleet.run.logs import View, Viewed, final_line, merged, parse_since, parse_view, placed
+from fleet.run.states import RunStatus
+
+SH = shutil.which("dash") or "sh"
+NOW = 1_800_000_000.0
+
+
+def sh(script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The script as fleet's transport runs it: text on the stdin of a POSIX sh."""
+    return subprocess.run([SH, "-s"], input=script, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ---- --since ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("said", "back"), [
+    ("30s", 30), ("10m", 600), ("2h", 7200), ("1d", 86400), ("1.5h", 5400), ("0s", 0),
+    (" 10m ", 600),
+])
+def test_since_a_duration_is_that_long_before_now(said: str, back: float) -> None:
+    assert parse_since(said, NOW) == NOW - back
+
+
+def test_since_an_iso_time_with_its_zone_is_that_instant() -> None:
+    assert parse_since("2026-11-24T10:00:00+00:00", NOW) == \
+        datetime(2026, 11, 24, 10, tzinfo=UTC).timestamp()
+    assert parse_since("2026-11-24T10:00Z", NOW) == \
+        datetime(2026, 11, 24, 10, tzinfo=UTC).timestamp()
+
+
+def test_since_an_iso_time_without_a_zone_is_this_machines_time() -> None:
+    assert parse_since("2026-11-24 10:00", NOW) == datetime(2026, 11, 24, 10).timestamp()
+
+
+@pytest.mark.parametrize("said", ["10x", "", "m", "-5m", "10 m s", "yesterday", "5", "1e3s"])
+def test_since_anything_else_is_refused_naming_the_option(said: str) -> None:
+    with pytest.raises(UsageError, match=r"^--since .*neither a duration .* nor an ISO time"):
+        parse_since(said, NOW)
+
+
+def test_a_bad_since_through_the_cli_exits_2_naming_the_option(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "fleet", "logs", "--since", "10 minutes"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stderr
+    assert "--since '10 minutes': neither a duration" in r.stderr, r.stderr
+
+
+def test_a_negative_tail_through_the_cli_exits_2(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "fleet", "logs", "--tail", "-1"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "--tail" in r.stderr, r.stderr
+
+
+def test_only_no_option_at_all_is_the_plain_view() -> None:
+    assert View().plain
+    assert not View(merge=True).plain and not View(tail=0).plain
+    assert not View(since=NOW).plain
+
+
+@pytest.mark.parametrize(("view", "why"), [
+    (View(merge=True), "--merge and --since read the times"),
+    (View(since=NOW), "--merge and --since read the times"),
+    (View(tail=3), "--tail: on Slurm, each node's log says the node's rank on its first line"),
+])
+def test_slurm_refuses_what_its_logs_cannot_give(view: View, why: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(why)):
+        refuse(view)
+    refuse(View())  # the plain view, as ever
+
+
+# ---- the node's view of its log -----------------------------------------------------------
+def test_parse_view_reads_times_lines_and_where_to_resume() -> None:
+    out = "rc noise\nsize=20 now=105.5\n100.25 a b\n- c\r\n101 d\n- 50%\r100%\nend=17\n"
+    v = parse_view(out)
+    assert v == Viewed([(100.25, "a b"), (None, "c"), (101.0, "d"), (None, "100%")], 105.5, 17)
+
+
+def test_parse_view_keeps_a_line_that_looks_like_its_own_frame() -> None:
+    v = parse_view("size=9 now=1\n1.0 end=3\n- size=2\nend=9\n")
+    assert v.lines == [(1.0, "end=3"), (None, "size=2")] and v.end == 9
+
+
+@pytest.mark.parametrize("out", ["", "size=3 now=1\n1.0 a\n", "1.0 a\nend=2\n",
+                                 "end=1\nsize=3 now=1\n"])
+def test_parse_view_refuses_a_view_cut_short(out: str) -> None:
+    with pytest.raises(ValueError, match="cut short"):
+        parse_view(out)
+
+
+def test_placed_takes_the_clock_offset_off_and_dates_unstamped_lines_by_now() -> None:
+    v = Viewed([(100.0, "a"), (None, "b")], 107.0, 4)
+    assert placed(v, 2.5) == [(97.5, "a"), (104.5, "b")]
+
+
+def test_merged_orders_by_time_a_tie_by_node_then_the_nodes_own_order() -> None:
+    n1 = [(1.0, "n1 a"), (3.0, "n1 b"), (3.0, "n1 c")]
+    n2 = [(0.5, "n2 a"), (3.0, "n2 b"), (4.0, "n2 c")]
+    assert merged([n1, n2], None) == ["n2 a", "n1 a", "n1 b", "n1 c", "n2 b", "n2 c"]
+    assert merged([n1, n2], 2) == ["n2 b", "n2 c"]
+    assert merged([n1, n2], 0) == []
+    assert merged([n1, n2], 99) == merged([n1, n2], None)
+
+
+def test_the_final_line_is_the_runs_state_and_each_nodes_as_status_says_them() -> None:
+    described = ["run r-1 (job.toml), started Tue Nov 24 10:00:00 2026: stopped",
+                 "  node1            node rank 0 (ranks 0-1)  stopped (exit 143) by fleet stop  4s",
+                 "  node2            node rank 1 (ranks 2-3)  stopped (exit 143) by fleet stop  4s"]
+    assert final_line("r-1", RunStatus.STOPPED, described) == (
+        "run r-1 stopped: node1 node rank 0 (ranks 0-1) stopped (exit 143) by fleet stop 4s; "
+        "node2 node rank 1 (ranks 2-3) stopped (exit 143) by fleet stop 4s")
+    assert final_line("r-2", RunStatus.SUCCEEDED, ["run r-2: succeeded"]) == "run r-2 succeeded"
+    assert final_line("r-3", RunStatus.NEVER_STARTED, ["run r-3: never started\n  it ended"]) \
+        == "run r-3 never started: it ended"
+
+
+# ---- log_view.sh --------------------------------------------------------------------------
+def write_log(d: Path, log: bytes, times: str | None) -> None:
+    (d / "node.log").write_bytes(log)
+    if times is not None:
+        (d / "node.times").write_text(times)
+
+
+def view(d: Path, since: float | None = None, tail: int | None = None) -> Viewed:
+    r = sh(host_logs.view_script(str(d), since, tail))
+    assert r.returncode == 0, r.stderr
+    return parse_view(r.stdout)
+
+
+def test_log_view_dates_each_line_by_the_first_stamp_that_covers_it(tmp_path: Path) -> None:
+    # Offsets count bytes: "ééé" is 6 of them (were it 3, the stamp at 9 would date it).
+    write_log(tmp_path, "a\nbb\nééé\ndd\nunfinished".encode(), "2 100.5\n5 101.0\n9 101.5\n"
+              "12 102.0\n")
+    v = view(tmp_path)
+    assert v.lines == [(100.5, "a"), (101.0, "bb"), (102.0, "ééé"), (None, "dd")]
+    assert v.end == 15  # the line still being written is left for the follower
+    assert abs(v.now - time.time()) < 5
+
+
+def test_log_view_since_keeps_lines_at_or_after_it_and_those_without_a_time(
+        tmp_path: Path) -> None:
+    write_log(tmp_path, b"a\nbb\nccc\ndd\n", "2 100.5\n5 101.0\n9 102.0\n")
+    assert [line for _, line in view(tmp_path, since=101.0).lines] == ["bb", "ccc", "dd"]
+    assert [line for _, line in view(tmp_path, since=101.5).lines] == ["ccc", "dd"]
+    assert view(tmp_path, since=101.5).end == 12
+
+
+def test_log_view_tail_keeps_the_last_lines(tmp_path: Path) -> None:
+    write_log(tmp_path, b"a\nbb\nccc\ndd\n", "2 100.5\n5 101.0\n12 102.0\n")
+    assert view(tmp_path, tail=2).lines == [(102.0, "ccc"), (102.0, "dd")]
+    assert view(tmp_path, tail=0).lines == []
+    assert len(view(tmp_path, tail=10).lines) == 4
+    assert view(tmp_path, since=100.9, tail=1).lines == [(102.0, "dd")]
+    assert view(tmp_path, tail=0).end == 12
+
+
+def test_log_view_without_an_index_says_no_times(tmp_path: Path) -> None:
+    write_log(tmp_path, b"a\nb\n", None)
+    assert view(tmp_path, since=NOW).lines == [(None, "a"), (None, "b")]
+
+
+def test_log_view_of_a_missing_log_fails(tmp_path: Path) -> None:
+    r = sh(host_logs.view_script(str(tmp_path / "gone"), None, None))
+    assert r.returncode == 3 and "no node.log" in r.stderr
+
+
+# ---- log_times.py, started by start.sh ----------------------------------------------------
+def test_start_keeps_a_time_index_of_node_log_until_the_wrapper_ends(tmp_path: Path) -> None:
+    (tmp_path / "run.sh").write_text(
+        'echo $$ > pid\necho one\nsleep 1\nprintf "two\\nthree\\n"\nsleep 0.5\n'
+        'printf "half"\nsleep 0.5\necho " line"\n')
+    began = time.time()
+    r = sh(remote.start_script(str(tmp_path), "r-1", sys.executable))
+    assert r.returncode == 0, r.stderr
+    pid = remote.parse_pid(r.stdout)
+    assert pid is not None
+    index = tmp_path / "node.times"
+    deadline = time.monotonic() + 20
+    while not (index.is_file() and index.read_text().split()[-2:-1] == ["24"]):
+        assert time.monotonic() < deadline, f"index: {index.read_text()!r}"
+        time.sleep(0.05)
+    stamps = [(int(o), float(t)) for o, t in map(str.split, index.read_text().splitlines())]
+    assert [o for o, _ in stamps] == [4, 14, 24], stamps  # whole lines only, each once
+    times = [t for _, t in stamps]
+    assert began <= times[0] and times == sorted(times) and times[-1] <= time.time()
+    assert times[1] - times[0] >= 0.5 and times[2] - times[1] >= 0.5, times
+    v = view(tmp_path)
+    assert [line for _, line in v.lines] == ["one", "two", "three", "half line"]
+    assert [t for t, _ in v.lines] == [times[0], times[1], times[1], times[2]]
+    # The wrapper ended: so does the index's keeper, and nothing of it is left.
+    deadline = time.monotonic() + 10
+    while keepers(tmp_path):
+        assert time.monotonic() < deadline, keepers(tmp_path)
+        time.sleep(0.05)
+
+
+def keepers(run_dir: Path) -> list[int]:
+    """Processes of log_times.py for this run directory."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in argv and p.name.isdigit() and int(p.name) != os.getpid():
+            found.append(int(p.name))
+    return found
+
+
+def test_start_without_a_python_keeps_no_index(tmp_path: Path) -> None:
+    (tmp_path / "run.sh").write_text("echo $$ > pid\necho one\n")
+    r = sh(remote.start_script(str(tmp_path), "r-1"))
+    assert r.returncode == 0, r.stderr
+    time.sleep(0.3)
+    assert not (tmp_path / "node.times").exists()
