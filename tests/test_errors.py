@@ -108,3 +108,22 @@ def test_a_write_over_the_exec_channel_is_not_cut_by_the_sftp_watch() -> None:
     assert t._put("/x", b"data", 0o600) == ""
     time.sleep(0.5)
     assert not NoSftp.aborted
+
+
+def test_paramiko_thread_errors_stay_off_stderr_unless_debug() -> None:
+    """A transport thread's error (a node's sshd gone mid-handshake) is logged by paramiko with a
+    traceback; fleet says what failed in its own words, and shows paramiko's only with --debug."""
+    import subprocess
+    import sys
+
+    program = ("import logging, sys\n"
+               "from fleet.cli import _quiet_libraries\n"
+               "_quiet_libraries(sys.argv[1] == 'debug')\n"
+               "logging.getLogger('paramiko.transport').error("
+               "'Traceback (most recent call last): banner')\n")
+    quiet = subprocess.run([sys.executable, "-c", program, "plain"], capture_output=True,
+                           text=True, timeout=60)
+    loud = subprocess.run([sys.executable, "-c", program, "debug"], capture_output=True,
+                          text=True, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert "Traceback (most recent call last): banner" in loud.stderr

@@ -8,6 +8,7 @@ bug in fleet, 130 interrupted), and never shows a Python traceback unless asked 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ def main() -> None:
     debug = "--debug" in lead or bool(os.environ.get("FLEET_DEBUG"))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
+    _quiet_libraries(debug)
     try:
         try:
             app()
@@ -54,6 +56,14 @@ def main() -> None:
         _trace(debug)
         echo(f"fleet: error: {e}", err=True)
         sys.exit(e.exit_code)
+
+
+def _quiet_libraries(debug: bool) -> None:
+    """paramiko logs what its transport thread meets (a banner read from a node whose sshd went
+    away) with a traceback; without a handler Python prints that on stderr, beside fleet's own
+    words about the same node. fleet says what failed in its words; --debug shows paramiko's."""
+    handler: logging.Handler = logging.StreamHandler() if debug else logging.NullHandler()
+    logging.getLogger("paramiko").addHandler(handler)
 
 
 def _trace(debug: bool) -> None:
