@@ -172,7 +172,7 @@ def test_help_shows_no_value_for_plain_flags_and_no_markup_eaten(tmp_path: Path)
         assert "Usage: fleet" in text, command
         assert "<bool>" not in text, f"fleet {command} --help:\n{text}"
     logs = fleet("logs", "--help", cwd=tmp_path).stdout
-    assert re.search(r"--follow\s+-f\s+Keep following a live run\.", logs), logs
+    assert re.search(r"--follow\s+-f\s+Keep following a live run", logs), logs
     assert "With [restart]: only this attempt" in logs, logs  # not read as rich markup
 
 
