@@ -61,9 +61,10 @@ def file_hashes(root: Path, exclude: tuple[str, ...], cache: Path | None = None,
 def job_view(job: Job) -> dict[str, Any]:
     """The job as loaded, its secret env values masked."""
     view = {k: (str(v) if isinstance(v, Path) else v)
-            for k, v in dataclasses.asdict(job).items() if k not in ("env", "watchdog")}
+            for k, v in dataclasses.asdict(job).items() if k not in ("env", "watchdog", "notify")}
     view["env"] = masked(job.env, job.secret_env)
     view["watchdog"] = dataclasses.asdict(job.watchdog)
+    view["notify"] = job.notify.view()  # a webhook URL may hold a token
     return plain(view)  # type: ignore[no-any-return]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from fleet.backends.checks import Check
 from fleet.config.inventory import Inventory
 from fleet.config.job import Job
+from fleet.config.notify import Notify
 from fleet.console import Console
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
@@ -67,6 +68,7 @@ class Final:
 
     status: RunStatus
     words: str = ""
+    failure: tuple[str, ...] = ()  # the first failure's report: where, which rank, traceback
 
 
 class Run(ABC):
@@ -109,6 +111,12 @@ class Run(ABC):
         """When a rank first printed a line of its own (not a traceback): a failure before it
         needs a person, not a restart. None where no rank has."""
         return None
+
+    def watch_end(self, notify: Notify) -> str:
+        """After a detached start, with `[notify]`: start whatever tells of the run's end
+        without fleet; what to say of it (never raises: what fails is said)."""
+        return ("warning: notify: a detached run of this backend sends no notification "
+                "(nothing watches its end without fleet): run it attached for [notify]")
 
     @abstractmethod
     def stopped_words(self, problems: dict[str, str]) -> str:

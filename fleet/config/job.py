@@ -12,6 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
+from fleet.config.notify import Notify, job_notify
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import Table, load_toml
 
@@ -96,6 +97,7 @@ class Job:
     setup_inputs: tuple[str, ...] = ()  # files (in the workdir) whose content re-runs setup
     python: str | None = None  # the interpreter to run with, relative to the job's directory
     restart: Restart = Restart()
+    notify: Notify = Notify()  # word when the run ends (fleet.config.notify)
 
     @property
     def slot(self) -> str:
@@ -181,6 +183,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     rdzv = _rendezvous(root.table("rendezvous"))
     watchdog = _watchdog(root.table("watchdog"))
     restart = take_restart(root.table("restart"), watchdog.hang_timeout)
+    notify = job_notify(root)
     debug = root.take("debug", bool, False)
     setup = root.take("setup", str, None)
     if setup is not None and not setup.strip():
@@ -224,7 +227,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
-               setup_inputs=setup_inputs, python=python)
+               setup_inputs=setup_inputs, python=python, notify=notify)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

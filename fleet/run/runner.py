@@ -1,6 +1,7 @@
 """`fleet up` for every backend, as one state machine: prepare (nothing runs yet), then under the
 guard schedule, monitor and report; with `[restart]`, the policy decides on each attempt's end
-(fleet.run.attempts); the run's final state becomes fleet's exit code here."""
+(fleet.run.attempts); the run's final state becomes fleet's exit code here, and word of it goes
+where `[notify]` says (fleet.run.notify), once for the whole run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
 from fleet.console import Console, Meaning
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
-from fleet.run import attempts
+from fleet.run import attempts, notify
 from fleet.run.guard import Guard
 from fleet.run.monitor import RunState, monitor
 from fleet.run.states import RunStatus
@@ -32,20 +33,33 @@ class Ended:
 
 def up(backend: Backend, job: Job, console: Console, options: Options | None = None) -> str:
     """Run the job; returns the run id. Raises JobFailed, RunStopped or Interrupted, each
-    saying what was left where."""
-    options = options or Options()
+    saying what was left where. Its end is told where `[notify]` says (bounded in time; a
+    failure to tell is a warning, never the exit code); a restart's attempts are not."""
+    told = notify.Told(job.name, time.time())
+    try:
+        run_id = run_all(backend, job, console, options or Options(), told)
+    except BaseException as e:
+        notify.tell(job.notify, told, e, console)
+        raise
+    notify.tell(job.notify, told, None, console)
+    return run_id
+
+
+def run_all(backend: Backend, job: Job, console: Console, options: Options,
+            told: notify.Told) -> str:
+    """Every attempt of the run, as `[restart]` decides (one without it)."""
     policy = job.restart
     if policy.max and options.detach:
         console.info("[restart] needs fleet attached (it restarts the run): this detached run "
                      "is not restarted")
     if not policy.max or options.detach:
-        ended = attempt(backend, job, console, options)
-        return ended if isinstance(ended, str) else conclude(ended, console)
+        ended = attempt(backend, job, console, options, told)
+        return ended if isinstance(ended, str) else conclude(ended, console, told)
     book = attempts.Book(job, policy, console)
     while True:
         opts = book.options(options)
         try:
-            ended = attempt(backend, book.job_for(opts.attempt), console, opts)
+            ended = attempt(backend, book.job_for(opts.attempt), console, opts, told)
         except HostError as e:  # a spare not fit for the job: the next one, if any
             if not book.unfit(e.failures):
                 raise
@@ -54,7 +68,7 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
         nxt = book.record(ended.run, ended.final, ended.state, ended.hang, ended.started,
                           ended.ended)
         if nxt is None:
-            return conclude(ended, console, book.run_id, book.summary())
+            return conclude(ended, console, told, book.run_id, book.summary())
         wait = policy.wait(nxt)
         console.info(f"restart: attempt {nxt}/{policy.max + 1} in {wait:g}s "
                      f"({book.last_why()})")
@@ -73,21 +87,28 @@ def up(backend: Backend, job: Job, console: Console, options: Options | None = N
                              f"before attempt {nxt}; {book.summary()}")
 
 
-def attempt(backend: Backend, job: Job, console: Console, options: Options) -> Ended | str:
+def attempt(backend: Backend, job: Job, console: Console, options: Options,
+            told: notify.Told) -> Ended | str:
     """One whole run of the job on the backend; its run id where it was detached."""
     started = time.time()
     try:
         run = backend.prepare(job, console, options)
     except Interrupted as e:
         raise Interrupted(e.signame, "nothing had been started on any node") from None
+    told.run_id = told.run_id or run.run_id
+    told.failure, told.hang = (), None
+    guard = Guard(run, console)  # its signal handlers from `with` on
     try:
-        with Guard(run, console) as guard:
+        with guard:
             run.schedule(options)
             if options.detach:
                 guard.released = True  # from here, an error leaves the started run to itself
                 said = run.detached()
                 if said is not None:
                     console.info(said)
+                    told.detached = True
+                    if job.notify.wanted:
+                        console.info(run.watch_end(job.notify))
                     return run.run_id
                 guard.released = False  # it ended already: reported as an attached run's end
                 state = RunState({}, False, None)
@@ -96,26 +117,38 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options) -> E
             guard.ended = True
             final = run.report(state.outcomes)
     finally:
+        told.hang = guard.hang
         run.close()
+    told.failure = final.failure
     return Ended(run, final, state, guard.hang, started, time.time())
 
 
-def conclude(ended: Ended, console: Console, run_id: str = "", summary: str = "") -> str:
-    """The attempt's final state as fleet's own: the run id returned, or the error raised."""
+def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = "",
+             summary: str = "") -> str:
+    """The attempt's final state as fleet's own: the run id returned, or the error raised (and
+    both told, for `[notify]`)."""
     run, final = ended.run, ended.final
     run_id = run_id or run.run_id
     tail = f"; {summary}" if summary else ""
     if ended.hang is not None:
-        raise JobFailed(f"run {run_id} hung: {ended.hang}; {run.halted_words()} (logs: "
-                        f"`fleet logs {run_id}`){tail}")
+        told.state, told.said = "hung", (f"run {run_id} hung: {ended.hang}; "
+                                         f"{run.halted_words()} (logs: `fleet logs {run_id}`)"
+                                         f"{tail}")
+        raise JobFailed(told.said)
     if final.status is RunStatus.SUCCEEDED:
-        console.info(f"run {run_id} succeeded {final.words}{tail}", Meaning.OK)
+        told.state, told.said = "succeeded", f"run {run_id} succeeded {final.words}{tail}"
+        console.info(told.said, Meaning.OK)
         return run_id
     if final.status is RunStatus.STOPPED:
-        raise RunStopped(f"run {run_id} was stopped{final.words}{tail}")
+        told.state, told.said = "stopped", f"run {run_id} was stopped{final.words}{tail}"
+        raise RunStopped(told.said)
     if final.status is RunStatus.FAILED:
-        raise JobFailed(f"run {run_id} failed{final.words} (logs: `fleet logs {run_id}`){tail}")
-    raise JobFailed(f"run {run_id} ended in an unknown state: fleet lost sight of a node "
-                    f"(logs: `fleet logs {run_id}`){tail}", exit_code=final.status.exit_code)
+        told.state = "failed"
+        told.said = f"run {run_id} failed{final.words} (logs: `fleet logs {run_id}`){tail}"
+        raise JobFailed(told.said)
+    told.state = "unknown"
+    told.said = (f"run {run_id} ended in an unknown state: fleet lost sight of a node (logs: "
+                 f"`fleet logs {run_id}`){tail}")
+    raise JobFailed(told.said, exit_code=final.status.exit_code)
 
 

@@ -15,6 +15,7 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import setup
 from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
+from fleet.backends.hosts.notifier import start_watch
 from fleet.backends.hosts.prepare import (
     Session,
     check_job_python,
@@ -26,6 +27,7 @@ from fleet.backends.hosts.stop import stop_nodes
 from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
 from fleet.config.inventory import Inventory, load_inventory
 from fleet.config.job import Job, Launcher
+from fleet.config.notify import Notify
 from fleet.console import Console, Meaning
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
@@ -162,6 +164,12 @@ class HostsRun(Run):
     def detached(self) -> str:
         return f"run {self.run_id} started; follow it with `fleet logs -f {self.run_id}`"
 
+    def watch_end(self, notify: Notify) -> str:
+        m = self.plan.master
+        return start_watch(self.session.transports[m.host.name], notify, m.run_dir,
+                           self.pids[m.host.name], self.run_id, self.job.name,
+                           self.key(m.host.name))
+
     def events(self) -> Generator[Event, None, None]:
         return follow_events(self)
 
@@ -217,13 +225,13 @@ class HostsRun(Run):
         """Per node how it ended; for a failure, the first failing rank and its traceback;
         what was stopped, by whom, and what may still run."""
         ordered = [outcomes[n.host.name] for n in self.plan.nodes]
-        final = report(self.session, self.plan, ordered, self.console)
+        final, first = report(self.session, self.plan, ordered, self.console)
         if final is RunStatus.SUCCEEDED:
             return Final(final, f"on all {len(ordered)} node(s)")
         if final is RunStatus.STOPPED:
             by = next((o.detail for o in ordered if o.status is NodeStatus.STOPPED), "")
             return Final(final, f" by {by}" if by else "")
-        return Final(final)
+        return Final(final, failure=tuple(first))
 
     def close(self) -> None:
         self.session.close()
@@ -234,7 +242,9 @@ MEANINGS = {NodeStatus.SUCCEEDED: Meaning.OK, NodeStatus.FAILED: Meaning.FAIL,
 
 
 def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
-           console: Console) -> RunStatus:
+           console: Console) -> tuple[RunStatus, list[str]]:
+    """Says how each node ended and the first failure; returns the run's state and the first
+    failure's lines (for `[notify]`)."""
     for o in outcomes:
         console.phase(o.name, o.describe(), MEANINGS.get(o.status, Meaning.PLAIN))
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
@@ -245,15 +255,16 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]
     lost_first = {o.name for o in outcomes if by_fail_fast(o.detail, o.name)}
+    first: list[str] = []
     if root is not None:
-        for line in failure.summary(root):
-            console.info(line)
+        first = failure.summary(root)
     elif lost:
-        console.info(f"first failure: {lost[0].name} is unreachable: {lost[0].detail}")
+        first = [f"first failure: {lost[0].name} is unreachable: {lost[0].detail}"]
     elif failed:
-        console.info(f"first failure: {failed[0].name} (node rank {failed[0].node_rank}), no "
-                     f"error report found there: see `fleet logs {plan.run_id} --node "
-                     f"{failed[0].name}`")
+        first = [f"first failure: {failed[0].name} (node rank {failed[0].node_rank}), no error "
+                 f"report found there: see `fleet logs {plan.run_id} --node {failed[0].name}`"]
+    for line in first:
+        console.info(line)
     first_name = root.node if root else (lost[0].name if lost else
                                          failed[0].name if failed else None)
     others = [o for o in failed if o.name != first_name]
@@ -267,4 +278,4 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     for o in lost:
         console.info(f"{o.name} could not be reached: its part of the run may still be running; "
                      f"stop it with `fleet stop {plan.run_id}` once it answers")
-    return overall(o.status for o in outcomes)
+    return overall(o.status for o in outcomes), first

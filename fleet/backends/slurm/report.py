@@ -81,9 +81,11 @@ def manifest_of(rec: state.RunRecord, on_slurm: SlurmRecord,
 
 
 
-def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -> RunStatus:
+def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo,
+           console: Console) -> tuple[RunStatus, list[str]]:
     """Per node how it ended; for a failure the first failing rank, its traceback and the
-    hints for known failures; which nodes Slurm ended as a consequence."""
+    hints for known failures; which nodes Slurm ended as a consequence. Returns the run's
+    state and the first failure's lines (for `[notify]`)."""
     nodes = node_infos(t, rec.run_dir)
     log = t.run(sh("tail", "-n", "200", f"{rec.run_dir}/batch.log") + " 2>/dev/null",
                 timeout=60).out
@@ -109,7 +111,7 @@ def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -
     console.phase("slurm", f"job {info.job_id} {info.state}"
                   + (f", exit code {info.exit_code}" if info.exit_code is not None else ""))
     if info.status is not RunStatus.FAILED:
-        return info.status
+        return info.status, []
     causes = []
     for n in failed:
         with contextlib.suppress(FleetError):
@@ -118,21 +120,25 @@ def report(t: Transport, rec: SlurmRecord, info: sj.JobInfo, console: Console) -
                 causes.append(found)
     root = failure.first(causes)
     refused = sj.parse_preflight(log)
+    first: list[str] = []
     if refused and not nodes:
         console.info("preflight failed: nothing of the job started on any node")
         for name, why in sorted(refused.items()):
             console.phase(name, why)
     elif root is not None:
-        for line in failure.summary(root):
+        first = failure.summary(root)
+        for line in first:
             console.info(line)
     else:
         tail = "\n".join(log.strip().splitlines()[-10:])
-        console.info(f"first failure: no node's error report found; Slurm's output ends:\n{tail}")
+        first = ["first failure: no node's error report found; Slurm's output ends:",
+                 *tail.splitlines()]
+        console.info("\n".join(first))
         for line in format_diagnoses(diagnose(log)):
             console.info(line)
     collateral = [n.name for n in nodes.values() if n not in failed and n.code != 0]
     if collateral:
         console.info("stopped as a consequence (srun --kill-on-bad-exit): "
                      + ", ".join(collateral))
-    return info.status
+    return info.status, first
 

@@ -212,13 +212,14 @@ class SlurmRun(Run):
         assert info is not None
         keep_allocation(self.t, self.rec, info, self.console)
         save(dataclasses.replace(self.rec, final=info.state), self.started_at)
-        final = report(self.t, self.rec, info, self.console)
+        final, first = report(self.t, self.rec, info, self.console)
         if final is RunStatus.SUCCEEDED:
             return Final(final, f"(Slurm job {self.job_id})")
         if final is RunStatus.STOPPED:
             return Final(final, f": Slurm job {self.job_id} {info.state}")
         return Final(RunStatus.FAILED, f": Slurm job {self.job_id} {info.state}" + (
-            f" ({info.reason})" if info.reason and info.reason != "None" else ""))
+            f" ({info.reason})" if info.reason and info.reason != "None" else ""),
+            tuple(first))
 
     def close(self) -> None:
         self.t.close()

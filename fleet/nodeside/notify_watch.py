@@ -1,0 +1,157 @@
+"""A detached run's word of its end (`[notify]` webhook), from its master: started beside the
+run's wrapper, it reads notify.json in the run directory (written by fleet, mode 0600) and
+removes it at once (the URL then lives only in this process), waits until the wrapper has
+ended, then POSTs what this node knows: its own part's end (its exit code, fleet's stop record,
+the last traceback in its node.log), never the other nodes'. It is not in the run's environment,
+so a stop leaves it be; it ends at most TRIES posts after the run's end, each bounded by
+TIMEOUT_S, and writes what happened to notify.log. argv: the run directory, the wrapper's pid.
+Standard library only, Python 3.8+."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+POLL_S = 1.0
+TIMEOUT_S = 10.0
+TRIES = 3  # a lost answer is tried again PAUSE_S later: at most ~40 s after the run's end
+PAUSE_S = 5.0
+TAIL_BYTES = 64 << 10  # of node.log, the last traceback is looked for in this much
+TRACE_LINES = 30
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def ended(run_dir: str, pid: int) -> bool:
+    """Whether the wrapper has ended (a zombie nobody reaps has: its exit code is written)."""
+    if os.path.exists(os.path.join(run_dir, "exit_code")):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def read(path: str, limit: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(size - limit, 0))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def last_traceback(log: str) -> list[str]:
+    """The last Python traceback in the log's tail (else its last lines), TRACE_LINES at most,
+    each without control characters (the log is the job's)."""
+    lines = log.splitlines()
+    at = max((i for i, line in enumerate(lines) if TRACEBACK in line), default=-1)
+    block = lines[at:] if at >= 0 else lines[-10:]
+    return ["    " + "".join(c if c.isprintable() else "?" for c in line)[:300]
+            for line in block[-TRACE_LINES:]]
+
+
+def stopped_by(text: str, proof: str) -> str | None:
+    """Who stopped the node, where the stop record is fleet's own (a line of it hashes to the
+    proof fleet gave: the job can write the file too); None otherwise."""
+    lines = text.splitlines()
+    genuine = any(hashlib.sha256(line.encode()).hexdigest() == proof for line in lines)
+    return (lines[0].strip() or "a stop") if genuine and lines else None
+
+
+def verdict(run_dir: str, cfg: dict[str, Any]) -> tuple[str, str, list[str], float]:
+    """(state, words, failure lines, seconds) of the master's part, from its run directory."""
+    node = cfg["node"]
+    code_text = read(os.path.join(run_dir, "exit_code")).strip()
+    code = int(code_text) if code_text.lstrip("-").isdigit() else None
+    started = read(os.path.join(run_dir, "started")).strip()
+    try:
+        end = os.stat(os.path.join(run_dir, "exit_code")).st_mtime
+    except OSError:
+        end = time.time()
+    seconds = end - int(started) if started.isdigit() else 0.0
+    seen = (f"seen on {node} (the master) alone: a detached run's other nodes are not "
+            f"watched (`fleet status {cfg['run_id']}`)")
+    by = stopped_by(read(os.path.join(run_dir, "stopped")), cfg["proof"])
+    if by is not None:
+        return "stopped", f"{node} was stopped by {by} (exit {code}); {seen}", [], seconds
+    if code is None:
+        return "unknown", f"{node}'s part ended without an exit code; {seen}", [], seconds
+    if code == 0:
+        return "succeeded", f"{node}'s part succeeded (exit 0); {seen}", [], seconds
+    failure = [f"{node}'s last traceback:"] + last_traceback(
+        read(os.path.join(run_dir, "node.log"), TAIL_BYTES))
+    return "failed", f"{node}'s part failed (exit {code}); {seen}", failure, seconds
+
+
+def duration(seconds: float) -> str:
+    s = max(int(seconds), 0)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s}s"
+
+
+def request(cfg: dict[str, Any], state: str, said: str, failure: list[str],
+            seconds: float) -> urllib.request.Request:
+    """The POST, as fleet.run.notify writes it for an attached run."""
+    head = f"fleet: run {cfg['run_id']} ({cfg['job']}) {state} after {duration(seconds)}"
+    text = "\n".join([head, said] + failure)
+    if cfg["format"] == "ntfy":
+        return urllib.request.Request(cfg["webhook"], text.encode(), method="POST", headers={
+            "Title": head.encode("latin-1", "replace").decode("latin-1"),
+            "Content-Type": "text/plain; charset=utf-8"})
+    body: dict[str, Any] = {"text": text}
+    if cfg["format"] == "json":
+        body.update(run=cfg["run_id"], job=cfg["job"], state=state, seconds=round(seconds, 1),
+                    said=said, failure=failure, hang=None)
+    return urllib.request.Request(cfg["webhook"], json.dumps(body).encode(), method="POST",
+                                  headers={"Content-Type": "application/json"})
+
+
+def post(req: urllib.request.Request) -> str | None:
+    """None where the webhook took it, else why not."""
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+            code = int(r.status)
+    except urllib.error.HTTPError as e:
+        return f"it answered HTTP {e.code}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"it could not be reached ({getattr(e, 'reason', None) or e})"
+    return None if 200 <= code < 300 else f"it answered HTTP {code}"
+
+
+def main() -> None:
+    run_dir, pid = sys.argv[1], int(sys.argv[2])
+    path = os.path.join(run_dir, "notify.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    os.unlink(path)
+    while not ended(run_dir, pid):
+        time.sleep(POLL_S)
+    state, said, failure, seconds = verdict(run_dir, cfg)
+    why = None
+    for i in range(TRIES):
+        why = post(request(cfg, state, said, failure, seconds))
+        if why is None:
+            break
+        if i + 1 < TRIES:
+            time.sleep(PAUSE_S)
+    said = f"told {cfg['where']}" if why is None else \
+        f"{cfg['where']} not told after {TRIES} tries: {why}"
+    with open(os.path.join(run_dir, "notify.log"), "a", encoding="utf-8") as log:
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {state}: {said}\n")
+
+
+if __name__ == "__main__":
+    main()
