@@ -12,6 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
+from fleet.config.outputs import take_outputs
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import Table, load_toml
 
@@ -96,6 +97,8 @@ class Job:
     setup_inputs: tuple[str, ...] = ()  # files (in the workdir) whose content re-runs setup
     python: str | None = None  # the interpreter to run with, relative to the job's directory
     restart: Restart = Restart()
+    # What `fleet pull` takes by default: paths under the job's directory on the nodes.
+    outputs: tuple[str, ...] = ()
 
     @property
     def slot(self) -> str:
@@ -217,6 +220,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     start_timeout = float(root.take("start_timeout", float, 120.0))
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")
+    outputs = take_outputs(root)
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, args_at=args_at, launcher=launcher, command=command,
@@ -224,7 +228,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
-               setup_inputs=setup_inputs, python=python)
+               setup_inputs=setup_inputs, python=python, outputs=outputs)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
