@@ -194,3 +194,8 @@ class NotEveryNode(FleetError):
     what it says of those is unknown."""
 
     exit_code = ExitCode.UNREACHABLE
+
+
+class PullFailed(FleetError):
+    """`fleet pull` could not bring back all it was asked for (each node's problem named above
+    it: a node that no longer has the run, a path not there, a transfer broken)."""

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,29 @@ def record(plan: Plan, setup_hashes: dict[str, str], record_dir: Path,
     m = build(plan, setup_hashes, git_info(job.workdir), code_files, data_files)
     (record_dir / "manifest.json").write_text(dumps(m))
     return m
+
+
+PULLED = "pulled.json"  # in a run's local record: what `fleet pull` last brought from each node
+
+
+def record_pulled(record_dir: Path, pulled: dict[str, tuple[Path, dict[str, int]]]) -> None:
+    """Per node, where its outputs went and each file's size, as of this pull (`fleet show`
+    lists them); nodes not pulled from now keep what an earlier pull recorded."""
+    if not pulled:
+        return
+    seen = pulled_of(record_dir)
+    for host, (dest, files) in pulled.items():
+        seen[host] = {"at": time.time(), "to": str(dest), "files": dict(sorted(files.items()))}
+    path = record_dir / PULLED
+    tmp = path.with_name(f".{PULLED}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(seen, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def pulled_of(record_dir: Path) -> dict[str, Any]:
+    """What record_pulled kept ({} where nothing was pulled, or the file is unreadable)."""
+    try:
+        data = json.loads((record_dir / PULLED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

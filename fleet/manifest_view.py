@@ -5,15 +5,36 @@ from __future__ import annotations
 
 import difflib
 import re
+import time
 from typing import Any
 
 from fleet.manifest import is_slurm
+from fleet.transport.transfer.report import human
 
 
 def show(m: dict[str, Any]) -> list[str]:
     """A manifest as a person reads it."""
     lines = _show_code(m)
-    return lines + (_show_slurm(m) if is_slurm(m) else _show_hosts(m))
+    lines += _show_slurm(m) if is_slurm(m) else _show_hosts(m)
+    return lines + _show_outputs(m)
+
+
+def _show_outputs(m: dict[str, Any]) -> list[str]:
+    """The job's declared outputs, and per node what `fleet pull` last brought back, with
+    sizes as of that pull (the nodes are not asked again)."""
+    declared = m["job"].get("outputs") or []
+    pulled = m.get("pulled") or {}
+    if not declared and not pulled:
+        return []
+    lines = [f"outputs: {', '.join(declared) or '(none declared)'}"
+             + ("" if pulled else f"; not pulled yet (`fleet pull {m['run_id']}`)")]
+    for host, p in sorted(pulled.items()):
+        files = p.get("files") or {}
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.get("at", 0)))
+        lines.append(f"  [{host}] pulled {at} into {p.get('to')}: {len(files)} file(s), "
+                     f"{human(sum(files.values()))}")
+        lines += [f"    {rel}  {human(size)}" for rel, size in files.items()]
+    return lines
 
 
 def _show_code(m: dict[str, Any]) -> list[str]:

@@ -23,6 +23,7 @@ from fleet.console import Console
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
+from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus
 
 
@@ -197,3 +198,11 @@ class Backend(ABC):
     @abstractmethod
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
         """`fleet show`: what exactly ran."""
+
+    @abstractmethod
+    def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
+             every: bool) -> dict[str, Pulled | Exception]:
+        """`fleet pull`: `paths` (under the job's directory on the nodes; none: the job's
+        declared outputs) from the master into `to`, or with `every` from each node into
+        to/<node>; per node what is in place and what went wrong, or why it could not be
+        asked."""

@@ -195,7 +195,10 @@ def show(run_id: RunArg = None,
     synced files' hashes, setup (on Slurm: the job id, the script's env and command, the
     nodes)."""
     rec = state.load(run_id)
-    m = _manifest(attempts.records(rec)[-1])
+    last = attempts.records(rec)[-1]
+    m = _manifest(last)
+    if pulled := fleet_manifest.pulled_of(last.dir):
+        m = {**m, "pulled": pulled}
     tried = attempts.as_json(rec)
     if tried:
         m = {**m, "attempts": tried}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fleet.config.notify import Notify, job_notify
+from fleet.config.outputs import take_outputs
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import Table, load_toml
 
@@ -98,6 +99,8 @@ class Job:
     python: str | None = None  # the interpreter to run with, relative to the job's directory
     restart: Restart = Restart()
     notify: Notify = Notify()  # word when the run ends (fleet.config.notify)
+    # What `fleet pull` takes by default: paths under the job's directory on the nodes.
+    outputs: tuple[str, ...] = ()
 
     @property
     def slot(self) -> str:
@@ -220,6 +223,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     start_timeout = float(root.take("start_timeout", float, 120.0))
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")
+    outputs = take_outputs(root)
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, args_at=args_at, launcher=launcher, command=command,
@@ -227,7 +231,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
-               setup_inputs=setup_inputs, python=python, notify=notify)
+               setup_inputs=setup_inputs, python=python, notify=notify,
+               outputs=outputs)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

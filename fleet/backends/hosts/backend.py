@@ -14,6 +14,7 @@ from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
+from fleet.backends.hosts import pull as fleet_pull
 from fleet.backends.hosts import recorded
 from fleet.backends.hosts.run import HostsRun, prepare
 from fleet.config.inventory import Inventory, load_inventory
@@ -27,6 +28,7 @@ from fleet.run.record import NodeRecord, RunRecord
 from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each, reason
+from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
 
 
@@ -149,6 +151,10 @@ class HostsBackend(Backend):
                              "setup, or an older fleet started it") from None
         except ValueError as e:
             raise DamagedRecord(f"{path}: cannot be read ({e})") from e
+
+    def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
+             every: bool) -> dict[str, Pulled | Exception]:
+        return fleet_pull.pull(rec, self.manifest(rec, console), console, paths, to, every)
 
 
 def states(rec: RunRecord) -> dict[str, run_state.NodeState | Exception]:

@@ -45,6 +45,7 @@ from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
 from fleet.transport import open_transport
 from fleet.transport.group import reason
+from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
 
 
@@ -275,3 +276,10 @@ class SlurmBackend(Backend):
             raise UsageError(f"run {rec.run_id} has no manifest ({rec.dir / 'manifest.json'}): "
                              "it was never submitted to Slurm, or an older fleet started it")
         return m
+
+    def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
+             every: bool) -> dict[str, Pulled | Exception]:
+        raise UsageError("fleet pull runs on host lists only: a Slurm run's record keeps its "
+                         "run directory but not the job's directory on the shared filesystem "
+                         "that its outputs are written in; copy them from the login node "
+                         "(scp) for now")

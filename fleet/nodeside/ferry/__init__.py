@@ -1,5 +1,5 @@
 """ferry: fleet's file mover. The same code runs on this machine (the sender's half, imported as
-fleet.nodeside.ferry) and on every node (`hash|recv|send ...`, standard library only, Python
+fleet.nodeside.ferry) and on every node (`hash|recv|send|list ...`, standard library only, Python
 3.8+), where its modules go as one program (fleet.transport.transfer.agent.program), so that
 sending to nodes and pulling from them are one engine.
 
@@ -64,14 +64,22 @@ from fleet.nodeside.ferry.frames import (
 from fleet.nodeside.ferry.main import main
 from fleet.nodeside.ferry.receiver import Receiver, _problem, forget_bytecode
 from fleet.nodeside.ferry.recv import CONNECT_S, STALL_S, accept_from, cmd_recv, link_to
-from fleet.nodeside.ferry.send import AHEAD, Changed, Unreadable, cmd_send, send_file
+from fleet.nodeside.ferry.send import (
+    AHEAD,
+    LIST_MAX,
+    Changed,
+    Unreadable,
+    cmd_list,
+    cmd_send,
+    send_file,
+)
 from fleet.nodeside.ferry.word import Word
 
 # What fleet.transport.transfer and the tests use (mypy --strict re-exports only what is listed)
 __all__ = [
-    "AHEAD", "BLOCK", "CONNECT_S", "DIGEST_HEX", "HEAD", "MAX_META", "PART", "STALL_S", "Bad",
-    "Changed", "Json", "Receiver", "Unreadable", "Word", "_exactly", "_problem", "accept_from",
-    "block_len", "blocks_of", "cmd_hash", "cmd_recv", "cmd_send", "digest", "forget_bytecode",
-    "frame", "hash_file", "kept_from", "link_to", "main", "meta", "part_name", "part_of",
-    "read_frame", "safe_rel", "send_file", "target",
+    "AHEAD", "BLOCK", "LIST_MAX", "CONNECT_S", "DIGEST_HEX", "HEAD", "MAX_META", "PART", "STALL_S",
+    "Bad", "Changed", "Json", "Receiver", "Unreadable", "Word", "_exactly", "_problem",
+    "accept_from", "block_len", "blocks_of", "cmd_hash", "cmd_list", "cmd_recv", "cmd_send",
+    "digest", "forget_bytecode", "frame", "hash_file", "kept_from", "link_to", "main", "meta",
+    "part_name", "part_of", "read_frame", "safe_rel", "send_file", "target",
 ]

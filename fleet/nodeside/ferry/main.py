@@ -1,4 +1,4 @@
-"""ferry's entry point: `hash`, `recv` or `send`, from the node's command line."""
+"""ferry's entry point: `hash`, `recv`, `send` or `list`, from the node's command line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 from fleet.nodeside.ferry.frames import cmd_hash, safe_rel
 from fleet.nodeside.ferry.recv import _exit_when_unread, cmd_recv
-from fleet.nodeside.ferry.send import cmd_send
+from fleet.nodeside.ferry.send import cmd_list, cmd_send
 
 
 def main(argv: list[str]) -> int:
@@ -20,10 +20,13 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["recv"] and len(argv) in (2, 3):
         return cmd_recv(argv[1:])
     if argv[:1] == ["send"] and len(argv) == 3:
+        return cmd_send(argv[1], argv[2], json.loads(sys.stdin.readline() or "[]"))
+    if argv[:1] == ["list"] and len(argv) == 2:
         rels = json.loads(sys.stdin.readline() or "[]")
-        return cmd_send(argv[1], argv[2], [safe_rel(r) for r in rels])
+        cmd_list(argv[1], [safe_rel(r) for r in rels], sys.stdout)
+        return 0
     sys.stderr.write("usage: ferry hash ROOT < [paths] | ferry recv MARK [LISTEN] | "
-                     "ferry send ROOT MARK < [paths]\n")
+                     "ferry send ROOT MARK < [paths] | ferry list ROOT < [paths]\n")
     return 2
 
 

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import queue
+import stat
 import sys
 import threading
-from typing import Any, Callable, Iterable, Iterator  # noqa: UP035 - Python 3.8
+from typing import IO, Any, Callable, Iterable, Iterator  # noqa: UP035 - Python 3.8
 
 from fleet.nodeside.ferry.frames import (
     _NOFOLLOW,
     BLOCK,
+    Json,
     Write,
     block_len,
     blocks_of,
     digest,
     frame,
     meta,
+    part_of,
+    safe_rel,
     target,
 )
 
@@ -118,16 +123,20 @@ def _read_ahead(fd: int, indices: Iterable[int], size: int, known: list[str] | N
 
 
 
-def cmd_send(root: str, mark: str, rels: list[str]) -> int:
+def cmd_send(root: str, mark: str, items: list[Any]) -> int:
     """send ROOT MARK < [paths]: the files, as a stream on stdout after the MARK line (pulling
-    from a node: the same frames the other way). A file that is not there, or changed while it
-    was read, is left out (the receiver sees which came)."""
+    from a node: the same frames the other way). An item is a path (the whole file), or
+    {"path", "size", "blocks", "known", "sha"}: only those blocks, each checked against the
+    digest it was chosen by (a resumed pull). A file that is not there, or changed since it was
+    hashed or while it was read, is left out (the receiver sees which came)."""
     out = sys.stdout.buffer
 
     def write(data: bytes) -> None:
         out.write(data)
     write(b"\n" + mark.encode() + b"\n")
-    for rel in rels:
+    for item in items:
+        want = item if isinstance(item, dict) else {"path": item}
+        rel = safe_rel(want.get("path"))
         path = target(root, rel)
         try:
             fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
@@ -135,10 +144,10 @@ def cmd_send(root: str, mark: str, rels: list[str]) -> int:
                 st = os.fstat(fd)
             finally:
                 os.close(fd)
-            if not stat_regular(st.st_mode):
+            if not stat_regular(st.st_mode) or want.get("size", st.st_size) != st.st_size:
                 continue
-            send_file(write, 0, rel, path, st.st_size, st.st_mtime_ns,
-                      st.st_mode & 0o7777, None, [0])
+            send_file(write, 0, rel, path, st.st_size, st.st_mtime_ns, st.st_mode & 0o7777,
+                      want.get("blocks"), [0], want.get("known"), want.get("sha"))
         except (OSError, Changed):
             continue
     out.write(frame(b"Z", b""))
@@ -148,3 +157,67 @@ def cmd_send(root: str, mark: str, rels: list[str]) -> int:
 
 def stat_regular(mode: int) -> bool:
     return mode & 0o170000 == 0o100000
+
+
+LIST_MAX = 100000  # files listed for one pull: more is not a job's outputs
+
+
+def cmd_list(root: str, rels: list[str], out: IO[str]) -> None:
+    """list ROOT < [paths]: what a pull would take under ROOT, one JSON object a line: first
+    {"root": whether ROOT is a directory}; then per regular file under each path (a file, or a
+    directory walked without following links) {"file": [path, size, mtime_ns]}; a path not
+    there: {"missing": path}; a link or anything but a file or directory: {"skipped": [path,
+    why]}, never followed; beyond LIST_MAX files: {"truncated": LIST_MAX}."""
+    def say(obj: Json) -> None:
+        out.write(json.dumps(obj) + "\n")
+    say({"root": os.path.isdir(root)})
+    count = 0
+    for rel in rels:
+        kind = _kind(root, rel)
+        if kind in ("missing", "link", "other"):
+            say({"missing": rel} if kind == "missing" else
+                {"skipped": [rel, "a symbolic link (not followed)" if kind == "link" else
+                             "not a regular file"]})
+            continue
+        found: list[tuple[str, str]] = []
+        if kind == "file":
+            found.append((rel, os.path.join(root, rel)))
+        else:
+            for top, dirs, files in os.walk(os.path.join(root, rel)):
+                dirs.sort()
+                under = os.path.relpath(top, root).replace(os.sep, "/")
+                for d in [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+                    dirs.remove(d)
+                    say({"skipped": [f"{under}/{d}", "a symbolic link (not followed)"]})
+                found += [(f"{under}/{f}", os.path.join(top, f)) for f in sorted(files)
+                          if part_of(f) is None]
+        for name, path in found:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not stat_regular(st.st_mode):
+                say({"skipped": [name, "a symbolic link (not followed)" if
+                                 stat.S_ISLNK(st.st_mode) else "not a regular file"]})
+                continue
+            count += 1
+            if count > LIST_MAX:
+                say({"truncated": LIST_MAX})
+                return
+            say({"file": [name, st.st_size, st.st_mtime_ns]})
+
+
+def _kind(root: str, rel: str) -> str:
+    """"file", "dir", "missing", "link" (the path, or a directory on the way to it, is a
+    symbolic link) or "other"."""
+    at = root
+    for part in rel.split("/"):
+        at = os.path.join(at, part)
+        try:
+            st = os.lstat(at)
+        except OSError:
+            return "missing"
+        if stat.S_ISLNK(st.st_mode):
+            return "link"
+    return "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) \
+        else "other"

@@ -16,8 +16,10 @@ class Bar:
     left; where a person watches (`Console.live`) one line redrawn, else a line now and then."""
 
     def __init__(self, console: Console, total: int, states: dict[str, NodeState],
-                 order: list[str], clock: Callable[[], float] = time.monotonic) -> None:
+                 order: list[str], clock: Callable[[], float] = time.monotonic,
+                 label: str = "data") -> None:
         self.console, self.total, self.states, self.order = console, total, states, order
+        self.label = label  # what moves: "data" to the nodes, "pulled" from one
         self.clock = clock
         self.tty = console.live
         self.t0 = clock()
@@ -45,7 +47,7 @@ class Bar:
         nodes = ""
         if len(set(per.values())) > 1:
             nodes = "  " + " ".join(f"{n} {p}%" for n, p in per.items())
-        return (f"data {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
+        return (f"{self.label} {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
                 f"{eta:.0f}s left{nodes}")
 
     def end(self) -> None:

@@ -1,34 +1,45 @@
-"""Files from a node (the engine of a pull): streamed by `ferry send`, written here strictly, as
-from an untrusted peer."""
+"""Files from a node (the engine of `fleet pull`): listed by `ferry list`, compared with what is
+here (the same size and sha256: not fetched again; a partial file an interrupted pull left:
+only the blocks it lacks), streamed by `ferry send` and written here strictly, as from an
+untrusted peer. The pure parts (the listing's parser, what to ask for) are in `wanted`."""
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.console import printable
+from fleet.console import Console, printable
 from fleet.errors import WorkdirError
 from fleet.nodeside import ferry
 from fleet.shell import quote
 from fleet.transport.base import Pipe, Transport
 from fleet.transport.transfer.agent import agent
-from fleet.transport.transfer.report import LINE_MAX, problem_text
+from fleet.transport.transfer.plan import Held, hash_script, parse_held
+from fleet.transport.transfer.progress import Bar
+from fleet.transport.transfer.report import LINE_MAX, NodeState, problem_text
+from fleet.transport.transfer.wanted import Want, parse_listing, wants
 
 FETCH_IDLE_S = 60.0  # a node that sends nothing for this long while fetched from: given up
 
 
-def fetch(t: Transport, python: str, root: str, rels: list[str], dest: Path) -> dict[str, str]:
+def fetch(t: Transport, python: str, root: str, rels: Sequence[str | Want], dest: Path,
+          received: Callable[[int], None] | None = None) -> dict[str, str]:
     """The node's files root/rel into dest/rel, streamed by `ferry send` and written here by the
     same Receiver, strictly: a node is untrusted, so no path may leave dest or pass through a
     link there, each file is verified against the hash the node sent, and each replaces its
-    target only whole. Returns rel -> sha256 of what was placed; a file the node did not send
-    is missing from it. WorkdirError if the stream breaks the protocol."""
+    target only whole. A Want asks for some blocks only (the rest are here). Returns rel ->
+    sha256 of what was placed; a file the node did not send is missing from it. received(n)
+    hears each block's bytes as they come. WorkdirError if the stream breaks the protocol."""
     mark = f"FERRY-{secrets.token_hex(8)}"
-    rels = [ferry.safe_rel(r) for r in rels]
-    pipe = t.pipe(agent(python, f"send {quote(root)} {mark}", json.dumps(rels)))
+    items = [r.item() if isinstance(r, Want) else ferry.safe_rel(r) for r in rels]
+    names = [i["path"] if isinstance(i, dict) else i for i in items]
+    pipe = t.pipe(agent(python, f"send {quote(root)} {mark}", json.dumps(items)))
     got: dict[str, str] = {}
     errors: list[dict[str, object]] = []
 
@@ -40,7 +51,7 @@ def fetch(t: Transport, python: str, root: str, rels: list[str], dest: Path) -> 
             errors.append(obj["error"])  # type: ignore[arg-type]
 
     recv = ferry.Receiver([str(dest)], 0, report, strict=True,
-                          only={(0, r) for r in rels})
+                          only={(0, r) for r in names})
     reader = _PipeReader(pipe)
     idle = threading.Thread(target=reader.watch, args=(FETCH_IDLE_S,), daemon=True)
     idle.start()
@@ -57,6 +68,8 @@ def fetch(t: Transport, python: str, root: str, rels: list[str], dest: Path) -> 
             if not kind:
                 raise EOFError("the stream ended before its end" +
                                (f" (nothing for {FETCH_IDLE_S:.0f}s)" if reader.idle else ""))
+            if kind == b"D" and received is not None:
+                received(len(payload))
             if not recv.apply(kind, payload):
                 break
     except (ferry.Bad, EOFError, ValueError, TypeError, RecursionError) as e:
@@ -97,3 +110,76 @@ class _PipeReader:
         out = bytes(self.buf[:n])
         del self.buf[:n]
         return out
+
+
+@dataclass
+class Pulled:
+    """One node's pull: where it went, the files in place after it (rel -> size), what moved
+    (files fetched, bytes that crossed the link, bytes of them already here), the files not
+    fetched again, what was left out (notes) and what went wrong (problems)."""
+
+    dest: Path
+    files: dict[str, int] = field(default_factory=dict)
+    fetched: int = 0
+    received: int = 0
+    kept: int = 0
+    unchanged: int = 0
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def pull(t: Transport, python: str, root: str, rels: list[str], dest: Path,
+         console: Console) -> Pulled:
+    """The files under root/<each of rels> on the node into dest/<rel>: listed there (links
+    not followed), those already here (same size and sha256) left alone, a partial or older
+    file completed with only the blocks it lacks, the rest streamed whole, with progress."""
+    host = t.host.name
+    got = Pulled(dest)
+    with console.waiting(f"{host}: listing {', '.join(rels)}"):
+        res = t.run(agent(python, f"list {quote(root)}", json.dumps(rels)), timeout=300,
+                    what=f"list {root}").check(host)
+        listing = parse_listing(res.out, rels)
+    if not listing.root:
+        got.problems.append(f"{root} is not there (the job's directory)")
+        return got
+    got.problems += [f"{root}/{m} is not there" for m in listing.missing]
+    got.notes += [f"not pulled: {root}/{rel}: {why}" for rel, why in listing.skipped.items()]
+    if listing.truncated:
+        got.problems.append(f"more than {ferry.LIST_MAX} files under {', '.join(rels)}: name "
+                            "fewer paths")
+        return got
+    dest.mkdir(parents=True, exist_ok=True)
+    with console.waiting(f"{host}: comparing {len(listing.files)} file(s) with {dest}"):
+        mine = io.StringIO()
+        ferry.cmd_hash(str(dest), list(listing.files), mine)
+        here = parse_held(mine.getvalue(), set(listing.files))
+        there: dict[str, Held] = {}
+        if here:
+            res = t.run(hash_script(python, root, sorted(here)), timeout=600,
+                        what=f"hash {root}").check(host)
+            there = parse_held(res.out, set(here))
+    todo, same = wants(listing.files, here, there)
+    got.unchanged = len(same)
+    got.files = {rel: listing.files[rel] for rel in same}
+    if todo:
+        total = sum(w.bytes for w in todo)
+        state = NodeState(host, expected=total)
+        bar = Bar(console, total, {host: state}, [host], label="pulled")
+
+        def received(n: int) -> None:
+            state.at += n
+            got.received += n
+            bar.tick()
+        try:
+            placed = fetch(t, python, root, todo, dest, received)
+        finally:
+            bar.end()
+        for w in todo:
+            if w.rel in placed:
+                got.fetched += 1
+                got.kept += w.size - w.bytes
+                got.files[w.rel] = w.size
+            else:
+                got.problems.append(f"{root}/{w.rel} changed or went away there while it was "
+                                    "pulled (what arrived is kept): pull again")
+    return got

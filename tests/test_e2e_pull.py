@@ -1,0 +1,172 @@
+"""`fleet pull` end to end through the real CLI on two real sshd hosts: a run's declared outputs
+brought back byte-identical from the master, a second pull that fetches nothing, a pull killed
+mid-transfer resumed without sending again what arrived, --all into per-node folders, and a
+node that no longer has the run (or a path) named."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, _need_testbed
+from tests.testbed import Testbed
+
+pytestmark = pytest.mark.e2e
+
+MB = 1 << 20
+BIG_MB = 60
+
+WRITER = f"""\
+import os, socket
+os.makedirs("checkpoints", exist_ok=True)
+os.makedirs("runs/tb", exist_ok=True)
+with open("checkpoints/model.pt", "wb") as f:
+    f.write(socket.gethostname().encode() + os.urandom(3 * {MB} + 7))
+with open("checkpoints/big.bin", "wb") as f:
+    for _ in range({BIG_MB}):
+        f.write(os.urandom({MB}))
+with open("runs/tb/events.txt", "w") as f:
+    f.write("loss 0.1 on " + socket.gethostname() + "\\n")
+"""
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Testbed, CLI, str]]:
+    """Two hosts, and one finished run whose job wrote its outputs on each."""
+    _need_testbed()
+    with Testbed(2) as tb:
+        here = tmp_path_factory.mktemp("pull")
+        cli = CLI(here)
+        (here / "code").mkdir()
+        (here / "code" / "write.py").write_text(WRITER)
+        tb.inventory(here / "inv.toml")
+        (here / "job.toml").write_text(
+            'inventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
+            'command = ["{python}", "write.py"]\nnproc_per_node = 1\n'
+            'outputs = ["checkpoints/", "runs/"]\n[rendezvous]\nport = 29561\n')
+        r = cli("up", str(here / "job.toml"), timeout=300)
+        assert r.returncode == 0, r.stderr
+        run_id = next((here / ".fleet").rglob("run.json")).parent.name
+        yield tb, cli, run_id
+
+
+def record(cli: CLI, run_id: str) -> Path:
+    """The run's local record."""
+    return next((cli.cwd / ".fleet").rglob(f"{run_id}/run.json")).parent
+
+
+def sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(MB):
+            h.update(b)
+    return h.hexdigest()
+
+
+def code_dir(tb: Testbed, cli: CLI, run_id: str, host: str) -> Path:
+    """The job's directory on a host (under its home: visible from here)."""
+    m = json.loads((record(cli, run_id) / "manifest.json").read_text())
+    return Path(m["nodes"][host]["code_dir"].replace("~", str(tb.host(host).home), 1))
+
+
+def outputs(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): sha(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
+
+
+def test_pull_brings_the_master_outputs_back_and_a_second_fetches_nothing(
+        bed: tuple[Testbed, CLI, str]) -> None:
+    tb, cli, run_id = bed
+    r = cli("pull")  # the latest run, its declared outputs, into ./<run id>/
+    assert r.returncode == 0, r.stderr
+    out = cli.cwd / run_id
+    node = code_dir(tb, cli, run_id, "node1")
+    want = {rel: h for rel, h in outputs(node).items()
+            if rel.startswith(("checkpoints/", "runs/"))}
+    assert len(want) == 3
+    assert outputs(out) == want
+    assert (out / "checkpoints" / "model.pt").read_bytes().startswith(b"node1")
+    assert re.search(r"node1 +3 file\(s\) fetched", r.stderr), r.stderr
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    again = cli("pull", run_id)
+    assert again.returncode == 0, again.stderr
+    # Nothing crossed the link (fleet counts the block bytes that came), and no file here was
+    # replaced (a fetched file is renamed into place: a new inode).
+    assert "nothing fetched" in again.stderr and "(0 bytes sent)" in again.stderr, again.stderr
+    assert "3 file(s) unchanged, not fetched again" in again.stderr
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*")
+            if p.is_file()} == before
+    shown = cli("show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "outputs: checkpoints, runs" in shown.stdout
+    assert re.search(r"checkpoints/big\.bin  60\.0 MiB", shown.stdout), shown.stdout
+
+
+def test_an_interrupted_pull_resumes_without_sending_again_what_arrived(
+        bed: tuple[Testbed, CLI, str]) -> None:
+    tb, cli, run_id = bed
+    dest = cli.cwd / "resumed"
+    part = dest / "checkpoints" / ".big.bin.fleet-part"
+    h = tb.host("node1")
+    # node1's own link toward here held to about 5 MB/s: the 60 MB file takes ~12 s
+    tb.exec("node1", "tc", "qdisc", "add", "dev", h.iface, "root", "tbf", "rate", "40mbit",
+            "burst", "65536", "latency", "100ms")
+    try:
+        p = cli.popen("pull", run_id, "checkpoints/big.bin", "--to", str(dest))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (part.exists() and
+                                                   part.stat().st_size > 15 * MB):
+            time.sleep(0.1)
+        assert part.exists(), p.communicate(timeout=30)
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=30)
+    finally:
+        tb.exec("node1", "tc", "qdisc", "del", "dev", h.iface, "root")
+    arrived = part.stat().st_size
+    assert 15 * MB < arrived < BIG_MB * MB and not (dest / "checkpoints" / "big.bin").exists()
+    r = cli("pull", run_id, "checkpoints/big.bin", "--to", str(dest))
+    assert r.returncode == 0, r.stderr
+    node = code_dir(tb, cli, run_id, "node1")
+    assert sha(dest / "checkpoints" / "big.bin") == sha(node / "checkpoints" / "big.bin")
+    assert not part.exists()
+    m = re.search(r"\(([\d.]+) MiB sent, ([\d.]+) MiB already here from an earlier pull\)",
+                  r.stderr)
+    assert m, r.stderr
+    sent, kept = float(m[1]), float(m[2])
+    assert kept >= (arrived // MB) - 1 and sent + kept == pytest.approx(BIG_MB, abs=0.2)
+
+
+def test_all_pulls_every_node_into_its_own_folder(bed: tuple[Testbed, CLI, str]) -> None:
+    tb, cli, run_id = bed
+    r = cli("pull", run_id, "--all", "--to", "every")
+    assert r.returncode == 0, r.stderr
+    for host in ("node1", "node2"):
+        got = outputs(cli.cwd / "every" / host)
+        node = outputs(code_dir(tb, cli, run_id, host))
+        assert got and all(node[rel] == h for rel, h in got.items()), host
+        assert (cli.cwd / "every" / host / "runs" / "tb" / "events.txt").read_text() == \
+            f"loss 0.1 on {host}\n"
+
+
+def test_a_path_or_a_run_no_longer_there_is_named(bed: tuple[Testbed, CLI, str]) -> None:
+    tb, cli, run_id = bed
+    r = cli("pull", run_id, "no/such.pt", "--to", "missing")
+    assert r.returncode == 1
+    assert re.search(r"node1 +\S+/no/such\.pt is not there", r.stderr), r.stderr
+    bad = cli("pull", run_id, "../etc/passwd")
+    assert bad.returncode == 2 and "'..'" in bad.stderr
+    rec = json.loads((record(cli, run_id) / "run.json").read_text())
+    run_dir = next(n["run_dir"] for n in rec["nodes"] if n["host"]["name"] == "node2")
+    tb.exec("node2", "rm", "-rf", run_dir.replace("~", str(tb.host("node2").home), 1))
+    gone = cli("pull", run_id, "--all", "--to", "gone")
+    assert gone.returncode == 1, gone.stderr
+    assert re.search(r"node2 +no longer has the run: \S+/runs/" + run_id, gone.stderr), \
+        gone.stderr
+    assert (cli.cwd / "gone" / "node1" / "checkpoints" / "model.pt").exists()
