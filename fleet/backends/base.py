@@ -19,6 +19,7 @@ from fleet.backends.checks import Check
 from fleet.config.inventory import Inventory
 from fleet.config.job import Job
 from fleet.console import Console
+from fleet.facts.command import Outcome
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
@@ -189,3 +190,11 @@ class Backend(ABC):
     @abstractmethod
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
         """`fleet show`: what exactly ran."""
+
+    @abstractmethod
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+                timeout: float | None, progress: Callable[[int, int], None]
+                ) -> dict[str, Outcome]:
+        """`fleet exec`: argv on every host of the inventory (or those in `nodes`) at once;
+        with a job, in its directory and with its env there. Per host its answer or why none
+        came; `progress(answered, total)` hears each answer. Refused where it cannot run."""

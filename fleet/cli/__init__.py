@@ -15,11 +15,14 @@ import sys
 import traceback
 from types import FrameType
 
-from fleet.cli import job_commands, run_commands
+from fleet.cli import execute, job_commands, run_commands
 from fleet.cli.app import app, echo
 from fleet.errors import FleetError, InternalError, Interrupted
 
-__all__ = ["app", "job_commands", "main", "run_commands"]
+__all__ = ["app", "execute", "job_commands", "main", "run_commands"]
+
+# After the commands the modules above added: `fleet --help` lists them in the order added.
+app.command("exec")(execute.execute)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -38,6 +38,7 @@ from fleet.errors import (
     UsageError,
 )
 from fleet.facts import slurm as sj
+from fleet.facts.command import Outcome
 from fleet.facts.probe import probe, python_problem
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
@@ -275,3 +276,13 @@ class SlurmBackend(Backend):
             raise UsageError(f"run {rec.run_id} has no manifest ({rec.dir / 'manifest.json'}): "
                              "it was never submitted to Slurm, or an older fleet started it")
         return m
+
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+                timeout: float | None, progress: Callable[[int, int], None]
+                ) -> dict[str, Outcome]:
+        """Refused: which compute nodes a job gets is Slurm's choice, made per job, and fleet
+        holds no connection to them (only to the login node, where no job runs)."""
+        raise UsageError(f"{inventory} is a Slurm cluster: fleet exec runs on the hosts of a "
+                         "host list only (Slurm picks a job's compute nodes when it starts it, "
+                         "and fleet reaches only the login node). On the cluster, run it "
+                         "through Slurm: srun --nodes=N CMD (or inside your job's allocation)")
