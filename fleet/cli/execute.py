@@ -34,7 +34,7 @@ def execute(path: Annotated[Path, typer.Argument(
                 "--timeout", metavar="SECONDS", min=0.1,
                 help="Give up on a host whose command has not ended after this long (it may "
                      "still run there); default: wait.")] = None) -> None:
-    """Run a command on every host at once; identical output is shown once.
+    """Run a command on every host at once; same output is shown once.
 
     Hosts that gave the same output (stdout and stderr) and exit status are listed under one
     header; exit code 0 when every host's command exited 0, 1 when one failed (or could not
