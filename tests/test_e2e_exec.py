@@ -6,12 +6,14 @@ directory (absent before its `fleet up`, there after) and env."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CLI, _need_testbed
+from tests.test_e2e_lifetime import wait_for
 from tests.testbed import NOISE_STDERR, NOISE_STDOUT, Testbed
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +45,8 @@ def test_identical_output_once_differing_apart(cli: CLI, tb: Testbed, tmp_path: 
     assert names.stdout == ("---- node1 (1) ----\nnode1\n---- node2 (1) ----\nnode2\n"
                             "---- node3 (1) ----\nnode3\n"), names.stdout
     clean(names)
+    shown = cli("exec", str(inv), "--node", "node1", "--", "printf", "a\\033[2Jb\\n")
+    assert shown.stdout == "---- node1 (1) ----\na^[[2Jb\n", shown.stdout  # shown, not obeyed
 
 
 def test_a_failing_host_shows_its_status_and_exits_1(cli: CLI, tb: Testbed,
@@ -111,3 +115,30 @@ def test_with_a_job_it_runs_in_the_jobs_directory_with_its_env(cli: CLI, tb: Tes
     clean(after)
     home = cli("exec", str(inv), "--", "sh", "-c", 'echo "~${PWD#"$HOME"}|${WHERE:-}"')
     assert home.stdout == "---- node1,node2,node3 (3) ----\n~|\n", home.stdout
+
+
+def test_ctrl_c_says_that_a_started_command_goes_on(cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+    """Without a terminal on the node nothing ends the command with its connection (as with
+    `ssh host cmd`): fleet says so rather than let it be thought stopped."""
+    inv = tb.inventory(tmp_path / "inv.toml")
+
+    def sleepers() -> list[str]:
+        rows = tb.exec("node1", "ps", "-eo", "pid=,args=").stdout.splitlines()
+        return [row.split()[0] for row in rows if row.split()[1:] == ["sleep", "37"]]
+
+    def sleeping() -> bool:
+        return bool(sleepers())
+
+    p = cli.popen("exec", str(inv), "--node", "node1", "--", "sleep", "37")
+    try:
+        wait_for(sleeping, 30, "the command to start on node1")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 130 and out == "", out + err
+        assert err == ("fleet: interrupted (SIGINT): a command that had started on a host goes "
+                       "on there (fleet exec stops nothing)\n"), err
+        assert sleeping()
+    finally:
+        p.kill()
+        for pid in sleepers():  # by its pid, inside node1's own PID namespace
+            tb.exec("node1", "kill", pid)

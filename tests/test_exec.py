@@ -4,8 +4,10 @@ shows them, the summary and the exit code; the hosts chosen and the job's direct
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from fleet.errors import CommandTimedOut, ExitCode, TransportError, UsageError
 from fleet.facts.command import CAP, Absent, Answer, command_script, parse_answer
 from fleet.grouped import Group, block, exit_code, groups, summary
 
+ROOT = Path(__file__).resolve().parent.parent
 SH = shutil.which("dash") or "sh"
 MARK = "FLEET-EXEC-0123456789abcdef"
 
@@ -145,3 +148,26 @@ def test_the_jobs_directory_and_env_are_those_fleet_up_gives_it(tmp_path: Path) 
                    "LR": "0.1", "SHARED": "host"}
     assert paths == {"FLEET_DATA_DIR"}
     assert not any(k.startswith(("MASTER_", "FLEET_RUN", "FLEET_NODE")) for k in env)
+
+
+def test_a_slurm_cluster_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Through the real CLI: a [slurm] inventory is told apart as `fleet trust` does, and
+    refused before anything is connected to."""
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[slurm]\nlogin = "localhost"\nnodes = 2\n')
+    r = subprocess.run([sys.executable, "-m", "fleet", "exec", str(cluster), "--", "hostname"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT),
+                            "FLEET_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert f"fleet: error: {cluster} is a Slurm cluster: fleet exec runs on the hosts of a " \
+           "host list only" in r.stderr
+    assert "srun --nodes=N CMD" in r.stderr
+
+
+def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[hosts]]\nname = "a"\naddress = "localhost"\n')
+    r = subprocess.run([sys.executable, "-m", "fleet", "exec", str(inv)], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and "give the command after --" in r.stderr, r.stderr

@@ -14,7 +14,7 @@ from fleet import trust as fleet_trust
 from fleet.cli.app import InvOpt, job_given
 from fleet.config.job import load_job
 from fleet.console import Console
-from fleet.errors import UsageError
+from fleet.errors import Interrupted, UsageError
 from fleet.grouped import block, exit_code, groups, summary
 
 
@@ -44,10 +44,16 @@ def execute(path: Annotated[Path, typer.Argument(
     inventory_path = fleet_trust.inventory_for(path, inventory)
     job = None if inventory_path == path else load_job(path, inventory)
     console = Console()
-    with console.waiting("connecting") as wait:
-        outcomes = backends.for_inventory(inventory_path).execute(
-            inventory_path, job, command, node or [], timeout,
-            lambda done, total: wait.update(f"{done}/{total} hosts answered"))
+    backend = backends.for_inventory(inventory_path)
+    try:
+        with console.waiting("connecting") as wait:
+            outcomes = backend.execute(
+                inventory_path, job, command, node or [], timeout,
+                lambda done, total: wait.update(f"{done}/{total} hosts answered"))
+    except Interrupted as e:
+        # Without a terminal on the node, nothing ends a command when its connection goes.
+        raise Interrupted(e.signame, "a command that had started on a host goes on there "
+                                     "(fleet exec stops nothing)") from None
     for g in groups(outcomes):
         # painted text is printable already (Console.paint): echo would show its colours' ESC
         print("\n".join(console.paint(text, meaning, err=False) for text, meaning in block(g)),
