@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.console import Meaning
-from fleet.errors import CommandTimedOut, ExitCode
+from fleet.errors import CommandTimedOut, ExitCode, TransportError
 from fleet.facts.command import CAP, Absent, Answer, Outcome
 from fleet.transport.group import reason
 
@@ -54,12 +54,14 @@ def summary(outcomes: dict[str, Outcome]) -> list[tuple[str, Meaning]]:
         if isinstance(o, Answer) and o.code:
             lines.append((f"{name}: exit status {o.code}", Meaning.FAIL))
         elif isinstance(o, Absent):
-            lines.append((f"{name}: not run: {o.directory} is not there (no `fleet up` of this "
-                          "job has reached the host yet)", Meaning.FAIL))
+            hint = f" ({o.hint})" if o.hint else ""
+            lines.append((f"{name}: not run: {o.directory} is not there{hint}", Meaning.FAIL))
         elif isinstance(o, CommandTimedOut):  # its words name the host and say "no answer"
             lines.append((f"{reason(o)} (it may still run there)", Meaning.FAIL))
-        elif isinstance(o, Exception):
+        elif isinstance(o, TransportError):
             lines.append((f"{name}: unreachable: {reason(o)}", Meaning.FAIL))
+        elif isinstance(o, Exception):
+            lines.append((f"{name}: no answer: {reason(o)}", Meaning.FAIL))
     ok = sum(1 for o in outcomes.values() if isinstance(o, Answer) and not o.code)
     lines.append((f"{ok} of {len(outcomes)} host(s) exited 0",
                   Meaning.OK if ok == len(outcomes) else Meaning.WARN))

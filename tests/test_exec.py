@@ -16,7 +16,7 @@ from fleet.backends.hosts.execute import chosen, job_directory, job_env
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
 from fleet.console import Meaning
-from fleet.errors import CommandTimedOut, ExitCode, TransportError, UsageError
+from fleet.errors import CommandTimedOut, ExitCode, FleetError, TransportError, UsageError
 from fleet.facts.command import CAP, Absent, Answer, command_script, parse_answer
 from fleet.grouped import Group, block, exit_code, groups, summary
 
@@ -105,16 +105,18 @@ def test_a_cut_output_says_how_much_is_not_shown() -> None:
 
 
 def test_summary_names_each_host_that_did_not_exit_0_and_why() -> None:
-    outcomes = {**OUTCOMES, "node5": Absent("~/fleet/code/j-1"),
+    outcomes = {**OUTCOMES,
+                "node5": Absent("~/fleet/code/j-1", "`fleet up` of this job puts it there"),
                 "node6": TransportError("cannot connect to 10.0.0.6:22: refused"),
-                "node7": CommandTimedOut("node7", "sleep 9", 2.0)}
+                "node7": CommandTimedOut("node7", "sleep 9", 2.0),
+                "node8": FleetError("the command's exit status never came back")}
     assert [t for t, _ in summary(outcomes)] == [
         "node4: exit status 1",
-        "node5: not run: ~/fleet/code/j-1 is not there (no `fleet up` of this job has reached "
-        "the host yet)",
+        "node5: not run: ~/fleet/code/j-1 is not there (`fleet up` of this job puts it there)",
         "node6: unreachable: cannot connect to 10.0.0.6:22: refused",
         "node7: no answer to sleep 9 after 2.0s (it may still run there)",
-        "3 of 7 host(s) exited 0"]
+        "node8: no answer: the command's exit status never came back",
+        "3 of 8 host(s) exited 0"]
     assert summary({"a": Answer("", 0)}) == [("1 of 1 host(s) exited 0", Meaning.OK)]
 
 

@@ -27,6 +27,7 @@ class Absent:
     """The directory the command was to run in is not on the host: nothing ran there."""
 
     directory: str
+    hint: str = ""  # what would put it there
 
 
 Outcome = Answer | Absent | Exception  # per host; an exception: why no answer came
@@ -43,12 +44,13 @@ def command_script(argv: list[str], directory: str, env: dict[str, str], mark: s
                                               *argv)])
 
 
-def parse_answer(out: str, err: str, mark: str, directory: str) -> Answer | Absent | None:
+def parse_answer(out: str, err: str, mark: str, directory: str,
+                 hint: str = "") -> Answer | Absent | None:
     """What exec.sh printed (its stdout, its stderr); None where no exit status came back (the
-    shell was killed before the command ended)."""
+    shell was killed before the command ended). `hint`: what puts the directory there."""
     words = err.split()
     if words[-1:] == ["absent"]:
-        return Absent(directory)
+        return Absent(directory, hint)
     if len(words) < 2 or words[-2] != "status" or (code := number(words[-1])) is None:
         return None
     at = out.rfind(f"\n{mark} ")

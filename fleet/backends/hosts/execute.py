@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
-from fleet.errors import TransportError, UsageError
+from fleet.errors import FleetError, UsageError
 from fleet.facts.command import Outcome, command_script, parse_answer
 from fleet.transport import open_transport
 from fleet.transport.group import each
@@ -33,7 +33,7 @@ def chosen(inventory: Inventory, nodes: list[str]) -> list[Host]:
 
 def job_directory(job: Job, host: Host) -> str:
     """The job's directory on the host, as `fleet up` names it (fleet.plan: code/<slot>)."""
-    return f"{host.workdir.rstrip('/') or ''}/code/{job.slot}"
+    return f"{host.workdir.rstrip('/')}/code/{job.slot}"
 
 
 def job_env(job: Job, host: Host) -> tuple[dict[str, str], frozenset[str]]:
@@ -61,10 +61,12 @@ def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None) 
     with open_transport(host, hello=False) as t:
         r = t.run(command_script(argv, directory, env, mark, paths), timeout=timeout,
                   what=shlex.join(argv))
-    answer = parse_answer(r.out, r.err, mark, directory)
+    answer = parse_answer(r.out, r.err, mark, directory,
+                          "`fleet up` of this job puts it there" if job is not None else "")
     if answer is None:
-        raise TransportError(f"no exit status came back from {host.name} (exit {r.code}: "
-                             f"{(r.err or r.out).strip()[-200:] or 'no output'})")
+        # The node answered, but its shell ended before the command did (killed, say).
+        raise FleetError(f"the command's exit status never came back (the shell running it "
+                         f"exited {r.code}: {(r.err or r.out).strip()[-200:] or 'no output'})")
     return answer
 
 
