@@ -20,6 +20,7 @@ from fleet.config.inventory import Inventory
 from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.console import Console
+from fleet.facts.command import Outcome
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
@@ -206,3 +207,11 @@ class Backend(ABC):
         declared outputs) from the master into `to`, or with `every` from each node into
         to/<node>; per node what is in place and what went wrong, or why it could not be
         asked."""
+
+    @abstractmethod
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+                timeout: float | None, progress: Callable[[int, int], None]
+                ) -> dict[str, Outcome]:
+        """`fleet exec`: argv on every host of the inventory (or those in `nodes`) at once;
+        with a job, in its directory and with its env there. Per host its answer or why none
+        came; `progress(answered, total)` hears each answer. Refused where it cannot run."""

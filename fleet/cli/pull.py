@@ -9,7 +9,7 @@ import typer
 
 from fleet import backends
 from fleet import manifest as fleet_manifest
-from fleet.cli.app import RUN_HELP, app, complete_run
+from fleet.cli.app import RUN_HELP, complete_run
 from fleet.config.outputs import output_path
 from fleet.console import Console, Meaning, printable
 from fleet.errors import NotEveryNode, PullFailed, UsageError
@@ -20,7 +20,6 @@ from fleet.transport.transfer import human
 from fleet.transport.transfer.pull import Pulled
 
 
-@app.command()
 def pull(run_id: Annotated[str | None, typer.Argument(
              metavar="RUN", autocompletion=complete_run,
              help=f"{RUN_HELP}; default: the latest run (name it to give PATHs).")] = None,

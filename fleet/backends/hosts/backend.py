@@ -12,6 +12,7 @@ from typing import Any
 from fleet.backends.base import Backend, Options
 from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
+from fleet.backends.hosts import execute as fleet_exec
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import pull as fleet_pull
@@ -22,6 +23,7 @@ from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
+from fleet.facts.command import Outcome
 from fleet.run import hang
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
@@ -155,6 +157,12 @@ class HostsBackend(Backend):
     def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
              every: bool) -> dict[str, Pulled | Exception]:
         return fleet_pull.pull(rec, self.manifest(rec, console), console, paths, to, every)
+
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+                timeout: float | None, progress: Callable[[int, int], None]
+                ) -> dict[str, Outcome]:
+        return fleet_exec.execute(load_inventory(inventory), job, argv, nodes, timeout,
+                                  progress)
 
 
 def states(rec: RunRecord) -> dict[str, run_state.NodeState | Exception]:

@@ -38,6 +38,7 @@ from fleet.errors import (
     UsageError,
 )
 from fleet.facts import slurm as sj
+from fleet.facts.command import Outcome
 from fleet.facts.probe import probe, python_problem
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
@@ -283,3 +284,13 @@ class SlurmBackend(Backend):
                          "run directory but not the job's directory on the shared filesystem "
                          "that its outputs are written in; copy them from the login node "
                          "(scp) for now")
+
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+                timeout: float | None, progress: Callable[[int, int], None]
+                ) -> dict[str, Outcome]:
+        """Refused: which compute nodes a job gets is Slurm's choice, made per job, and fleet
+        holds no connection to them (only to the login node, where no job runs)."""
+        raise UsageError(f"{inventory} is a Slurm cluster: fleet exec runs on the hosts of a "
+                         "host list only (Slurm picks a job's compute nodes when it starts it, "
+                         "and fleet reaches only the login node). On the cluster, run it "
+                         "through Slurm: srun --nodes=N CMD (or inside your job's allocation)")

@@ -1,0 +1,89 @@
+"""`fleet exec` on the hosts backend: a command on every host of an inventory (or the ones
+named) at once, each over its own connection; with a job, in the job's directory there and with
+its env. Per host an answer, or why none came: data, never a lost host."""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import threading
+from collections.abc import Callable
+
+from fleet.config.inventory import Host, Inventory
+from fleet.config.job import Job
+from fleet.errors import FleetError, UsageError
+from fleet.facts.command import Outcome, command_script, parse_answer
+from fleet.transport import open_transport
+from fleet.transport.group import each
+
+
+def chosen(inventory: Inventory, nodes: list[str]) -> list[Host]:
+    """Every host of the inventory (spares too: they are hosts a job may come to use), or those
+    named, in the inventory's order; a name it does not hold is a UsageError listing them."""
+    hosts = list(inventory.every_host)
+    if not nodes:
+        return hosts
+    names = [h.name for h in hosts]
+    unknown = [n for n in nodes if n not in names]
+    if unknown:
+        raise UsageError(f"no host named {', '.join(unknown)} in {inventory.path}; its hosts: "
+                         f"{', '.join(names)}")
+    return [h for h in hosts if h.name in nodes]
+
+
+def job_directory(job: Job, host: Host) -> str:
+    """The job's directory on the host, as `fleet up` names it (fleet.plan: code/<slot>)."""
+    return f"{host.workdir.rstrip('/')}/code/{job.slot}"
+
+
+def job_env(job: Job, host: Host) -> tuple[dict[str, str], frozenset[str]]:
+    """What the job's processes find in their environment on this host that is not of one run
+    (fleet.plan's env less the rendezvous, the run's own names and fleet up --debug's): its
+    data directory, the GPUs chosen for it, the job's [env], the host's env. Also the names
+    whose value is a node path (its ~ the node's home)."""
+    env: dict[str, str] = {}
+    if job.data_slot:
+        env["FLEET_DATA_DIR"] = f"{host.workdir.rstrip('/')}/data/{job.data_slot}"
+    if host.gpus:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
+    env.update(job.env)
+    env.update(host.env)
+    ours = job.data_slot and "FLEET_DATA_DIR" not in job.env | host.env
+    return env, frozenset({"FLEET_DATA_DIR"} if ours else ())
+
+
+def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None) -> Outcome:
+    """argv on one host: its answer, or Absent where the job's directory is not there."""
+    directory = job_directory(job, host) if job is not None else "~"
+    env, paths = job_env(job, host) if job is not None else ({}, frozenset[str]())
+    mark = f"FLEET-EXEC-{secrets.token_hex(8)}"
+    with open_transport(host, hello=False) as t:
+        r = t.run(command_script(argv, directory, env, mark, paths), timeout=timeout,
+                  what=shlex.join(argv))
+    answer = parse_answer(r.out, r.err, mark, directory,
+                          "`fleet up` of this job puts it there" if job is not None else "")
+    if answer is None:
+        # The node answered, but its shell ended before the command did (killed, say).
+        raise FleetError(f"the command's exit status never came back (the shell running it "
+                         f"exited {r.code}: {(r.err or r.out).strip()[-200:] or 'no output'})")
+    return answer
+
+
+def execute(inventory: Inventory, job: Job | None, argv: list[str], nodes: list[str],
+            timeout: float | None, progress: Callable[[int, int], None]) -> dict[str, Outcome]:
+    """argv on the chosen hosts at once; `progress(answered, total)` hears each answer come."""
+    hosts = chosen(inventory, nodes)
+    lock = threading.Lock()
+    answered = [0]
+    progress(0, len(hosts))
+
+    def one(host: Host) -> Outcome:
+        try:
+            return run_on(host, argv, job, timeout)
+        finally:
+            with lock:
+                answered[0] += 1
+                progress(answered[0], len(hosts))
+
+    return each(((h.name, h) for h in hosts), one)
