@@ -274,6 +274,14 @@ class Console:
         # only make copied text worse
         return "\n".join(_PADDING.sub(r"\1", line) for line in buf.getvalue().splitlines())
 
+    def emit(self, text: str, err: bool = False) -> None:
+        """Print what this console drew (`table`, `paint`: every node's word in it already made
+        printable, its colours its own), on stdout or stderr, past any wait's line."""
+        with self._lock:
+            self._clear()
+            self._print(text, self.err if err else self.out)
+            self._draw_status()
+
     @staticmethod
     def _print(text: str, stream: TextIO) -> None:
         """Best effort: a reader gone (`fleet up | head`) or a full disk must not stop fleet

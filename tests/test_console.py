@@ -76,3 +76,17 @@ def test_a_wait_is_silent_off_a_terminal_and_erased_on_one(
     text = err.getvalue()
     assert "connecting 1/2" in text and "fleet: node1 connected\n" in text
     assert text.endswith("\r\033[K")  # the spinner's line is erased once the wait is over
+
+
+def test_a_drawn_table_reaches_the_terminal_with_its_colours(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleet check` prints its table through `emit`: its colours obeyed, a node's escape shown."""
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FLEET_PLAIN", raising=False)
+    out = Tty()
+    c = Console(out=out, err=Tty())
+    c.emit(c.table(["HOST", "DETAIL"], [["node1", "evil \x1b[2J"]], [Meaning.FAIL]))
+    text = out.getvalue()
+    assert "\x1b[1;31m" in text and "^[" not in text.replace("^[[2J", "")
+    assert "evil ^[[2J" in text and "\x1b[2J" not in text

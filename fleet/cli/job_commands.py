@@ -150,7 +150,7 @@ def check(job_path: JobArg, inventory: InvOpt = None,
                        + (["--inventory", str(inventory)] if inventory else []))
     with console.waiting("checking") as wait:
         checks = backend.checks(job, collective, progress=wait.update, trust=trust)
-    echo(checks_view(console, checks, verbose))
+    console.emit(checks_view(console, checks, verbose))
     echo("\n" + checks_summary(checks))
     if any(c.status is Status.FAIL for c in checks):
         raise typer.Exit(1)
