@@ -15,11 +15,11 @@ import sys
 import traceback
 from types import FrameType
 
-from fleet.cli import job_commands, run_commands
+from fleet.cli import forward, job_commands, run_commands
 from fleet.cli.app import app, echo
 from fleet.errors import FleetError, InternalError, Interrupted
 
-__all__ = ["app", "job_commands", "main", "run_commands"]
+__all__ = ["app", "forward", "job_commands", "main", "run_commands"]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

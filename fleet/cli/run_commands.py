@@ -3,6 +3,7 @@ the backend that ran it (the run record says which)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import typer
 from fleet import backends, manifest_view
 from fleet import manifest as fleet_manifest
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
+from fleet.cli.forward import job_forwards
 from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
@@ -168,11 +170,12 @@ def logs(run_id: RunArg = None,
     chosen = every if attempt is None else [every[attempt - 1]]
     found = attempts.load(every[0])
     total = found[0] + 1 if found else len(every)
-    for one in chosen:
-        if len(every) > 1:
-            console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
-        backends.for_record(one).logs(one, console, follow and one is every[-1], node, rank,
-                                      view)
+    with job_forwards(every[-1], console) if follow else contextlib.nullcontext():
+        for one in chosen:
+            if len(every) > 1:
+                console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
+            backends.for_record(one).logs(one, console, follow and one is every[-1], node,
+                                          rank, view)
     if follow:
         final, lines = backends.for_record(every[-1]).describe(every[-1])
         said = run_logs.final_line(every[0].run_id, final, lines)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fleet.config.restart import Restart, take_restart
-from fleet.config.schema import Table, load_toml
+from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 E = TypeVar("E", bound=StrEnum)
@@ -96,6 +96,7 @@ class Job:
     setup_inputs: tuple[str, ...] = ()  # files (in the workdir) whose content re-runs setup
     python: str | None = None  # the interpreter to run with, relative to the job's directory
     restart: Restart = Restart()
+    forward: tuple[PortSpec, ...] = ()  # the master's ports reachable here while fleet is attached
 
     @property
     def slot(self) -> str:
@@ -217,6 +218,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     start_timeout = float(root.take("start_timeout", float, 120.0))
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")
+    forward = take_forwards(root, "forward")
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, args_at=args_at, launcher=launcher, command=command,
@@ -224,7 +226,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                exclude=exclude, start_timeout=start_timeout, data=data, secret_env=secret_env,
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
-               setup_inputs=setup_inputs, python=python)
+               setup_inputs=setup_inputs, python=python, forward=forward)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
