@@ -58,6 +58,9 @@ class Forward:
 
     def open(self) -> Forward:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # A LOCALPORT given again right after a forward ended: its closed connections linger
+        # in TIME_WAIT; they must not refuse the new listener (Linux still refuses a second one).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOOPBACK, self.spec.local))
             sock.listen(16)
