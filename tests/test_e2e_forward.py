@@ -165,3 +165,25 @@ def test_the_jobs_forward_while_up_is_attached(cli: CLI, tb2: Testbed, tmp_path:
     assert said.count("forwarded: http://") == 1
     assert port_free(url)
     assert_nothing_left(tb2, run_id_of(said))
+
+
+def test_the_jobs_forward_while_logs_follow(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    tb2.inventory(tmp_path / "inv.toml")
+    job = server_job(tmp_path, "followed", 29615, forward=f"forward = [{PORT}]\n")
+    r = cli("up", "--detach", str(job), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "forwarded" not in r.stderr  # detached: nothing is forwarded
+    run_id = run_id_of(r.stderr)
+    out, err = tmp_path / "logs.out", tmp_path / "logs.err"
+    p = started(cli, "logs", "-f", run_id, out=out, err=err)
+    try:
+        wait_for(lambda: "forwarded: http://" in err.read_text(), 60, "the job's forward")
+        url = url_in(err)
+        assert fetched(url + "who.txt") == "node rank 0 on node1"
+        interrupted(p, err)
+        assert port_free(url)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        cli("stop", run_id)
+    assert_nothing_left(tb2, run_id)

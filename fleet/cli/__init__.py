@@ -21,6 +21,9 @@ from fleet.errors import FleetError, InternalError, Interrupted
 
 __all__ = ["app", "forward", "job_commands", "main", "run_commands"]
 
+# Here, after the others: --help lists commands in the order they were added.
+app.command()(forward.forward)
+
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)

@@ -1,22 +1,19 @@
 """`fleet forward`: a port on a run's node reached from this machine's 127.0.0.1, through fleet's
-own connection, until Ctrl-C; and the job's `forward` ports while `fleet logs -f` is attached."""
+own connection, until Ctrl-C."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 
 from fleet import backends
-from fleet.cli.app import app, echo
+from fleet.cli.app import echo
 from fleet.config.schema import PortSpec, parse_port_spec
 from fleet.console import Console
 from fleet.errors import Interrupted, UsageError
 from fleet.run import record as state
-from fleet.transport.forward import Tunnel, declared, forwarding
+from fleet.transport.forward import forwarding
 
 WAIT_TICK_S = 0.5
 
@@ -33,7 +30,6 @@ def split_args(words: list[str]) -> tuple[str | None, PortSpec]:
     return (words[0] if len(words) == 2 else None), spec
 
 
-@app.command()
 def forward(words: Annotated[list[str], typer.Argument(
                 metavar="[RUN] PORT[:LOCALPORT]",
                 help="The run (default: the latest), the port on the node, and the port here "
@@ -63,33 +59,3 @@ def forward(words: Annotated[list[str], typer.Argument(
                                      "(the run goes on)") from None
     finally:
         tunnel.transport.close()
-
-
-@contextlib.contextmanager
-def job_forwards(rec: state.RunRecord, console: Console) -> Iterator[None]:
-    """The ports the run's job declared (`forward`, as its manifest recorded them) forwarded
-    from its master for as long as the block runs (`fleet logs -f`)."""
-    specs = recorded_forwards(rec)
-    opened: list[Tunnel] = []
-
-    def tunnel_of() -> Tunnel:
-        opened.append(backends.for_record(rec).tunnel(rec, None))
-        return opened[-1]
-
-    try:
-        with declared(tunnel_of, specs, console):
-            yield
-    finally:
-        for t in opened:
-            t.transport.close()
-
-
-def recorded_forwards(rec: state.RunRecord) -> tuple[PortSpec, ...]:
-    """The job's `forward` from the run's local manifest; none where it has none (an older
-    run, or one not started yet)."""
-    try:
-        job = json.loads((rec.dir / "manifest.json").read_text()).get("job", {})
-        return tuple(PortSpec(int(f["port"]), int(f.get("local", 0)))
-                     for f in job.get("forward", []))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return ()

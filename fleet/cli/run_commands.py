@@ -3,7 +3,6 @@ the backend that ran it (the run record says which)."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +13,6 @@ import typer
 from fleet import backends, manifest_view
 from fleet import manifest as fleet_manifest
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
-from fleet.cli.forward import job_forwards
 from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
@@ -24,6 +22,7 @@ from fleet.run import logs as run_logs
 from fleet.run import record as state
 from fleet.run.states import RunStatus
 from fleet.transport import open_transport
+from fleet.transport.forward import declared, recorded
 from fleet.transport.group import each, reason
 
 ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.value,
@@ -170,7 +169,11 @@ def logs(run_id: RunArg = None,
     chosen = every if attempt is None else [every[attempt - 1]]
     found = attempts.load(every[0])
     total = found[0] + 1 if found else len(every)
-    with job_forwards(every[-1], console) if follow else contextlib.nullcontext():
+    last = every[-1]
+    # The job's `forward` ports of the master, while -f follows (a connection of their own).
+    forwards = recorded(last.dir / "manifest.json") if follow else ()
+    with declared(lambda: backends.for_record(last).tunnel(last, None), forwards, console,
+                  owned=True):
         for one in chosen:
             if len(every) > 1:
                 console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")

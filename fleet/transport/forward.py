@@ -6,14 +6,19 @@ bytes relayed both ways by two threads, at most MAX_CONNECTIONS connections at o
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import paramiko
+
+from fleet.config.inventory import Host
 from fleet.config.schema import PortSpec
 from fleet.console import Console, Meaning
-from fleet.errors import FleetError, PortClosed, UsageError
+from fleet.errors import FleetError, PortClosed, TransportError, UsageError
 from fleet.transport.base import CHUNK, Stream, Transport
 
 LOOPBACK = "127.0.0.1"
@@ -145,6 +150,21 @@ class Forward:
             th.join(5)
 
 
+def direct_tcpip(t: paramiko.Transport, host: Host, address: str, port: int) -> Stream:
+    """An SSH direct-tcpip channel on a node's connection: its sshd connects to address:port."""
+    try:
+        chan = t.open_channel("direct-tcpip", (address, port), (LOOPBACK, 0), timeout=10)
+    except paramiko.ChannelException as e:
+        if e.code == paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED:
+            raise TransportError(f"{host.name}'s sshd does not forward connections "
+                                 f"({e.text}: AllowTcpForwarding is off there)") from e
+        raise PortClosed(f"{host.name}: nothing accepts connections on {address}:{port} "
+                         f"there ({e.text})") from e
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        raise TransportError(f"lost connection to {host.address}: {e}") from e
+    return chan  # type: ignore[no-any-return]
+
+
 def _pump(src: socket.socket | Stream, dst: socket.socket | Stream) -> None:
     """src to dst until src ends; then dst hears the end (a half close: the other way may go
     on, as an HTTP client that sent its request waits for the answer)."""
@@ -185,10 +205,11 @@ def forwarding(tunnel: Tunnel, specs: tuple[PortSpec, ...],
 
 
 @contextlib.contextmanager
-def declared(tunnel_of: Callable[[], Tunnel], specs: tuple[PortSpec, ...],
-             console: Console) -> Iterator[None]:
+def declared(tunnel_of: Callable[[], Tunnel], specs: tuple[PortSpec, ...], console: Console,
+             owned: bool = False) -> Iterator[None]:
     """The job's `forward` ports while fleet is attached (fleet up, fleet logs -f): a forward
-    that cannot be made is said, and the run goes on without it."""
+    that cannot be made is said, and the run goes on without it. `owned`: the tunnel's
+    transport is closed at the end too (a connection opened for the forwards alone)."""
     if not specs:
         yield
         return
@@ -199,9 +220,22 @@ def declared(tunnel_of: Callable[[], Tunnel], specs: tuple[PortSpec, ...],
         yield
         return
     with contextlib.ExitStack() as stack:
+        if owned:
+            stack.callback(tunnel.transport.close)
         for spec in specs:
             try:
                 stack.enter_context(forwarding(tunnel, (spec,), console))
             except UsageError as e:
                 console.info(f"forward: port {spec.port} not forwarded: {e}", Meaning.WARN)
         yield
+
+
+def recorded(manifest: Path) -> tuple[PortSpec, ...]:
+    """The job's `forward` as a run's manifest recorded it; none where it has none (an older
+    run, or one not started yet)."""
+    try:
+        job = json.loads(manifest.read_text()).get("job", {})
+        return tuple(PortSpec(int(f["port"]), int(f.get("local", 0)))
+                     for f in job.get("forward", []))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return ()

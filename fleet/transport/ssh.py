@@ -14,10 +14,11 @@ from collections.abc import Callable
 import paramiko
 
 from fleet.config.inventory import Host
-from fleet.errors import CommandTimedOut, PortClosed, TransportError
+from fleet.errors import CommandTimedOut, TransportError
 from fleet.shell import quote
 from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
 from fleet.transport.connection import open_client
+from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
 from fleet.transport.lines import Lines, Received
 
@@ -274,20 +275,7 @@ class SSHTransport(Transport):
         return _SSHPipe(chan)
 
     def open_port(self, address: str, port: int) -> Stream:
-        """A direct-tcpip channel on this connection: the node's sshd makes the connection."""
-        where = f"{address}:{port}"
-        try:
-            chan = self._transport().open_channel("direct-tcpip", (address, port),
-                                                  ("127.0.0.1", 0), timeout=10)
-        except paramiko.ChannelException as e:
-            if e.code == paramiko.common.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED:
-                raise TransportError(f"{self.host.name}'s sshd does not forward connections "
-                                     f"({e.text}: AllowTcpForwarding is off there)") from e
-            raise PortClosed(f"{self.host.name}: nothing accepts connections on {where} there "
-                             f"({e.text})") from e
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
-        return chan  # type: ignore[no-any-return]
+        return direct_tcpip(self._transport(), self.host, address, port)
 
     def sftp_available(self) -> bool:
         return self._sftp_client() is not None
