@@ -55,6 +55,13 @@ class TransportError(FleetError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class PortClosed(FleetError):
+    """A node refused a forwarded connection: nothing accepts connections on that port there
+    (fleet forward says it per connection and keeps listening)."""
+
+    exit_code = ExitCode.FAILED
+
+
 class CommandTimedOut(FleetError):
     """A command on a node gave no result in time (the node may still be running it)."""
 

@@ -387,6 +387,9 @@ class FakeRun(Run):
         self.calls.append(("report", outcomes))
         return self.final
 
+    def tunnel(self):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
     def close(self) -> None:
         self.calls.append(("close",))
 

@@ -216,6 +216,9 @@ class FakeTransport(Transport):
     def pipe(self, script):  # type: ignore[no-untyped-def]
         raise NotImplementedError
 
+    def open_port(self, address, port):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
     def close(self) -> None:
         self.closed = True
 

@@ -1062,6 +1062,9 @@ class HostileNode(Transport):
     def _put(self, path: str, data: bytes, mode: int) -> str:
         raise NotImplementedError
 
+    def open_port(self, address, port):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
     def pipe(self, script: str) -> Pipe:
         import re
 

@@ -24,6 +24,7 @@ from fleet.facts.command import Outcome
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
+from fleet.transport.forward import Tunnel
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus
 
@@ -139,6 +140,11 @@ class Run(ABC):
         """Per node how it ended; for a failure the first failing rank and its traceback."""
 
     @abstractmethod
+    def tunnel(self) -> Tunnel:
+        """What reaches the master's ports while the run goes on (the job's `forward`), over
+        the run's own connection; UsageError where it cannot."""
+
+    @abstractmethod
     def close(self) -> None:
         """Connections closed, claims released."""
 
@@ -195,6 +201,12 @@ class Backend(ABC):
     @abstractmethod
     def delete(self, rec: RunRecord, console: Console) -> None:
         """`fleet rm`: the run's directories where it ran (its local record is the caller's)."""
+
+    @abstractmethod
+    def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
+        """`fleet forward`: a fresh connection that reaches the ports of the run's node (the
+        master by default; the caller closes its transport); UsageError for a node the run has
+        not, naming those it has."""
 
     @abstractmethod
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:

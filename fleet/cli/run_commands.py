@@ -22,6 +22,7 @@ from fleet.run import logs as run_logs
 from fleet.run import record as state
 from fleet.run.states import RunStatus
 from fleet.transport import open_transport
+from fleet.transport.forward import declared, recorded
 from fleet.transport.group import each, reason
 
 ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.value,
@@ -168,11 +169,16 @@ def logs(run_id: RunArg = None,
     chosen = every if attempt is None else [every[attempt - 1]]
     found = attempts.load(every[0])
     total = found[0] + 1 if found else len(every)
-    for one in chosen:
-        if len(every) > 1:
-            console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
-        backends.for_record(one).logs(one, console, follow and one is every[-1], node, rank,
-                                      view)
+    last = every[-1]
+    # The job's `forward` ports of the master, while -f follows (a connection of their own).
+    forwards = recorded(last.dir / "manifest.json") if follow else ()
+    with declared(lambda: backends.for_record(last).tunnel(last, None), forwards, console,
+                  owned=True):
+        for one in chosen:
+            if len(every) > 1:
+                console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
+            backends.for_record(one).logs(one, console, follow and one is every[-1], node,
+                                          rank, view)
     if follow:
         final, lines = backends.for_record(every[-1]).describe(every[-1])
         said = run_logs.final_line(every[0].run_id, final, lines)

@@ -15,7 +15,7 @@ from typing import TypeVar
 from fleet.config.notify import Notify, job_notify
 from fleet.config.outputs import take_outputs
 from fleet.config.restart import Restart, take_restart
-from fleet.config.schema import Table, load_toml
+from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 E = TypeVar("E", bound=StrEnum)
@@ -101,6 +101,7 @@ class Job:
     notify: Notify = Notify()  # word when the run ends (fleet.config.notify)
     # What `fleet pull` takes by default: paths under the job's directory on the nodes.
     outputs: tuple[str, ...] = ()
+    forward: tuple[PortSpec, ...] = ()  # the master's ports reachable here while fleet is attached
 
     @property
     def slot(self) -> str:
@@ -224,6 +225,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")
     outputs = take_outputs(root)
+    forward = take_forwards(root, "forward")
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, args_at=args_at, launcher=launcher, command=command,
@@ -232,7 +234,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
                setup_inputs=setup_inputs, python=python, notify=notify,
-               outputs=outputs)
+               outputs=outputs, forward=forward)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

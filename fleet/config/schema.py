@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -129,6 +130,54 @@ class Table:
                 raise self.error(unknown[0], f"unknown key; did you mean {close[0]}?")
             known = ", ".join(sorted(self._seen))
             raise self.error(unknown[0], f"unknown key (known keys here: {known})")
+
+
+# ---- forward: a node's port reached from this machine (fleet forward, the job's `forward`) --
+@dataclass(frozen=True)
+class PortSpec:
+    """PORT[:LOCALPORT]: a port on the node, and the one on this machine's 127.0.0.1 that
+    reaches it (0: a free one, picked when the listener opens)."""
+
+    port: int
+    local: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.port}:{self.local}" if self.local else str(self.port)
+
+
+def parse_port_spec(text: str) -> PortSpec:
+    """`6006` or `6006:16006`; ValueError says what is wrong."""
+    node, sep, local = text.strip().partition(":")
+    words = [node, local] if sep else [node]
+    if not all(w.isdigit() for w in words):
+        raise ValueError(f"{text!r} is not PORT or PORT:LOCALPORT (e.g. 6006 or 6006:16006)")
+    ports = [int(w) for w in words]
+    for p in ports:
+        if not 0 < p < 65536:
+            raise ValueError(f"{text!r}: a port is between 1 and 65535, not {p}")
+    return PortSpec(*ports)
+
+
+def take_forwards(t: Table, name: str) -> tuple[PortSpec, ...]:
+    """A list of ports (6006) or "PORT:LOCALPORT" strings, no local port twice."""
+    t._seen.add(name)
+    value = t.data.get(name, [])
+    if not isinstance(value, list):
+        raise t.error(name, f"must be a list of ports (6006) or \"PORT:LOCALPORT\" strings, "
+                            f"not {_describe(value)}")
+    specs = []
+    for i, v in enumerate(value):
+        if type(v) is not int and type(v) is not str:
+            raise t.error(f"{name}[{i}]", f"must be a port or a \"PORT:LOCALPORT\" string, "
+                                          f"not {_describe(v)}")
+        try:
+            specs.append(parse_port_spec(str(v)))
+        except ValueError as e:
+            raise t.error(f"{name}[{i}]", str(e)) from None
+    locals_ = [s.local for s in specs if s.local]
+    if len(set(locals_)) < len(locals_):
+        raise t.error(name, "a local port is named twice")
+    return tuple(specs)
 
 
 def _describe(value: object) -> str:

@@ -17,6 +17,7 @@ from fleet.run import attempts, notify
 from fleet.run.guard import Guard
 from fleet.run.monitor import RunState, monitor
 from fleet.run.states import RunStatus
+from fleet.transport.forward import declared
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,9 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
                 guard.released = False  # it ended already: reported as an attached run's end
                 state = RunState({}, False, None)
             else:
-                state = monitor(run, guard, console)
+                # Inside the guard: its teardown comes after every forward is closed.
+                with declared(run.tunnel, job.forward, console):
+                    state = monitor(run, guard, console)
             guard.ended = True
             final = run.report(state.outcomes)
     finally:

@@ -9,6 +9,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 from fleet.config.inventory import Host
 from fleet.errors import RemoteCommandError, WriteError
@@ -61,6 +62,16 @@ class Pipe(ABC):
         return self._err.decode("utf-8", "replace")
 
 
+class Stream(Protocol):
+    """One byte stream to a port on a node (a socket, or an SSH channel): what a forward
+    relays."""
+
+    def recv(self, n: int, /) -> bytes: ...
+    def sendall(self, data: bytes, /) -> None: ...
+    def shutdown(self, how: int, /) -> None: ...
+    def close(self) -> None: ...
+
+
 class Transport(ABC):
     """What fleet needs of a node: run a script, write a file, stream a script's output."""
 
@@ -94,6 +105,11 @@ class Transport(ABC):
     def pipe(self, script: str) -> Pipe:
         """Start a POSIX sh script that talks with this machine over its stdin and stdout (see
         Pipe); the script should `exec` its program."""
+
+    @abstractmethod
+    def open_port(self, address: str, port: int) -> Stream:
+        """A TCP connection made from the node to address:port (as the node resolves it);
+        PortClosed where nothing there accepts it, TransportError where the node is lost."""
 
     @abstractmethod
     def _put(self, path: str, data: bytes, mode: int) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
 import subprocess
 import threading
 from collections.abc import Callable
 
-from fleet.errors import CommandTimedOut
-from fleet.transport.base import CHUNK, TICK_S, Pipe, Transport, kill_on, named
+from fleet.errors import CommandTimedOut, PortClosed
+from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
 from fleet.transport.framing import Result
 from fleet.transport.lines import Lines, Received
 
@@ -89,6 +90,18 @@ class LocalTransport(Transport):
 
     def pipe(self, script: str) -> Pipe:
         return _LocalPipe(script)
+
+    def open_port(self, address: str, port: int) -> Stream:
+        """A plain TCP connection: this machine is the node."""
+        try:
+            sock = socket.create_connection((address, port), timeout=10)
+        except ConnectionRefusedError as e:
+            raise PortClosed(f"{self.host.name}: nothing accepts connections on "
+                             f"{address}:{port} there (connection refused)") from e
+        except OSError as e:
+            raise PortClosed(f"{self.host.name}: cannot connect to {address}:{port}: {e}") from e
+        sock.settimeout(None)
+        return sock
 
     def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None, received: Received | None = None) -> int:

@@ -16,8 +16,9 @@ import paramiko
 from fleet.config.inventory import Host
 from fleet.errors import CommandTimedOut, TransportError
 from fleet.shell import quote
-from fleet.transport.base import CHUNK, TICK_S, Pipe, Transport, kill_on, named
+from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
 from fleet.transport.connection import open_client
+from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
 from fleet.transport.lines import Lines, Received
 
@@ -272,6 +273,9 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
         return _SSHPipe(chan)
+
+    def open_port(self, address: str, port: int) -> Stream:
+        return direct_tcpip(self._transport(), self.host, address, port)
 
     def sftp_available(self) -> bool:
         return self._sftp_client() is not None

@@ -29,6 +29,7 @@ from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
 from fleet.run.states import NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
+from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
@@ -143,6 +144,15 @@ class HostsBackend(Backend):
         if bad:
             console.info(f"the local record of {rec.run_id} is kept until every node is clean")
             raise NotEveryNode(f"run {rec.run_id}: {', '.join(bad)} could not be cleaned")
+
+    def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
+        names = [n.host.name for n in rec.nodes]
+        name = min(rec.nodes, key=lambda n: n.node_rank).host.name if node is None else node
+        if name not in names:
+            raise UsageError(f"run {rec.run_id} has no node {node!r}; its nodes: "
+                             f"{', '.join(names)}")
+        host = next(n.host for n in rec.nodes if n.host.name == name)
+        return Tunnel(open_transport(host, hello=False), name)
 
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
         path = rec.dir / "manifest.json"

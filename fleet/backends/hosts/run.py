@@ -36,6 +36,7 @@ from fleet.run import faults, hang
 from fleet.run import record as state
 from fleet.run.faults import Phase
 from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, by_fail_fast, overall
+from fleet.transport.forward import Tunnel
 from fleet.transport.group import each
 from fleet.transport.link import Link
 
@@ -232,6 +233,10 @@ class HostsRun(Run):
             by = next((o.detail for o in ordered if o.status is NodeStatus.STOPPED), "")
             return Final(final, f" by {by}" if by else "")
         return Final(final, failure=tuple(first))
+
+    def tunnel(self) -> Tunnel:
+        master = self.plan.master.host.name
+        return Tunnel(self.session.transports[master], master)
 
     def close(self) -> None:
         self.session.close()

@@ -24,7 +24,7 @@ from fleet.backends.slurm.jobs import (
     test_only,
 )
 from fleet.backends.slurm.report import manifest_of
-from fleet.backends.slurm.run import SlurmRun, prepare
+from fleet.backends.slurm.run import NO_DECLARED_FORWARD, SlurmRun, prepare
 from fleet.backends.slurm.script import Script, render
 from fleet.backends.slurm.watch import Announcer, watch
 from fleet.config.inventory import Inventory
@@ -45,6 +45,7 @@ from fleet.run.record import RunRecord, controller_alive
 from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
 from fleet.transport import open_transport
+from fleet.transport.forward import Tunnel
 from fleet.transport.group import reason
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
@@ -224,6 +225,8 @@ class SlurmBackend(Backend):
                               "Slurm, leave [restart] out and ask the cluster to requeue the "
                               'job (sbatch_args = ["--requeue"] under [slurm], where its '
                               "policy allows it)")
+        if job.forward:
+            raise ConfigError(job.path, "forward", NO_DECLARED_FORWARD)
         return prepare(cluster, job, console, options)
 
     def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
@@ -270,6 +273,26 @@ class SlurmBackend(Backend):
 
     def delete(self, rec: RunRecord, console: Console) -> None:
         console.info(f"removed {remove(load(rec))}")
+
+    def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
+        """Through the login node's connection to the compute node, by the name Slurm gave it
+        (the login node reaches the compute nodes; nothing is needed on them)."""
+        srec = load(rec)
+        t = open_transport(srec.login)
+        try:
+            nodes = node_infos(t, srec.run_dir)
+            if not nodes:
+                raise UsageError(f"run {rec.run_id} runs on no node yet (Slurm job "
+                                 f"{srec.job_id or '-'}): forward once it started")
+            ranked = sorted(nodes.values(), key=lambda n: (n.node_rank is None, n.node_rank))
+            name = ranked[0].name if node is None else node
+            if name not in nodes:
+                raise UsageError(f"run {rec.run_id} has no node {node!r}; its nodes: "
+                                 f"{', '.join(n.name for n in ranked)}")
+        except BaseException:
+            t.close()
+            raise
+        return Tunnel(t, name, address=name)
 
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
         m = manifest_of(rec, load(rec), console)

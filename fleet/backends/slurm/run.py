@@ -32,6 +32,7 @@ from fleet.errors import (
     FleetError,
     JobFailed,
     RemoteCommandError,
+    UsageError,
 )
 from fleet.facts import slurm as sj
 from fleet.plan import SITE, new_run_id
@@ -39,6 +40,7 @@ from fleet.render import NODESIDE
 from fleet.run.states import NodeOutcome, RunStatus, StopCause
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
+from fleet.transport.forward import Tunnel
 from fleet.transport.group import reason
 from fleet.transport.sync import scan
 from fleet.transport.transfer import sync_dir
@@ -221,5 +223,14 @@ class SlurmRun(Run):
             f" ({info.reason})" if info.reason and info.reason != "None" else ""),
             tuple(first))
 
+    def tunnel(self) -> Tunnel:
+        raise UsageError(NO_DECLARED_FORWARD)
+
     def close(self) -> None:
         self.t.close()
+
+
+# Why a job's `forward` is refused on Slurm (`fleet forward RUN PORT` works there).
+NO_DECLARED_FORWARD = (
+    "the job's `forward` is for host lists: on Slurm the master is known only once the queue "
+    "starts the job; once it runs, `fleet forward RUN PORT` forwards through the login node")
