@@ -1306,3 +1306,14 @@ def test_the_bundle_removes_the_bytecode_of_the_python_files_it_replaces(tmp_pat
     assert len(globs) == 1
     subprocess.run(["sh", "-c", f"rm -f {globs[0]}"], check=True)
     assert [p.name for p in cache.iterdir()] == ["keep.cpython-311.pyc"]
+
+
+def test_no_time_left_is_guessed_from_the_first_bytes() -> None:
+    """Before 1% is in place the rate is mostly the transfer's start: no hours-off guess."""
+    from fleet.console import Console
+    states = bar_states({"node1": 2 << 10}, 96 << 20)
+    bar = progress.Bar(Console(out=io.StringIO(), err=io.StringIO()), 96 << 20, states,
+                       ["node1"], Clock())
+    assert bar.text(bar.t0 + 0.3).endswith("in place, 6.7 KiB/s, time left: estimating")
+    states["node1"].at = 48 << 20
+    assert bar.text(bar.t0 + 4).endswith("in place, 12.0 MiB/s, 4s left")

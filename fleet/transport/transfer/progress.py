@@ -47,8 +47,11 @@ class Bar:
         nodes = ""
         if len(set(per.values())) > 1:
             nodes = "  " + " ".join(f"{n} {p}%" for n, p in per.items())
+        # Before 1% is in place the rate is mostly the start (receivers, first reads): a time
+        # left from it would be hours off.
+        left = f"{eta:.0f}s left" if at * 100 >= want else "time left: estimating"
         return (f"{self.label} {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
-                f"{eta:.0f}s left{nodes}")
+                f"{left}{nodes}")
 
     def end(self) -> None:
         self.console.settle()
