@@ -19,6 +19,7 @@ from fleet.backends.slurm.jobs import (
     job_info,
     load,
     missing_clients,
+    node_address,
     node_infos,
     take_stacks,
     test_only,
@@ -275,8 +276,9 @@ class SlurmBackend(Backend):
         console.info(f"removed {remove(load(rec))}")
 
     def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
-        """Through the login node's connection to the compute node, by the name Slurm gave it
-        (the login node reaches the compute nodes; nothing is needed on them)."""
+        """Through the login node's connection to the compute node, at the address Slurm has
+        for it (NodeAddr, else its name: the login node reaches the compute nodes; nothing is
+        needed on them)."""
         srec = load(rec)
         t = open_transport(srec.login)
         try:
@@ -289,10 +291,11 @@ class SlurmBackend(Backend):
             if name not in nodes:
                 raise UsageError(f"run {rec.run_id} has no node {node!r}; its nodes: "
                                  f"{', '.join(n.name for n in ranked)}")
+            address = node_address(t, name)
         except BaseException:
             t.close()
             raise
-        return Tunnel(t, name, address=name)
+        return Tunnel(t, name, address=address)
 
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
         m = manifest_of(rec, load(rec), console)

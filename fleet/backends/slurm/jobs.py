@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,15 @@ def load(rec: state.RunRecord) -> SlurmRecord:
 # ---- facts through the login node ---------------------------------------------------------
 def job_info(t: Transport, job_id: str) -> sj.JobInfo | None:
     return sj.parse_job(t.run(sj.job_script(job_id), timeout=60, what="ask Slurm").out, job_id)
+
+
+def node_address(t: Transport, name: str) -> str:
+    """The address the login node reaches a compute node at: Slurm's NodeAddr for it (a
+    NodeName need not resolve anywhere), else the name itself."""
+    r = t.run(f"scontrol show node -o {shlex.quote(name)} 2>/dev/null; true", timeout=30,
+              what=f"find node {name}'s address")
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", r.out)
+    return m.group(1) if m else name
 
 
 def node_infos(t: Transport, run_dir: str) -> dict[str, sj.NodeInfo]:
