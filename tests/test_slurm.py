@@ -605,3 +605,15 @@ def test_diff_of_slurm_runs_and_of_a_slurm_run_with_a_host_run(tmp_path: Path) -
         "job env LR 0.1 -> 0.3",
         "nodes, env and commands are not compared between a host list and Slurm: `fleet show` "
         "each run"]
+
+
+def test_a_compute_nodes_address_is_its_nodeaddr_checked() -> None:
+    """`fleet forward` on Slurm reaches a node at Slurm's NodeAddr; what else the login node
+    answers is never a destination."""
+    line = ("NodeName=node1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.213.73.11 "
+            "NodeHostName=node1 Version=23.11")
+    assert sj.parse_node_address(line, "node1") == "10.213.73.11"
+    assert sj.parse_node_address("NodeAddr=fd00::b", "n") == "fd00::b"
+    assert sj.parse_node_address("", "node1") == "node1"  # no answer: the name
+    assert sj.parse_node_address("NodeAddr=a;rm${IFS}x", "node1") == "node1"
+    assert sj.parse_node_address("NoNodeAddr=10.0.0.1", "node1") == "node1"

@@ -310,3 +310,20 @@ def parse_step(out: str) -> tuple[dict[str, str], list[str]]:
         other += lines[:at]
         nodes[lines[at].split()[1]] = "\n".join(lines[at + 1:]) + "\n"
     return nodes, other
+
+
+# A host name or address as Slurm's NodeAddr may hold it (a name, IPv4, IPv6): nothing else
+# from the node is used as the destination of a forward.
+_NODE_ADDR = re.compile(r"(?:^|\s)NodeAddr=([A-Za-z0-9._:-]{1,253})(?=\s|$)")
+
+
+def node_address_script(name: str) -> str:
+    """What Slurm knows of a compute node, on one line (`scontrol show node -o`)."""
+    return f"scontrol show node -o {quote(name)} 2>/dev/null; true"
+
+
+def parse_node_address(out: str, name: str) -> str:
+    """The address the login node reaches a compute node at: its NodeAddr (a NodeName need not
+    resolve anywhere), else the name itself (no answer, or an address that is not one)."""
+    m = _NODE_ADDR.search(out)
+    return m.group(1) if m else name

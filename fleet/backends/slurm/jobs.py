@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +77,9 @@ def job_info(t: Transport, job_id: str) -> sj.JobInfo | None:
 
 
 def node_address(t: Transport, name: str) -> str:
-    """The address the login node reaches a compute node at: Slurm's NodeAddr for it (a
-    NodeName need not resolve anywhere), else the name itself."""
-    r = t.run(f"scontrol show node -o {shlex.quote(name)} 2>/dev/null; true", timeout=30,
-              what=f"find node {name}'s address")
-    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", r.out)
-    return m.group(1) if m else name
+    """The address the login node reaches a compute node at (Slurm's NodeAddr, else its name)."""
+    r = t.run(sj.node_address_script(name), timeout=30, what=f"find node {name}'s address")
+    return sj.parse_node_address(r.out, name)
 
 
 def node_infos(t: Transport, run_dir: str) -> dict[str, sj.NodeInfo]:
