@@ -311,3 +311,31 @@ def test_the_program_relays_from_one_node_to_the_next_as_fleet_vouches(tmp_path:
     for side in ("a", "b"):
         for rel, content in FILES.items():
             assert (tmp_path / side / rel).read_bytes() == content
+
+
+def test_the_program_is_made_once_whichever_threads_ask_at_once() -> None:
+    """The first transfer asks from one thread per node at once: one thread makes the text
+    (CPython 3.11's ast is not safe in two threads at a time), every thread gets it."""
+    import threading
+
+    from fleet.transport.transfer import agent
+
+    def ask(start: threading.Barrier, got: list[str], errors: list[BaseException]) -> None:
+        start.wait(timeout=30)
+        try:
+            got.append(agent.program())
+        except BaseException as e:  # the test reports what a thread met
+            errors.append(e)
+
+    for _ in range(5):
+        agent._program.cache_clear()
+        got: list[str] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(8)
+        threads = [threading.Thread(target=ask, args=(start, got, errors)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors and len(got) == 8 and len(set(got)) == 1
+        assert agent._program.cache_info().misses == 1  # made once

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,12 +17,21 @@ PACKAGE = ferry.__name__
 # The program's order: each module after every one it imports from (main, which runs, last).
 MODULES = ("frames", "send", "word", "receiver", "recv", "main")
 FUTURE = "from __future__ import annotations"
+# The first transfer asks from one thread per node at once. functools.cache would let each of
+# them make the text, and CPython 3.11's ast is not safe in two threads at a time ("SystemError:
+# AST constructor recursion depth mismatch", cpython#106905): one makes it, the others wait.
+_MAKING = threading.Lock()
+
+
+def program() -> str:
+    """ferry's modules as the one program text a node runs (see `amalgamate`); made once, on
+    the first transfer, whichever thread asks first."""
+    with _MAKING:
+        return _program()
 
 
 @functools.cache
-def program() -> str:
-    """ferry's modules as the one program text a node runs (see `amalgamate`); made once, on
-    the first transfer."""
+def _program() -> str:
     here = Path(ferry.__file__).parent
     init = (here / "__init__.py").read_text()
     doc = ast.get_source_segment(init, ast.parse(init).body[0]) or ""
