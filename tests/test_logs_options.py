@@ -120,6 +120,16 @@ def test_merged_orders_by_time_a_tie_by_node_then_the_nodes_own_order() -> None:
     assert merged([n1, n2], 2) == ["n2 b", "n2 c"]
     assert merged([n1, n2], 0) == []
     assert merged([n1, n2], 99) == merged([n1, n2], None)
+    # a tail a little longer than the stream is the whole stream, not its end counted back
+    assert merged([n1, n2], 8) == merged([n1, n2], None)
+
+
+def test_a_time_that_is_not_a_number_is_refused() -> None:
+    for bad in ("nan", "inf", "-inf"):
+        with pytest.raises(ValueError):
+            parse_view(f"size=10 now=5.0\n{bad} line\nend=10\n")
+    with pytest.raises(ValueError):
+        parse_view("size=10 now=nan\nend=10\n")
 
 
 def test_the_final_line_is_the_runs_state_and_each_nodes_as_status_says_them() -> None:

@@ -5,6 +5,7 @@ out of the attached stream; re-attaching to a run; what `fleet logs` is asked to
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -173,8 +174,16 @@ def parse_view(out: str) -> Viewed:
         stamp, _, said = line.partition(" ")
         # Of a line redrawn with "\r" (a progress bar), its last state is the line.
         said = said.removesuffix("\r").rsplit("\r", 1)[-1]
-        lines.append((None if stamp == "-" else float(stamp), said))
-    return Viewed(lines, float(head.get("now", "0")), int(text[last][4:]))
+        lines.append((None if stamp == "-" else _finite(stamp), said))
+    return Viewed(lines, _finite(head.get("now", "0")), int(text[last][4:]))
+
+
+def _finite(word: str) -> float:
+    """A time the node gave: a finite number (a NaN would leave the merge unordered)."""
+    t = float(word)
+    if not math.isfinite(t):
+        raise ValueError(f"the log's view gave a time that is not one: {word[:20]!r}")
+    return t
 
 
 def placed(viewed: Viewed, clock_offset: float) -> list[tuple[float, str]]:
@@ -188,7 +197,7 @@ def merged(nodes: Iterable[list[tuple[float, T]]], tail: int | None) -> list[T]:
     node's own lines in theirs); with `tail`, only the stream's last lines."""
     keyed = [(t, n, i, line) for n, lines in enumerate(nodes) for i, (t, line) in enumerate(lines)]
     every = [line for _, _, _, line in sorted(keyed, key=lambda x: (x[0], x[1], x[2]))]
-    return every if tail is None else every[len(every) - tail:] if tail else []
+    return every if tail is None else every[max(len(every) - tail, 0):] if tail else []
 
 
 def final_line(run_id: str, status: RunStatus, described: list[str]) -> str:
