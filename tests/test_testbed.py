@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import _need_testbed
 from tests.testbed import (
+    FAKE_SMI_STATE,
     NOISE_STDERR,
     NOISE_STDOUT,
     NOISE_TITLE,
@@ -51,11 +52,20 @@ def lab6() -> Iterator[Testbed]:
         yield tb
 
 
-def ssh(tb: Testbed, h: TbHost, command: str, timeout: float = 60,
+@pytest.fixture(scope="module")
+def lab_c() -> Iterator[Testbed]:
+    """A non-root login user and two colleagues on both hosts, one home each per host."""
+    _need_testbed()
+    with Testbed(2, user="lab", colleagues=("alice", "bob")) as tb:  # noqa: S604
+        yield tb
+
+
+def ssh(tb: Testbed, h: TbHost, command: str, timeout: float = 60, user: str | None = None,
         ) -> subprocess.CompletedProcess[str]:
     cfg = tb.ssh_config(tb.dir / "ssh_config")
+    where = f"{user}@{h.addr}" if user else h.addr
     return subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "-o",
-                           "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5", h.addr, command],
+                           "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5", where, command],
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
@@ -218,6 +228,102 @@ def test_non_root_user(lab6: Testbed) -> None:
         assert uid == str(USER_ID) and owner == "lab"
         assert "/usr/sbin" not in path and "/sbin" not in path.split(":"), path
         assert py == f"{USER_ID} 2"
+
+
+def test_hosts_have_their_own_var_tmp(lab: Testbed) -> None:
+    """/var/tmp is each host's own (fleet keeps GPU leases there), 1777 as on Debian, and
+    this machine's is untouched."""
+    node1, node2 = lab.hosts
+    mark = f"/var/tmp/tb-mark-{lab.tag}"
+    r = ssh(lab, node1, f"echo node1 > {mark}; stat -c %a /var/tmp")
+    assert r.returncode == 0 and quiet(r.stdout) == ["1777"], r.stdout + r.stderr
+    assert lab.exec("node1", "cat", mark).stdout == "node1\n"
+    assert lab.exec("node2", "test", "-e", mark).returncode == 1
+    assert not Path(mark).exists()
+    assert lab.exec("node2", "stat", "-c", "%a", "/var/tmp").stdout == "1777\n"
+
+
+def test_colleagues_log_in_and_run_processes(lab_c: Testbed) -> None:
+    node1, node2 = lab_c.hosts
+    for user, uid in (("lab", USER_ID), ("alice", USER_ID + 1), ("bob", USER_ID + 2)):
+        for h in lab_c.hosts:
+            r = ssh(lab_c, h, "id -un; id -u; echo $HOME; ls -ld ~ | cut -d' ' -f3", user=user)
+            assert r.returncode == 0, r.stderr
+            name, got_uid, home, owner = quiet(r.stdout)
+            assert (name, got_uid, owner) == (user, str(uid), user)
+            assert home == str(h.home if user == "lab" else f"{h.home}-{user}")
+    cfg = lab_c.ssh_config(lab_c.dir / "alice_config", user="alice")
+    r = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", node1.addr, "id -un"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.stdout == "alice\n", r.stderr
+    inv = lab_c.inventory(lab_c.dir / "inv.toml", user="alice").read_text()
+    assert inv.count("user = ") == 1 and 'user = "alice"' in inv
+    # A colleague's job: a process of alice's inside node1, its PID as node1 sees it.
+    pid = lab_c.start_as("node1", "alice", "sleep", "3596.5")
+    ps = lab_c.exec("node1", "ps", "-o", "user=,sid=,args=", "-p", str(pid))
+    user, sid, args = ps.stdout.split(maxsplit=2)
+    assert (user, sid, args) == ("alice", str(pid), "sleep 3596.5\n"), ps.stdout
+    env = lab_c.exec("node1", "cat", f"/proc/{pid}/environ").stdout.split("\0")
+    assert f"HOME={node1.home}-alice" in env and "USER=alice" in env, env
+    assert lab_c.alive("node1", pid)
+    assert "sleep 3596.5" not in lab_c.exec("node2", "ps", "-eo", "args").stdout
+    root_pid = lab_c.start_as("node2", "root", "sleep", "3596.25")
+    lab_pid = lab_c.start_as("node2", "lab", "sleep", "3596.75")
+    ps = lab_c.exec("node2", "ps", "-o", "user=", "-p", f"{root_pid},{lab_pid}")
+    assert ps.stdout.split() == ["root", "lab"]
+    with pytest.raises(ValueError, match="no user 'carol' on node1"):
+        lab_c.start_as("node1", "carol", "true")
+    lab_c.kill_in("node1", pid)
+    deadline = time.monotonic() + 5
+    while lab_c.alive("node1", pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not lab_c.alive("node1", pid)
+    for p in (root_pid, lab_pid):
+        lab_c.kill_in("node2", p)
+
+
+def test_fake_gpus_over_ssh(lab_c: Testbed) -> None:
+    """nvidia-smi on node1 only, answering from the state a test writes: a colleague's process
+    is listed while it lives, as on a real GPU."""
+    node1, node2 = lab_c.hosts
+    for h in lab_c.hosts:
+        assert ssh(lab_c, h, "command -v nvidia-smi").returncode != 0  # no GPU by default
+    pid = lab_c.start_as("node1", "alice", "sleep", "3595.5")
+    lab_c.fake_gpus("node1", {
+        "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559},
+                 {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
+                  "utilization": 80, "uuid": "GPU-00000000-1111-2222-3333-444444444444"}],
+        "apps": [{"gpu": 1, "pid": pid, "used_mib": 18432}]})
+    state = lab_c.dir / f"tmp-node1/{FAKE_SMI_STATE}"
+    assert state.stat().st_mode & 0o777 == 0o644
+    assert not list(state.parent.glob(f"{FAKE_SMI_STATE}.*"))  # no temporary left
+    apps = "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits"
+    gpus = "nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits"
+    r = ssh(lab_c, node1, f"{apps}; {gpus}")
+    assert r.returncode == 0, r.stderr
+    assert quiet(r.stdout) == [f"GPU-00000000-1111-2222-3333-444444444444, {pid}, 18432",
+                               "0, 0, 0", "1, 18432, 80"]
+    assert ssh(lab_c, node2, "command -v nvidia-smi").returncode != 0
+    lab_c.kill_in("node1", pid)
+    deadline = time.monotonic() + 5
+    while lab_c.alive("node1", pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = ssh(lab_c, node1, f"{apps}; {gpus}")
+    assert quiet(r.stdout) == ["0, 0, 0", "1, 0, 0"], r.stdout + r.stderr
+    # A new state replaces the old one: the driver fails now.
+    lab_c.fake_gpus("node1", {"gpus": [], "apps": [], "fail": "version-mismatch"})
+    r = ssh(lab_c, node1, "nvidia-smi -L", user="bob")
+    assert r.returncode == 18
+    assert quiet(r.stdout)[0] == "Failed to initialize NVML: Driver/library version mismatch"
+
+
+def test_started_processes_end_with_the_testbed() -> None:
+    _need_testbed()
+    with Testbed(1, colleagues=("alice",)) as tb:  # noqa: S604
+        pid = tb.start_as("node1", "alice", "sleep", "3594.5")
+        assert tb.alive("node1", pid)
+    left = subprocess.run(["pgrep", "-f", "sleep 3594.5"], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
 
 
 def test_kill_sshd_then_host() -> None:

@@ -1,5 +1,5 @@
 """A real multi-host testbed on one machine: each host is a Linux network namespace with its own
-address, hostname, PID space, mounts, /tmp, home directory and OpenSSH sshd (see
+address, hostname, PID space, mounts, /tmp and /var/tmp, home directory and OpenSSH sshd (see
 shared/TESTBED.md), so that it behaves like a separate lab machine.
 
 Every host runs under a small init (PID 1 of its PID namespace, which reaps orphans) whose child
@@ -16,10 +16,16 @@ Host profiles, combinable (per host: one value for all, or a list with one entry
           "internal": `internal-sftp` (inside sshd, never through the shell: a kinder host);
           "none" (or False): no sftp subsystem (paramiko's open_sftp() fails: "Channel closed.")
 and testbed-wide: shared_home (one home directory for every host, like an NFS home), ipv6
-(IPv6-only hosts, TbHost.addr is then a v6 literal), user (log in as a non-root user) and uplink
-(a rate such as "100mbit": this machine's own link toward the hosts is shaped to it, a token
-bucket on the bridge device, while the hosts reach one another at full speed, as a laptop on a
-slow uplink reaches a lab whose machines share a fast switch).
+(IPv6-only hosts, TbHost.addr is then a v6 literal), user (log in as a non-root user),
+colleagues (more login users on every host, "alice", ...: their own homes, the same test key,
+so that `ssh alice@host` works; `start_as` runs a process of theirs in a host, as a colleague's
+job) and uplink (a rate such as "100mbit": this machine's own link toward the hosts is shaped
+to it, a token bucket on the bridge device, while the hosts reach one another at full speed, as
+a laptop on a slow uplink reaches a lab whose machines share a fast switch).
+
+No host has a GPU, nor an nvidia-smi (unless this machine has one in /usr/bin): `fake_gpus`
+puts tests/fake_nvidia_smi.py on one host's PATH as `nvidia-smi`, answering from a state (GPUs,
+which host processes use them, a driver failure) that a test writes and rewrites.
 
 Every host's sshd runs Debian's sshd_config as the package ships it (STOCK_SSHD_CONFIG: PAM,
 StrictModes, MaxSessions 10, MaxStartups 10:30:100, the external sftp-server) with only what a
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import secrets
@@ -62,6 +69,8 @@ NOISE_STDOUT = "Welcome to the lab cluster; module load cuda/12"
 NOISE_STDERR = "quota: 81% of /home used"
 NOISE_TITLE = re.compile("\x1b\\]0;lab: [^\x07]*\x07")  # a terminal title, no newline after it
 USER_ID = 4242  # uid and gid of the non-root login user (Testbed(user=...))
+# colleagues get USER_ID + 1, + 2, ... in order (Testbed(colleagues=...))
+FAKE_SMI_STATE = ".tb-nvidia-smi.json"  # in a host's private /tmp (see fake_nvidia_smi.py)
 
 # PID 1 of every host: starts its command (sshd -D) and reaps every child, orphans included,
 # until it is killed. Signals from inside the host are ignored, as by a real init.
@@ -148,6 +157,7 @@ class Testbed:
     shared_home: bool = False  # one home directory for every host
     ipv6: bool = False  # IPv6-only hosts
     user: str = "root"  # the login user (another name: a non-root user, uid USER_ID)
+    colleagues: tuple[str, ...] = ()  # more login users on every host (uid USER_ID+1, ...)
     uplink: str | None = None  # tc rate of this machine's link toward the hosts ("100mbit")
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     hosts: list[TbHost] = field(default_factory=list)
@@ -164,6 +174,10 @@ class Testbed:
                 raise ValueError(f"unknown shell {shell!r}: one of {sorted(SHELLS)}")
             if not os.access(SHELLS[shell], os.X_OK):
                 raise RuntimeError(f"login shell {SHELLS[shell]} is not installed: run .ci/setup")
+        names = [self.user, *self.colleagues]
+        if "root" in self.colleagues or len(set(names)) != len(names):
+            raise ValueError(f"colleagues {self.colleagues}: distinct names, neither root nor "
+                             f"the login user {self.user!r}")
         self.dir = Path(tempfile.mkdtemp(prefix=f"fleet-tb-{self.tag}-"))
         self.dir.chmod(0o755)  # a non-root user's home lies in it
         self.bridge = f"fl{self.tag}br"
@@ -181,6 +195,7 @@ class Testbed:
         self._routes: list[str] = []
         self._logs: list[IO[bytes]] = []
         self._made_dirs: list[str] = []  # by mount_tmpfs, deepest first
+        self._fake_smi: set[str] = set()  # hosts with the stand-in nvidia-smi on their PATH
 
     # ---- addressing --------------------------------------------------------------------------
     @property
@@ -308,25 +323,35 @@ class Testbed:
             "    printf '\\033]0;%s\\007' \"lab: $(cat /proc/sys/kernel/hostname)\"\n"
             "    ;;\nesac\n")
 
+    def _accounts(self, h: TbHost) -> list[tuple[str, int, Path]]:
+        """The host's login users but root, as (name, uid = gid, home): the non-root login
+        user, then the colleagues (a home of their own beside the host's, or one shared)."""
+        out = [(h.user, USER_ID, h.home)] if h.user != "root" else []
+        return out + [(name, USER_ID + 1 + k, Path(f"{h.home}-{name}"))
+                      for k, name in enumerate(self.colleagues)]
+
     def _write_home(self, h: TbHost) -> None:
-        ssh = h.home / ".ssh"
-        ssh.mkdir(parents=True, mode=0o700, exist_ok=True)
-        shutil.copy(f"{self.key}.pub", ssh / "authorized_keys")
-        if any(o.noisy for o in self.hosts if o.home == h.home):
-            motd = self.dir / "lab-motd.sh"
-            (h.home / ".bashrc").write_text(f". {motd}\n")
-            (h.home / ".zshenv").write_text(f". {motd}\n")
-            (h.home / ".tcshrc").write_text(f"/bin/sh {motd}\n")
-            (h.home / ".config" / "fish").mkdir(parents=True, exist_ok=True)
-            (h.home / ".config" / "fish" / "config.fish").write_text(f"/bin/sh {motd}\n")
-        if h.user != "root":
-            for path in [h.home, *h.home.rglob("*")]:
-                os.lchown(path, USER_ID, USER_ID)
+        noisy = any(o.noisy for o in self.hosts if o.home == h.home)
+        homes = [("root", 0, h.home)] if h.user == "root" else []
+        for _, uid, home in homes + self._accounts(h):
+            ssh = home / ".ssh"
+            ssh.mkdir(parents=True, mode=0o700, exist_ok=True)
+            shutil.copy(f"{self.key}.pub", ssh / "authorized_keys")
+            if noisy:
+                motd = self.dir / "lab-motd.sh"
+                (home / ".bashrc").write_text(f". {motd}\n")
+                (home / ".zshenv").write_text(f". {motd}\n")
+                (home / ".tcshrc").write_text(f"/bin/sh {motd}\n")
+                (home / ".config" / "fish").mkdir(parents=True, exist_ok=True)
+                (home / ".config" / "fish" / "config.fish").write_text(f"/bin/sh {motd}\n")
+            if uid:
+                for path in [home, *home.rglob("*")]:
+                    os.lchown(path, uid, uid)
 
     def _write_etc(self, h: TbHost) -> None:
         """/etc/netns/<ns>/* is bind-mounted over /etc/* by `ip netns exec`: hosts, resolver,
         and passwd (root's home is this host's own directory), group, shadow, shells for the
-        login user and its shell."""
+        login users and their shell."""
         etc = Path("/etc/netns") / h.ns
         etc.mkdir(parents=True, exist_ok=True)
         others = "".join(f"{o.addr} {o.name}\n" for o in self.hosts if o is not h)
@@ -336,21 +361,24 @@ class Testbed:
         (etc / "hosts").write_text(f"127.0.0.1 localhost\n{v6}127.0.1.1 {h.name}\n{others}")
         (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         shell = SHELLS[h.shell]
+        accounts = self._accounts(h)
+        ours = tuple(f"{name}:" for name, _, _ in accounts)
         passwd: list[str] = []
         for line in Path("/etc/passwd").read_text().splitlines():
             if line.startswith("root:"):
                 line = _with(line, home=h.home, shell=shell if h.user == "root" else None)
-            if not line.startswith(f"{h.user}:") or h.user == "root":
+            if not line.startswith(ours):
                 passwd.append(line)
         group = [g for g in Path("/etc/group").read_text().splitlines()
-                 if not g.startswith(f"{h.user}:")]
-        if h.user != "root":
-            passwd.append(f"{h.user}:x:{USER_ID}:{USER_ID}:lab user:{h.home}:{shell}")
-            group.append(f"{h.user}:x:{USER_ID}:")
+                 if not g.startswith(ours)]
+        shadow = [s for s in Path("/etc/shadow").read_text().splitlines()
+                  if not s.startswith(ours)]
+        for name, uid, home in accounts:
+            passwd.append(f"{name}:x:{uid}:{uid}:lab user:{home}:{shell}")
+            group.append(f"{name}:x:{uid}:")
             # '*': no password, not locked ('!' would make sshd refuse with UsePAM no)
-            shadow = [s for s in Path("/etc/shadow").read_text().splitlines()
-                      if not s.startswith(f"{h.user}:")]
-            shadow.append(f"{h.user}:*:{int(time.time() // 86400)}:0:99999:7:::")
+            shadow.append(f"{name}:*:{int(time.time() // 86400)}:0:99999:7:::")
+        if accounts:
             (etc / "shadow").write_text("\n".join(shadow) + "\n")
             (etc / "shadow").chmod(0o640)
         (etc / "passwd").write_text("\n".join(passwd) + "\n")
@@ -396,20 +424,22 @@ class Testbed:
 
     def _boot_script(self, h: TbHost) -> str:
         """What PID 1 of the host runs, in its new namespaces, before it becomes the init:
-        hostname, a private /tmp (with the testbed's directory still at its path) and
-        /dev/shm, for a non-root user a traversable /root; then init with `sshd -D`."""
+        hostname, a private /tmp (with the testbed's directory still at its path), /var/tmp
+        and /dev/shm, for non-root users a traversable /root; then init with `sshd -D`."""
         q = shlex.quote
         private = self.dir / f"tmp-{h.name}"
-        private.mkdir(mode=0o1777)
-        private.chmod(0o1777)
-        lines = ["set -e", f"hostname {q(h.name)}"]
+        vartmp = self.dir / f"vartmp-{h.name}"
+        for d in (private, vartmp):
+            d.mkdir(mode=0o1777)
+            d.chmod(0o1777)  # as Debian's /tmp and /var/tmp (mkdir's mode obeys the umask)
+        lines = ["set -e", f"hostname {q(h.name)}", f"mount --bind {q(str(vartmp))} /var/tmp"]
         for keep in _kept_in_tmp(self.dir):
             inner = private / keep.relative_to("/tmp")
             inner.mkdir(parents=True)
             lines.append(f"mount --bind {q(str(keep))} {q(str(inner))}")
         lines += [f"mount --rbind {q(str(private))} /tmp",
                   "mount -t tmpfs -o mode=1777,size=25% tmpfs /dev/shm"]
-        if h.user != "root":
+        if self._accounts(h):
             # /root is 0700; the venv's python is a link into /root/.pyenv: a 0755 /root that
             # holds only what the interpreter and the repository need.
             for top in _under_root():
@@ -585,6 +615,20 @@ class Testbed:
         if r.returncode != 0:
             raise RuntimeError(f"put {command} on {name}'s PATH: {r.stderr.strip()}")
 
+    def fake_gpus(self, name: str, state: dict[str, Any]) -> None:
+        """GPUs for host `name`: the stand-in nvidia-smi (tests/fake_nvidia_smi.py) on its
+        PATH, answering from `state` (see there); called again, the state is replaced. The
+        state file is written whole and renamed into place: a query never reads half of it."""
+        if name not in self._fake_smi:
+            program = Path(__file__).with_name("fake_nvidia_smi.py").read_text()
+            self.put_on_path(name, "nvidia-smi", f"#!{sys.executable} -I\n{program}")
+            self._fake_smi.add(name)
+        path = self.dir / f"tmp-{name}" / FAKE_SMI_STATE
+        tmp = path.with_name(f"{FAKE_SMI_STATE}.{secrets.token_hex(4)}")
+        tmp.write_text(json.dumps(state))
+        tmp.chmod(0o644)
+        os.replace(tmp, path)
+
     def umount(self, name: str, path: str | Path) -> None:
         r = self.exec(name, "umount", str(path))
         if r.returncode != 0:
@@ -594,17 +638,18 @@ class Testbed:
     def host(self, name: str) -> TbHost:
         return next(h for h in self._every() if h.name == name)
 
-    def ssh_config(self, path: Path) -> Path:
+    def ssh_config(self, path: Path, user: str | None = None) -> Path:
         """An OpenSSH client config: every host (through the bastion, if any) with the test key
-        and known_hosts."""
+        and known_hosts, logged into as `user` (default: the login user)."""
+        user = user or self.user
         lines = []
         if self.bastion_host:
             jump = self.bastion_host.addr
             jump = f"[{jump}]" if ":" in jump else jump
             pattern = f"{self.inner_subnet}::*" if self.ipv6 else f"{self.inner_subnet}.*"
-            lines += [f"Host {pattern}", f"  ProxyJump {self.user}@{jump}"]
+            lines += [f"Host {pattern}", f"  ProxyJump {user}@{jump}"]
         lines += ["Host *", f"  IdentityFile {self.key}",
-                  f"  UserKnownHostsFile {self.known_hosts}", f"  User {self.user}"]
+                  f"  UserKnownHostsFile {self.known_hosts}", f"  User {user}"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -663,11 +708,41 @@ class Testbed:
         return subprocess.run(["nsenter", "-t", str(h.init_pid), "-m", "-u", "-n", "-p",
                                "--", *argv], capture_output=True, text=True, timeout=timeout)
 
+    def start_as(self, name: str, user: str, *argv: str) -> int:
+        """Start argv in host `name` as `user` (a colleague, the login user or root), as that
+        user's own job would run there: detached (its own session, stdin/stdout/stderr
+        /dev/null), the user's groups and a fresh login environment (HOME, PATH...). Its PID as
+        seen inside the host (what ps or nvidia-smi there shows); the host's init reaps it."""
+        uids = {"root": 0, **{n: uid for n, uid, _ in self._accounts(self.host(name))}}
+        if user not in uids:
+            raise ValueError(f"no user {user!r} on {name}: one of {sorted(uids)}")
+        uid = str(uids[user])
+        # In the background of a non-interactive sh the job is no process group leader, so
+        # setsid needs no fork: $! is the program's own PID once it has exec'd.
+        r = self.exec(name, "sh", "-c", 'u=$1; shift\n'
+                      'setpriv --reuid="$u" --regid="$u" --init-groups --reset-env '
+                      'setsid "$@" </dev/null >/dev/null 2>&1 &\necho $!', "sh", uid, *argv)
+        if r.returncode != 0 or not r.stdout.strip().isdigit():
+            raise RuntimeError(f"start {argv} as {user} on {name}: {r.stderr.strip()}")
+        return int(r.stdout)
+
+    def alive(self, name: str, pid: int) -> bool:
+        """Host-PID `pid` exists in host `name` and is not a zombie."""
+        r = self.exec(name, "cat", f"/proc/{pid}/stat")
+        return r.returncode == 0 and r.stdout.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+    def kill_in(self, name: str, pid: int) -> None:
+        """SIGKILL host-PID `pid` in host `name` (its init then reaps it)."""
+        r = self.exec(name, "kill", "-KILL", str(pid))
+        if r.returncode != 0:
+            raise RuntimeError(f"kill {pid} on {name}: {r.stderr.strip()}")
+
     def inventory(self, path: Path, hosts: list[str] | None = None,
                   per_host: dict[str, dict[str, object]] | None = None,
                   **defaults: object) -> Path:
         """Write an inventory of these hosts (all, or the named ones, in that order), with
-        `per_host` settings in a host's own table."""
+        `per_host` settings in a host's own table; `defaults` add to or override the
+        [defaults] table (user="alice": logged into as a colleague)."""
         values = {"user": self.user, "identity": str(self.key),
                   "known_hosts": str(self.known_hosts), "python": sys.executable,
                   "workdir": "~/fleet", "connect_timeout": 5.0, **defaults}
@@ -801,7 +876,8 @@ def _toml(value: object) -> str:
 
 if __name__ == "__main__":
     # A manual session: `python tests/testbed.py 2 [--shell zsh] [--noisy] [--sftp none]
-    # [--shared-home] [--ipv6] [--user lab] [--uplink 100mbit]` keeps a testbed up until Enter.
+    # [--shared-home] [--ipv6] [--user lab] [--colleague alice ...] [--uplink 100mbit]` keeps a
+    # testbed up until Enter.
     import argparse
 
     ap = argparse.ArgumentParser()
@@ -812,10 +888,12 @@ if __name__ == "__main__":
     ap.add_argument("--shared-home", action="store_true")
     ap.add_argument("--ipv6", action="store_true")
     ap.add_argument("--user", default="root")
+    ap.add_argument("--colleague", action="append", default=[], help="another login user")
     ap.add_argument("--uplink", help='shape this machine\'s link toward the hosts ("100mbit")')
     a = ap.parse_args()
     with Testbed(a.n, shell=a.shell, noisy=a.noisy, sftp=a.sftp,  # noqa: S604
-                 shared_home=a.shared_home, ipv6=a.ipv6, user=a.user, uplink=a.uplink) as tb:
+                 shared_home=a.shared_home, ipv6=a.ipv6, user=a.user,
+                 colleagues=tuple(a.colleague), uplink=a.uplink) as tb:
         inv = tb.inventory(tb.dir / "inventory.toml")
         cfg = tb.ssh_config(tb.dir / "ssh_config")
         print(f"inventory: {inv}\nssh -F {cfg} <addr>\n"
