@@ -93,6 +93,13 @@ class HostError(FleetError):
         super().__init__("\n".join(lines))
 
 
+class GpusTaken(HostError):
+    """GPUs (or whole hosts) a job would use are leased to another user, or `fleet up --wait`
+    ran out of time with them still in use; nothing was started."""
+
+    exit_code = ExitCode.BUSY
+
+
 class HostsUnreachable(HostError):
     """One or more hosts could not be reached or authenticated, or stopped answering."""
 
@@ -187,6 +194,7 @@ class Interrupted(BaseException):
 
     def __init__(self, signame: str, outcome: str = "") -> None:
         self.signame = signame
+        self.outcome = outcome
         super().__init__(f"interrupted ({signame})" + (f": {outcome}" if outcome else ""))
 
 

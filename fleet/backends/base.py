@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleet.backends.checks import Check
 from fleet.config.inventory import Inventory
@@ -21,6 +21,8 @@ from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.console import Console
 from fleet.facts.command import Outcome
+from fleet.facts.gpus import GpuFacts
+from fleet.facts.leases import Taken
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
@@ -38,12 +40,24 @@ class Options:
     force: bool = False  # start although another run holds the hosts
     allow_mismatch: bool = False  # nodes with different python/torch versions
     force_setup: bool = False  # the job's setup again, changed or not
+    wait: float | None = None  # --wait: seconds to wait for free GPUs (math.inf: no end)
+    ignore_leases: bool = False  # start on GPUs other users leased
     # A restart (fleet.run.attempts): the attempt's own run id, the first attempt's, its
     # number, and the hosts replaced by spares (name -> the spare's name).
     run_id: str | None = None
     parent: str = ""
     attempt: int = 1
     replace: tuple[tuple[str, str], ...] = ()
+
+
+class GpuSurvey(Protocol):
+    """Connections to hosts to look at their GPUs through, closed together."""
+
+    def look(self) -> dict[str, GpuFacts | str]:
+        """Per host its GPUs and leases, or why they could not be known (the host's row)."""
+
+    def close(self) -> None:
+        """Close every connection."""
 
 
 # ---- what a running job reports: pushed by the backend, decided on by the runner -----------
@@ -219,6 +233,18 @@ class Backend(ABC):
         declared outputs) from the master into `to`, or with `every` from each node into
         to/<node>; per node what is in place and what went wrong, or why it could not be
         asked."""
+
+    @abstractmethod
+    def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
+        """`fleet gpus`, `fleet reserve --list`: the GPUs and leases of every host of the
+        inventory (or those in `nodes`), looked at as often as asked. Refused where fleet cannot
+        see them."""
+
+    @abstractmethod
+    def lease(self, inventory: Path, host: str, take: bool, gpus: tuple[int, ...] | None,
+              seconds: float, note: str) -> Taken:
+        """`fleet reserve` (take) and `fleet release`: a lease of `gpus` (None: the whole host)
+        on one host of the inventory, kept there."""
 
     @abstractmethod
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],

@@ -1,26 +1,47 @@
-"""A node's GPUs, as nvidia-smi reports them: one command and a pure parser, and what fleet
-makes of the GPUs an inventory chooses for a node (absent, or busy with another user's work)."""
+"""A node's GPUs, as nvidia-smi reports them, and the leases recorded there (fleet.facts.leases):
+one command and a pure parser; and what fleet makes of the GPUs an inventory chooses for a node
+(absent, or busy with another user's work)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from fleet.facts.leases import LEASE_DIR, Lease, parse_lease
 from fleet.indices import ranges
 from fleet.nodedata import number
 from fleet.transport import Transport
 
 # Indices are nvidia-smi's (PCI bus order; fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match).
-# The owner of each compute process comes from ps: nvidia-smi does not say it.
+# nvidia-smi does not say who owns a compute process, how old it is or what it runs: ps does;
+# a process's fleet run is in its environment, which only its owner (or root) may read.
+# Lease files: regular files only (never a link), each read up to 4 KiB, at most 500 of them.
 GPU_SCRIPT = "\n".join([
-    "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi=missing'; exit 0; }",
     'echo "me=$(id -un)"',
+    'echo "now=$(date +%s)"',
+    "echo '=== leases'",
+    "n=0",
+    f"for f in {LEASE_DIR}/*.lease; do",
+    '  [ -f "$f" ] && [ ! -L "$f" ] || continue',
+    "  n=$((n + 1)); [ $n -le 500 ] || break",
+    '  printf "%s\\t%s\\n" "$(stat -c %U "$f")" "$(head -c 4096 "$f" | tr -d "\\n\\t")"',
+    "done",
+    "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi=missing'; exit 0; }",
     "echo '=== gpus'",
-    "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,name "
+    "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,name "
     "--format=csv,noheader,nounits 2>&1",
+    'echo "=== rc $?"',
     "echo '=== apps'",
     "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits "
     "2>/dev/null | while IFS=', ' read -r uuid pid mem; do",
-    '  echo "$uuid,$pid,$mem,$(ps -o user= -p "$pid" 2>/dev/null)"',
+    '  case "$pid" in *[!0-9]*|"") continue;; esac',
+    '  run=$(tr "\\0" "\\n" < "/proc/$pid/environ" 2>/dev/null | sed -n "s/^FLEET_RUN_ID=//p" '
+    "| head -n 1)",
+    '  ps -o user=,etimes=,args= -p "$pid" 2>/dev/null | head -n 1 | {',
+    '    read -r user age args',
+    '    printf "%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n" "$uuid" "$pid" "$mem" "$user" "$age" '
+    '"$run" "$(printf %s "$args" | cut -c 1-300)"',
+    "  }",
     "done",
 ])
 
@@ -32,17 +53,22 @@ class Gpu:
     used_mib: int
     total_mib: int
     name: str
+    util: int | None = None  # percent busy in nvidia-smi's last sample; None: not reported
 
 
 @dataclass(frozen=True)
 class GpuApp:
     """A compute process on a GPU: its owner is "" where this node cannot see it (another
-    container's process)."""
+    container's process); its age (seconds) is None then too; its fleet run "" where it is none
+    or only its owner may know."""
 
     gpu_uuid: str
     pid: int
     used_mib: int
     user: str
+    age_s: int | None = None
+    command: str = ""
+    run_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,44 +77,96 @@ class GpuFacts:
     gpus: tuple[Gpu, ...] = ()
     apps: tuple[GpuApp, ...] = ()
     me: str = ""  # the user fleet logs in as
-    error: str = ""  # what nvidia-smi said when it failed (no driver, say)
+    error: str = ""  # what nvidia-smi said when it failed (no driver, an NVML error)
+    leases: tuple[Lease, ...] = ()  # unexpired or not: Lease.active(now) tells
+    now: float = 0.0  # the node's clock when asked (leases end by it)
 
     @property
     def count(self) -> int:
         return len(self.gpus)
 
+    def gpu(self, uuid: str) -> Gpu | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
 
-def _int(text: str) -> int | None:
-    return number(text)
+    def on(self, index: int) -> list[GpuApp]:
+        """The compute processes on GPU `index`."""
+        return [a for a in self.apps if (g := self.gpu(a.gpu_uuid)) is not None
+                and g.index == index]
+
+    def active_leases(self) -> list[Lease]:
+        return [lease for lease in self.leases if lease.active(self.now)]
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SAFE = re.compile(r"[^\x20-\x7e]")  # a user name or uuid from a node: printable ASCII only
+
+
+def _word(text: str, limit: int = 64) -> str:
+    return _SAFE.sub("?", text.strip())[:limit]
+
+
+def _smi_number(text: str) -> int | None:
+    """nvidia-smi's value: a number, or None for "[N/A]", "[Not Supported]" and the like."""
+    return number(text.strip().split(" ")[0] if text.strip() else "")
 
 
 def parse_gpus(out: str) -> GpuFacts:
-    if "nvidia-smi=missing" in out.split():
-        return GpuFacts(smi=False)
-    me, section = "", None
+    me, now, section = "", 0.0, None
     gpus: list[Gpu] = []
     apps: list[GpuApp] = []
+    leases: list[Lease] = []
     errors: list[str] = []
+    smi, rc = True, 0
     for line in out.splitlines():
-        if line.startswith("me="):
-            me = line[3:].strip()
+        if line.startswith("me=") and section is None:
+            me = _word(line[3:])
+        elif line.startswith("now=") and section is None:
+            now = float(number(line[4:]) or 0)
+        elif line.strip() == "nvidia-smi=missing":
+            smi = False
         elif line.startswith("=== "):
-            section = line[4:].strip()
+            head = line[4:].split()
+            section = head[0] if head else None
+            if section == "rc" and len(head) == 2:
+                rc = number(head[1]) or 0
+        elif section == "leases" and line.strip():
+            owner, _, text = line.partition("\t")
+            lease = parse_lease(_word(owner), text)
+            if lease is not None:
+                leases.append(lease)
         elif section == "gpus" and line.strip():
-            f = [x.strip() for x in line.split(",", 4)]
-            index, used, total = (_int(f[0]), _int(f[2]), _int(f[3])) if len(f) == 5 else (
-                None, None, None)
+            f = [x.strip() for x in line.split(",", 5)]
+            index, used, total = (number(f[0]), _smi_number(f[2]), _smi_number(f[3])) \
+                if len(f) == 6 else (None, None, None)
             if index is None or used is None or total is None:
                 errors.append(line.strip())
                 continue
-            gpus.append(Gpu(index, f[1], used, total, f[4]))
+            gpus.append(Gpu(index, _word(f[1], 96), used, total, _word(f[5], 96),
+                            _smi_number(f[4])))
         elif section == "apps" and line.strip():
-            f = [x.strip() for x in line.split(",", 3)]
-            pid, used = (_int(f[1]), _int(f[2])) if len(f) == 4 else (None, None)
-            if pid is not None:
-                apps.append(GpuApp(f[0], pid, used or 0, f[3]))
-    return GpuFacts(smi=True, gpus=tuple(gpus), apps=tuple(apps), me=me,
-                    error="; ".join(errors)[:300])
+            app = _app(line)
+            if app is not None:
+                apps.append(app)
+    if rc and not errors:
+        errors.append(f"nvidia-smi exited with {rc}")
+    known = {g.uuid for g in gpus}
+    return GpuFacts(smi=smi, gpus=tuple(gpus) if smi else (),
+                    apps=tuple(a for a in apps if a.gpu_uuid in known) if smi else (), me=me,
+                    error="; ".join(_word(e, 300) for e in errors)[:300] if smi else "",
+                    leases=tuple(leases), now=now)
+
+
+def _app(line: str) -> GpuApp | None:
+    f = line.split("\t", 6)
+    if len(f) != 7:
+        return None
+    pid, used = number(f[1]), number(f[2])
+    if pid is None:
+        return None
+    run = f[5].strip()
+    return GpuApp(_word(f[0], 96), pid, used or 0, _word(f[3]), number(f[4]),
+                  _SAFE.sub("?", f[6].strip())[:300],
+                  run if _RUN_ID.fullmatch(run) else "")
 
 
 def gpu_facts(t: Transport) -> GpuFacts:

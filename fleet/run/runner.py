@@ -95,7 +95,8 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
     try:
         run = backend.prepare(job, console, options)
     except Interrupted as e:
-        raise Interrupted(e.signame, "nothing had been started on any node") from None
+        before = f"{e.outcome}; " if e.outcome else ""
+        raise Interrupted(e.signame, f"{before}nothing had been started on any node") from None
     told.run_id = told.run_id or run.run_id
     told.failure, told.hang = (), None
     guard = Guard(run, console)  # its signal handlers from `with` on

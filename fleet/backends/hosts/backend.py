@@ -9,14 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet.backends.base import Backend, Options
+from fleet.backends.base import Backend, GpuSurvey, Options
 from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import execute as fleet_exec
+from fleet.backends.hosts import gpus, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import pull as fleet_pull
-from fleet.backends.hosts import recorded
 from fleet.backends.hosts.run import HostsRun, prepare
 from fleet.config.inventory import Inventory, load_inventory
 from fleet.config.job import Job
@@ -24,6 +24,7 @@ from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.facts.command import Outcome
+from fleet.facts.leases import Taken
 from fleet.run import hang
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
@@ -167,6 +168,14 @@ class HostsBackend(Backend):
     def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
              every: bool) -> dict[str, Pulled | Exception]:
         return fleet_pull.pull(rec, self.manifest(rec, console), console, paths, to, every)
+
+    def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
+        return gpus.Survey(fleet_exec.chosen(load_inventory(inventory), nodes))
+
+    def lease(self, inventory: Path, host: str, take: bool, chosen: tuple[int, ...] | None,
+              seconds: float, note: str) -> Taken:
+        return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], take, chosen,
+                          seconds, note)
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
                 timeout: float | None, progress: Callable[[int, int], None]

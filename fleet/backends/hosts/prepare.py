@@ -36,6 +36,7 @@ class Session:
         self.transports = transports
         self.facts: dict[str, Facts] = {}  # what the probe learnt, once prepare_plan ran
         self.claims: Claims | None = None  # held from before the first write to the start
+        self.gpus: dict[str, GpuFacts] = {}  # what the GPU gate learnt (fleet.backends.hosts.gpus)
 
     def release(self) -> None:
         """Let other launches prepare these hosts (this one's nodes run, or it gave up)."""
@@ -157,9 +158,10 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
     asked."""
     if job.launcher != Launcher.ACCELERATE and not any(h.gpus for h in inventory.hosts):
         return None
-    with console.waiting("listing GPUs"):
-        facts: dict[str, GpuFacts] = all_ok("listing GPUs", each(session.transports.items(),
-                                                                 gpu_facts))
+    facts = session.gpus
+    if not facts:
+        with console.waiting("listing GPUs"):
+            facts = all_ok("listing GPUs", each(session.transports.items(), gpu_facts))
     problems = {}
     for h in inventory.hosts:
         f = facts[h.name]

@@ -15,6 +15,7 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import setup
 from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
+from fleet.backends.hosts.gpus import gate
 from fleet.backends.hosts.notifier import start_watch
 from fleet.backends.hosts.prepare import (
     Session,
@@ -52,6 +53,9 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
     faults.point(Phase.CONNECT.value)
     session = connect(inventory, console)
     try:
+        # Before any claim: a launch waiting for GPUs keeps no other launch off these hosts.
+        session.gpus = gate(session.transports, list(inventory.hosts), options.wait,
+                            options.ignore_leases, console)
         # Before anything is written: another launch preparing these hosts stops this one.
         session.claims = claim_all(session.transports, inventory.hosts, run_id, console)
         faults.point(Phase.PROBE.value)

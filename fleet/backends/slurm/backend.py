@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet.backends.base import Backend, Options
+from fleet.backends.base import Backend, GpuSurvey, Options
 from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
 from fleet.backends.slurm.cluster import Cluster, load_cluster
 from fleet.backends.slurm.jobs import (
@@ -40,6 +40,7 @@ from fleet.errors import (
 )
 from fleet.facts import slurm as sj
 from fleet.facts.command import Outcome
+from fleet.facts.leases import Taken
 from fleet.facts.probe import probe, python_problem
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
@@ -216,6 +217,10 @@ def remove(rec: SlurmRecord) -> str:
     return quote(rec.run_dir)
 
 
+NO_GPU_SHARING = ("fleet gpus, reserve and release are for host lists; Slurm allocates a "
+                  "cluster's GPUs itself (sinfo -O Gres,GresUsed and squeue show who has them; "
+                  "scontrol create reservation reserves them)")
+
 class SlurmBackend(Backend):
     name = "slurm"
 
@@ -228,6 +233,9 @@ class SlurmBackend(Backend):
                               "policy allows it)")
         if job.forward:
             raise ConfigError(job.path, "forward", NO_DECLARED_FORWARD)
+        if options.wait is not None:
+            raise UsageError("--wait is for host lists: on Slurm the queue already waits until "
+                             "the job's GPUs are free (the job is PENDING until then)")
         return prepare(cluster, job, console, options)
 
     def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
@@ -310,6 +318,14 @@ class SlurmBackend(Backend):
                          "run directory but not the job's directory on the shared filesystem "
                          "that its outputs are written in; copy them from the login node "
                          "(scp) for now")
+
+    def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
+        """Refused: Slurm allocates a cluster's GPUs itself (sinfo and squeue show them)."""
+        raise UsageError(f"{inventory} is a Slurm cluster: {NO_GPU_SHARING}")
+
+    def lease(self, inventory: Path, host: str, take: bool, gpus: tuple[int, ...] | None,
+              seconds: float, note: str) -> Taken:
+        raise UsageError(f"{inventory} is a Slurm cluster: {NO_GPU_SHARING}")
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
                 timeout: float | None, progress: Callable[[int, int], None]

@@ -1,0 +1,145 @@
+"""Shared GPUs on hosts: every host's GPUs and leases asked at once (`fleet gpus`, its --watch
+over connections kept open), leases taken and given back (`fleet reserve`, `fleet release`), and
+the gate `fleet up` passes before it claims any host: other users' leases refuse it, `--wait`
+polls until nothing stands in the way."""
+
+from __future__ import annotations
+
+import getpass
+import math
+import socket
+import time
+from collections.abc import Callable
+
+from fleet.config.inventory import Host
+from fleet.console import Console, Meaning
+from fleet.errors import GpusTaken, Interrupted
+from fleet.facts.gpus import GpuFacts, gpu_facts
+from fleet.facts.leases import LEASE_DIR, Taken, parse_answer
+from fleet.gpuview import Blocker, blockers, lease_blockers, span
+from fleet.nodeside import python_program
+from fleet.shell import home_word
+from fleet.transport import Transport, open_transport
+from fleet.transport.group import all_ok, each, reason
+
+POLL_S = 5.0  # up --wait: one nvidia-smi and one directory listing per host this often
+
+
+class Survey:
+    """Connections to hosts, kept open between looks (`fleet gpus --watch`); a host that could
+    not be reached is tried again at the next look."""
+
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts = hosts
+        self.transports: dict[str, Transport] = {}
+
+    def look(self) -> dict[str, GpuFacts | str]:
+        """Per host, in the inventory's order, its GPUs and leases or why they are unknown."""
+        def one(h: Host) -> GpuFacts:
+            t = self.transports.get(h.name)
+            if t is None:
+                t = self.transports[h.name] = open_transport(h)
+            try:
+                return gpu_facts(t)
+            except Exception:
+                self.transports.pop(h.name, None)
+                t.close()
+                raise
+
+        results = each(((h.name, h) for h in self.hosts), one)
+        return {h.name: r if isinstance(r := results[h.name], GpuFacts) else reason(r)
+                for h in self.hosts}
+
+    def close(self) -> None:
+        each(self.transports.items(), lambda t: t.close())
+        self.transports.clear()
+
+
+def origin() -> str:
+    """Where a lease was taken from, as its record says (for a person reading it)."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def lease(host: Host, take: bool, gpus: tuple[int, ...] | None, seconds: float,
+          note: str) -> Taken:
+    """Take (or give back) a lease of `gpus` (None: the whole host) on one host."""
+    t = open_transport(host)
+    try:
+        which = "all" if gpus is None else ",".join(map(str, gpus))
+        script = python_program(home_word(host.python), "lease.py", LEASE_DIR,
+                                "take" if take else "give", which, f"{seconds:.0f}", note,
+                                origin(), flags=("-I", "-S"))
+        r = t.run(script, timeout=30, what="lease.py (GPU leases)")
+    finally:
+        t.close()
+    said = parse_answer(r.out)
+    if not said.ok and not said.conflicts and r.code and said.error.endswith("no answer"):
+        return Taken(ok=False, error=f"{host.python} exited with {r.code}: "
+                                      f"{(r.err or r.out).strip()[-300:]}")
+    return said
+
+
+def hosts_state(transports: dict[str, Transport]) -> dict[str, GpuFacts]:
+    return all_ok("listing GPUs and leases", each(transports.items(), gpu_facts))
+
+
+def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None,
+         ignore_leases: bool, console: Console) -> dict[str, GpuFacts]:
+    """Before `fleet up` claims anything: other users' leases on what the job would use refuse
+    it (unless ignored); with `wait` (seconds, math.inf for no end) it waits instead until those
+    leases and anyone's processes on those GPUs are gone. What was last learnt per host."""
+    facts = hosts_state(transports)
+    if wait is None:
+        if not ignore_leases:
+            found = _blocking(hosts, facts, lease_blockers)
+            if found:
+                raise GpusTaken("checking GPU leases", _by_host(
+                    found, "wait for it (fleet up --wait) or start anyway (--ignore-leases)"))
+        return facts
+    def check(host: str, chosen: tuple[int, ...] | None, f: GpuFacts,
+              now: float) -> list[Blocker]:
+        return blockers(host, chosen, f, now, leases=not ignore_leases)
+
+    found = _blocking(hosts, facts, check)
+    if not found:
+        return facts
+    limit = "" if math.isinf(wait) else f" (at most {span(wait)})"
+    console.info(f"waiting until every GPU this job uses is free{limit}:")
+    shown: list[str] = []
+    deadline = time.monotonic() + wait
+    try:
+        with console.waiting("waiting for GPUs") as w:
+            while found:
+                lines = [b.line() for b in found]
+                if lines != shown:
+                    for line in lines:
+                        console.info(f"  {line}", Meaning.WARN)
+                    shown = lines
+                w.update(f"waiting for GPUs: {len(found)} in the way ({found[0].line()})")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise GpusTaken(f"waiting {span(wait)} for free GPUs", _by_host(
+                        found, "still in use when the wait ended"))
+                time.sleep(min(POLL_S, left))
+                facts = hosts_state(transports)
+                found = _blocking(hosts, facts, check)
+    except Interrupted as e:
+        raise Interrupted(e.signame, "stopped waiting for free GPUs; still in the way: " +
+                          "; ".join(b.line() for b in found)) from None
+    console.info("every GPU this job uses is free: starting", Meaning.OK)
+    return facts
+
+
+def _blocking(hosts: list[Host], facts: dict[str, GpuFacts],
+              check: Callable[[str, tuple[int, ...] | None, GpuFacts, float], list[Blocker]],
+              ) -> list[Blocker]:
+    now = time.time()
+    return [b for h in hosts for b in check(h.name, h.gpus, facts[h.name], now)]
+
+
+def _by_host(found: list[Blocker], advice: str) -> dict[str, str]:
+    out: dict[str, list[str]] = {}
+    for b in found:
+        where = f"GPU{b.gpu}: " if b.gpu is not None else ""
+        out.setdefault(b.host, []).append(f"{where}{b.text}")
+    return {host: "; ".join(texts) + f" ({advice})" for host, texts in out.items()}

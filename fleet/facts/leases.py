@@ -1,0 +1,153 @@
+"""GPU leases: small records kept on each host (LEASE_DIR), written by `fleet reserve` through
+fleet/nodeside/lease.py and read by every fleet user's `gpus`, `up` and `up --wait`. No server:
+the host's filesystem is the only shared state, its clock the only clock.
+
+A lease's owner is the user who owns its file (what the host's kernel says), never what the
+file says: a lease in someone else's name cannot be written. Leases are cooperative: they keep
+fleet runs off GPUs, they never stop a process."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.nodedata import number
+
+# Per machine, not per user (everyone's fleet reads the same place) and not in a home (an NFS
+# home is shared by many machines); /var/tmp survives a reboot, where /tmp may not.
+LEASE_DIR = "/var/tmp/fleet-leases"
+NOTE_MAX = 200
+_OWNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
+_TEXT = re.compile(r"[^\x20-\x7e]")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """`gpus` None: the whole host."""
+
+    owner: str
+    gpus: tuple[int, ...] | None
+    until: float  # the host's clock
+    since: float = 0.0
+    note: str = ""
+    origin: str = ""  # where it was taken from (user@machine), as its writer said
+
+    def active(self, now: float) -> bool:
+        return self.until > now
+
+    def overlaps(self, gpus: tuple[int, ...] | None) -> bool:
+        """Whether this lease covers any of `gpus` (None: the whole host)."""
+        return self.gpus is None or gpus is None or bool(set(self.gpus) & set(gpus))
+
+    def what(self) -> str:
+        if self.gpus is None:
+            return "the whole host"
+        return ("GPU " if len(self.gpus) == 1 else "GPUs ") + ",".join(map(str, self.gpus))
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value < 1e11 else None
+
+
+def _gpus(value: object) -> tuple[int, ...] | None | bool:
+    """The GPU indices a lease names, None for the whole host, False where it is not either."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or len(value) > 256:
+        return False
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 16:
+            return False
+        out.append(v)
+    return tuple(sorted(set(out)))
+
+
+def parse_lease(owner: str, text: str) -> Lease | None:
+    """A lease file's JSON (a node's: anything may be in it) with the owner its file has; None
+    where it is not a lease."""
+    try:
+        said = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(said, dict) or not _OWNER.fullmatch(owner):
+        return None
+    gpus, until = _gpus(said.get("gpus")), _time(said.get("until"))
+    if gpus is False or until is None:
+        return None
+    note, origin = said.get("note", ""), said.get("origin", "")
+    return Lease(owner, gpus if isinstance(gpus, tuple) else None, until,
+                 _time(said.get("since")) or 0.0,
+                 _TEXT.sub("?", note)[:NOTE_MAX] if isinstance(note, str) else "",
+                 _TEXT.sub("?", origin)[:100] if isinstance(origin, str) else "")
+
+
+def others(leases: list[Lease], me: str, gpus: tuple[int, ...] | None) -> list[Lease]:
+    """The leases (active ones, given) of users other than `me` that cover any of `gpus`."""
+    return [lease for lease in leases if lease.owner != me and lease.overlaps(gpus)]
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What lease.py answered: taken (the lease), or refused (the leases in the way), or an
+    error of the host's lease directory."""
+
+    ok: bool
+    lease: Lease | None = None
+    conflicts: tuple[Lease, ...] = ()
+    released: tuple[Lease, ...] = ()  # give: the caller's leases it changed or removed
+    kept: tuple[Lease, ...] = ()  # give: other users' active leases on what was given
+    now: float = 0.0
+    error: str = ""
+
+
+def parse_answer(out: str) -> Taken:
+    """lease.py's one JSON line (after whatever a login banner printed)."""
+    for line in reversed(out.splitlines()):
+        if not line.startswith("{"):
+            continue
+        try:
+            said = json.loads(line)
+        except (ValueError, RecursionError):
+            break
+        if not isinstance(said, dict):
+            break
+
+        def leases(key: str, said: dict[str, Any] = said) -> tuple[Lease, ...]:
+            items = said.get(key)
+            found = (_lease(x) for x in items) if isinstance(items, list) else ()
+            return tuple(x for x in found if x is not None)
+
+        error = said.get("error")
+        now = _time(said.get("now")) or 0.0
+        mine = leases("lease")
+        return Taken(ok=said.get("ok") is True, lease=mine[0] if mine else None,
+                     conflicts=leases("conflicts"), released=leases("released"),
+                     kept=leases("kept"), now=now,
+                     error=_TEXT.sub("?", error)[:300] if isinstance(error, str) else "")
+    return Taken(ok=False, error="the host's lease program gave no answer")
+
+
+def _lease(item: object) -> Lease | None:
+    if not isinstance(item, dict):
+        return None
+    owner = item.get("owner")
+    return parse_lease(owner, json.dumps(item)) if isinstance(owner, str) else None
+
+
+def parse_gpu_list(text: str) -> tuple[int, ...] | None:
+    """`0`, `0,2`, `1-3` (what a command line says after HOST:), as sorted indices; None where it
+    is not that."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        a, b = number(lo), number(hi) if dash else number(lo)
+        if a is None or b is None or b < a or b - a > 255 or b >= 1 << 16:
+            return None
+        out.update(range(a, b + 1))
+    return tuple(sorted(out)) if out else None
