@@ -18,7 +18,7 @@ IDLE_MIN_MIB = 256  # less than this is a CUDA context, not a model someone forg
 
 def span(seconds: float) -> str:
     """An age or a time left, to a person's precision: `40 s`, `12 min`, `3 h`, `2 d`."""
-    s = max(int(seconds), 0)
+    s = max(round(seconds), 0)
     if s < 60:
         return f"{s} s"
     if s < 3600:

@@ -15,17 +15,21 @@ import sys
 import traceback
 from types import FrameType
 
-from fleet.cli import execute, forward, job_commands, pull, run_commands
+from fleet.cli import execute, forward, gpus, job_commands, pull, run_commands
 from fleet.cli.app import app, echo
 from fleet.errors import FleetError, InternalError, Interrupted
 
-__all__ = ["app", "execute", "forward", "job_commands", "main", "pull", "run_commands"]
+__all__ = ["app", "execute", "forward", "gpus", "job_commands", "main", "pull", "run_commands"]
 
 # What goes around a run, after the commands the modules above added (`fleet --help` lists
 # commands in the order they are added).
 app.command("pull")(pull.pull)
 app.command("forward")(forward.forward)
 app.command("exec")(execute.execute)
+# Sharing a lab's GPUs.
+app.command("gpus")(gpus.gpus)
+app.command("reserve")(gpus.reserve)
+app.command("release")(gpus.release)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

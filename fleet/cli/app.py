@@ -16,6 +16,7 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 from fleet.config import hostkeys
 from fleet.console import printable
 from fleet.run import record
+from fleet.timespan import parse_duration
 
 PROG = "fleet"
 
@@ -26,8 +27,37 @@ class FleetGroup(TyperGroup):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("prog_name", PROG)
+        given = kwargs.pop("args", args[0] if args else None)
         tidy(self)
-        return super().main(*args, **kwargs)
+        return super().main(optional_values(sys.argv[1:] if given is None else list(given)),
+                            *args[1:], **kwargs)
+
+
+WAIT_FOREVER = "forever"
+
+
+def optional_values(argv: list[str]) -> list[str]:
+    """`--wait` takes a value or none (`fleet up --wait JOB`, `--wait 2h`, `--wait=2h`), which
+    click cannot say: a bare `--wait` becomes `--wait=forever`, one followed by a duration takes
+    it. Words after `--` are the job's, left as they are."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return out + [word, *words]
+        if word != "--wait":
+            out.append(word)
+            continue
+        value = next(words, None)
+        if value is not None and parse_duration(value) is not None:
+            out.append(f"--wait={value}")
+        else:
+            out.append(f"--wait={WAIT_FOREVER}")
+            if value is not None:
+                out.append(value)
+                if value == "--":
+                    return out + list(words)
+    return out
 
 
 def tidy(command: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -20,12 +21,13 @@ from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import planview
 from fleet.backends.slurm import cluster as slurm
 from fleet.backends.slurm import script as slurm_script
-from fleet.cli.app import ExtraArgs, InvOpt, JobArg, app, echo, job_given
+from fleet.cli.app import WAIT_FOREVER, ExtraArgs, InvOpt, JobArg, app, echo, job_given
 from fleet.config import hostkeys
 from fleet.config.job import load_job, with_extra_args
 from fleet.console import Console
 from fleet.errors import UsageError
 from fleet.run import runner
+from fleet.timespan import parse_duration
 from fleet.trust import KeyState
 
 
@@ -47,6 +49,13 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                            "own traceback.")] = False,
        force_setup: Annotated[bool, typer.Option(
            "--setup", help="Run the job's setup again on every node, changed or not.")] = False,
+       wait: Annotated[str | None, typer.Option(
+           "--wait", metavar="[DURATION]",
+           help="First wait until every GPU the job uses (no GPUs chosen: the whole host) is "
+                "free of anyone's process and of other users' leases, at most DURATION (30m, "
+                "4h) if given.")] = None,
+       ignore_leases: Annotated[bool, typer.Option(
+           "--ignore-leases", help="Start on GPUs other users leased (fleet reserve).")] = False,
        ) -> None:
     """Start the job on every host and stream its logs.
 
@@ -56,7 +65,20 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         job = dataclasses.replace(job, debug=True)
     runner.up(backends.for_inventory(job.inventory), job, Console(), Options(
         detach=detach, checks=not skip_checks, force=force, allow_mismatch=allow_mismatch,
-        force_setup=force_setup))
+        force_setup=force_setup, wait=wait_seconds(wait), ignore_leases=ignore_leases))
+
+
+def wait_seconds(text: str | None) -> float | None:
+    """--wait's value (fleet.cli.app.optional_values): None, math.inf, or seconds."""
+    if text is None:
+        return None
+    if text == WAIT_FOREVER:
+        return math.inf
+    seconds = parse_duration(text)
+    if seconds is None or seconds <= 0:
+        raise UsageError(f"--wait={text}: a duration (30s, 10m, 4h, 1d), or --wait alone to "
+                         "wait as long as it takes")
+    return seconds
 
 
 @app.command()

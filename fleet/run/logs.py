@@ -15,6 +15,7 @@ from typing import TypeVar
 from fleet.errors import FleetError, UsageError
 from fleet.facts.failure import RANK_PREFIX
 from fleet.run.states import RunStatus
+from fleet.timespan import parse_duration
 
 # The line stop.sh writes into the node's log where fleet's stop of the node begins.
 STOP_MARK = re.compile(r"\[fleet\] stopping run \S+ on this node \(.*\)\Z")
@@ -130,8 +131,6 @@ class View:
 
 
 T = TypeVar("T")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 
 def parse_since(text: str, now: float) -> float:
@@ -139,9 +138,9 @@ def parse_since(text: str, now: float) -> float:
     (2026-11-24T10:00, this machine's time zone unless it names one), as seconds since the
     epoch."""
     said = text.strip()
-    m = _DURATION.fullmatch(said)
-    if m:
-        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    back = parse_duration(said)
+    if back is not None:
+        return now - back
     try:
         return datetime.fromisoformat(said).timestamp()
     except ValueError:

@@ -1,0 +1,312 @@
+"""`fleet gpus` (who uses which GPU, on every host), `fleet reserve` and `fleet release` (leases
+kept on the hosts themselves: no server). fleet.cli adds them to the app after the commands
+around a run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from fleet import backends
+from fleet import trust as fleet_trust
+from fleet.backends.base import Backend, GpuSurvey
+from fleet.cli.app import InvOpt, echo, job_given
+from fleet.console import Console, Meaning, interactive
+from fleet.errors import ExitCode, FleetError, Interrupted, UsageError
+from fleet.facts.gpus import GpuFacts
+from fleet.facts.leases import Lease, Taken, parse_gpu_list
+from fleet.gpuview import HEADERS, clock, lease_words, local_until, rows, span
+from fleet.gpuview import as_json as gpus_json
+from fleet.timespan import parse_duration
+
+MAX_LEASE_S = 7 * 86400  # a lease someone forgot ends within a week whatever they asked
+
+
+class LeaseRefused(FleetError):
+    """Another user's lease covers what was asked for; nothing was reserved."""
+
+    exit_code = ExitCode.BUSY
+
+
+def _inventory(path: Path | None, inventory: Path | None) -> Path:
+    if path is not None:
+        return fleet_trust.inventory_for(path, inventory)
+    if inventory is not None:
+        return inventory
+    raise UsageError("name the hosts: a job or inventory file (fleet gpus inventory/lab.toml), "
+                     "or -i INVENTORY")
+
+
+Where = Annotated[Path | None, typer.Argument(
+    metavar="[JOB|INVENTORY]", callback=job_given,
+    help="A job file (its inventory's hosts) or an inventory file; or give -i.")]
+NodeOpt = Annotated[list[str] | None, typer.Option(
+    "--node", metavar="NAME", help="Only this host (repeat for more); default: every host.")]
+
+
+def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
+         watch: Annotated[bool, typer.Option(
+             "--watch", "-w", help="Refresh in place until Ctrl-C (off a terminal: a new table, "
+                                   "or JSON line with --json, each time).")] = False,
+         every: Annotated[float, typer.Option(
+             "--every", metavar="SECONDS", min=1.0, help="How often --watch looks.")] = 5.0,
+         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
+                            ] = False) -> None:
+    """Show every GPU of every host: memory, use, whose processes, leases.
+
+    One command per host, all at once; a process's fleet run is named where this login may see
+    it (its own, or any as root). A process holding memory on a GPU at 0% for an hour or more is
+    flagged "idle?". Exit code 3 when a host could not be asked."""
+    inv = _inventory(path, inventory)
+    backend = backends.for_inventory(inv)
+    console = Console()
+    survey = backend.survey(inv, node or [])
+    watched: dict[str, float] = {}
+    try:
+        if not watch:
+            with console.waiting("asking every host"):
+                results = survey.look()
+            _show(console, results, as_json, watched)
+        else:
+            results = _watch(console, survey, as_json, every, watched)
+    finally:
+        survey.close()
+    if any(isinstance(r, str) for r in results.values()):
+        raise typer.Exit(ExitCode.UNREACHABLE)
+
+
+def _show(console: Console, results: dict[str, GpuFacts | str], as_json: bool,
+          watched: dict[str, float]) -> None:
+    now = time.time()
+    if as_json:
+        print(json.dumps(gpus_json(results, now)), flush=True)
+        return
+    table, meanings = rows(results, now, watched)
+    console.emit(console.table(HEADERS, table, meanings))
+
+
+def _watch(console: Console, survey: GpuSurvey, as_json: bool, every: float,
+           watched: dict[str, float]) -> dict[str, GpuFacts | str]:
+    """Look every `every` seconds until Ctrl-C (which ends it with exit code 0): on a terminal
+    the table is redrawn in place."""
+    live = None if as_json or not interactive(sys.stdout) else Live(
+        Text(""), auto_refresh=False, transient=False, redirect_stdout=False)
+    results: dict[str, GpuFacts | str] = {}
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            results = survey.look()
+            _seen_idle(results, watched, time.time())
+            if live is not None:
+                table, meanings = rows(results, time.time(), watched)
+                stamp = time.strftime("%H:%M:%S")
+                live.update(Text.from_ansi(f"{stamp}  every {every:g}s, Ctrl-C ends\n" +
+                                           console.table(HEADERS, table, meanings)), refresh=True)
+            else:
+                _show(console, results, as_json, watched)
+                if not as_json:
+                    print(flush=True)
+            time.sleep(every)
+    except Interrupted:
+        return results
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _seen_idle(results: dict[str, GpuFacts | str], watched: dict[str, float],
+               now: float) -> None:
+    """Since when --watch has seen each GPU hold memory at 0%, without a busy look between."""
+    for host, f in results.items():
+        if isinstance(f, str):
+            continue
+        for g in f.gpus:
+            key = f"{host}/{g.index}"
+            if g.util == 0 and f.on(g.index):
+                watched.setdefault(key, now)
+            else:
+                watched.pop(key, None)
+
+
+# ---- leases -----------------------------------------------------------------------------------
+Targets = Annotated[list[str] | None, typer.Argument(
+    metavar="HOST[:GPUS]...", help="A host (the whole host) or host:GPUs, e.g. node2:1 or "
+                                   "node2:0-3; GPU indices are nvidia-smi's.")]
+NeedInv = Annotated[Path | None, typer.Option("--inventory", "-i", metavar="INVENTORY",
+                                              help="The inventory whose hosts these are.")]
+
+
+def _targets(targets: list[str]) -> list[tuple[str, tuple[int, ...] | None]]:
+    out = []
+    for t in targets:
+        host, colon, which = t.partition(":")
+        gpus = parse_gpu_list(which) if colon else None
+        if not host or (colon and gpus is None):
+            raise UsageError(f"{t!r}: give HOST or HOST:GPUS (node2, node2:1, node2:0,2, "
+                             "node2:0-3)")
+        out.append((host, gpus))
+    return out
+
+
+def reserve(targets: Targets = None, inventory: NeedInv = None,
+            for_: Annotated[str, typer.Option(
+                "--for", metavar="DURATION", help="How long: 30m, 4h, 2d (at most 7d).")] = "4h",
+            note: Annotated[str, typer.Option(
+                "--note", metavar="TEXT", help="Why, for your colleagues (`fleet gpus` shows "
+                                               "it).")] = "",
+            list_: Annotated[bool, typer.Option(
+                "--list", help="List every active lease on the inventory's hosts.")] = False,
+            ) -> None:
+    """Lease GPUs (or a whole host) to yourself for a while.
+
+    The lease is a small file on the host that every fleet user's `gpus`, `up` and `up --wait`
+    read: `fleet up` of another user refuses these GPUs (unless --ignore-leases), and waits
+    for them with --wait. It ends by itself; it never stops anyone's process. Exit code 6 when
+    another user's lease is in the way (nothing is reserved then)."""
+    if inventory is None:
+        raise UsageError("give the hosts' inventory: fleet reserve node2:1 -i inventory/lab.toml")
+    backend = backends.for_inventory(inventory)
+    console = Console()
+    if list_:
+        if targets:
+            raise UsageError("--list lists every lease: give it no HOST")
+        _list(console, backend, inventory)
+        return
+    seconds = parse_duration(for_)
+    if seconds is None or not 60 <= seconds <= MAX_LEASE_S:
+        raise UsageError(f"--for {for_!r}: a duration from 1m to 7d (30m, 4h, 2d)")
+    if len(note) > 200 or not note.isprintable():
+        raise UsageError("--note: at most 200 printable characters")
+    wanted = _targets(targets or [])
+    if not wanted:
+        raise UsageError("name what to reserve: fleet reserve node2:1 -i INVENTORY (or --list)")
+    _check_targets(console, backend, inventory, wanted)
+    with console.waiting("reserving"):
+        taken = [(host, gpus, backend.lease(inventory, host, True, gpus, seconds, note))
+                 for host, gpus in wanted]
+    refused = {host: _refusal(t) for host, _, t in taken if not t.ok}
+    now = time.time()
+    for host, gpus, t in taken:
+        if t.ok and refused:  # one refused: none of it is kept
+            backend.lease(inventory, host, False, gpus, 0, "")
+        elif t.ok and t.lease is not None:
+            console.info(f"{host}: {t.lease.what()} reserved for you ({t.lease.owner}) until "
+                         f"{clock(local_until(t.lease, t.now, now), now)} "
+                         f"({span(seconds)})", Meaning.OK)
+    if refused:
+        undone = " (the other leases asked for were given back)" if len(wanted) > 1 else ""
+        raise LeaseRefused("not reserved" + undone + ":\n" + "\n".join(
+            f"  {host}: {why}" for host, why in refused.items()))
+
+
+def _check_targets(console: Console, backend: Backend, inventory: Path,
+                   wanted: list[tuple[str, tuple[int, ...] | None]]) -> None:
+    """GPUs that do not exist are refused before anything is written; processes already on the
+    GPUs are named (a lease keeps fleet runs off, it stops nothing)."""
+    survey = backend.survey(inventory, sorted({host for host, _ in wanted}))
+    try:
+        with console.waiting("asking the hosts"):
+            results = survey.look()
+    finally:
+        survey.close()
+    bad = {}
+    for host, gpus in wanted:
+        f = results[host]
+        if isinstance(f, str):
+            bad[host] = f"not asked: {f}"
+            continue
+        if gpus is None:
+            continue
+        have = {g.index for g in f.gpus}
+        if not f.gpus:
+            bad[host] = ("it has no GPU nvidia-smi lists" + (f" ({f.error})" if f.error else "")
+                         + f": reserve the whole host (fleet reserve {host})")
+        elif missing := [g for g in gpus if g not in have]:
+            bad[host] = (f"no GPU {','.join(map(str, missing))} here (its GPUs: "
+                         f"{','.join(map(str, sorted(have)))})")
+        for g in gpus:
+            for a in f.on(g):
+                console.info(f"{host} GPU{g} is in use now: {a.used_mib} MiB, pid {a.pid} of "
+                             f"{a.user or 'a process not visible here'} (the lease stops "
+                             "nothing: it keeps fleet runs of others off)", Meaning.WARN)
+    if bad:
+        raise UsageError("nothing was reserved:\n" + "\n".join(
+            f"  {host}: {why}" for host, why in bad.items()))
+
+
+def _refusal(t: Taken) -> str:
+    if t.error:
+        return t.error
+    return "; ".join(f"{c.what()} leased by {lease_words(c, t.now, time.time())}"
+                     for c in t.conflicts)
+
+
+def _list(console: Console, backend: Backend, inventory: Path) -> None:
+    survey = backend.survey(inventory, [])
+    try:
+        with console.waiting("asking every host"):
+            results = survey.look()
+    finally:
+        survey.close()
+    now = time.time()
+    table: list[list[str]] = []
+    for host, f in results.items():
+        if isinstance(f, str):
+            table.append([host, "-", "", "", "", f"not asked: {f}"])
+            continue
+        for x in sorted(f.active_leases(), key=lambda x: x.until):
+            end = local_until(x, f.now, now)
+            table.append([host, _gpus(x), x.owner, clock(end, now), span(end - now), x.note])
+    if not table:
+        console.info("no active lease on any host")
+        return
+    console.emit(console.table(("HOST", "GPUS", "OWNER", "UNTIL", "LEFT", "NOTE"), table))
+
+
+def _gpus(x: Lease) -> str:
+    return "all" if x.gpus is None else ",".join(map(str, x.gpus))
+
+
+def release(targets: Targets = None, inventory: NeedInv = None) -> None:
+    """Give back your GPU leases (HOST alone: all of yours there).
+
+    Only a lease's owner can release it (its file is theirs); another user's lease on the same
+    GPUs is named, and stays."""
+    if inventory is None:
+        raise UsageError("give the hosts' inventory: fleet release node2:1 -i inventory/lab.toml")
+    wanted = _targets(targets or [])
+    if not wanted:
+        raise UsageError("name what to release: fleet release node2:1 -i INVENTORY")
+    backend = backends.for_inventory(inventory)
+    console = Console()
+    failed = {}
+    for host, gpus in wanted:
+        t = backend.lease(inventory, host, False, gpus, 0, "")
+        if not t.ok:
+            failed[host] = t.error
+            continue
+        what = "the whole host" if gpus is None else \
+            ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus))
+        if not t.released:
+            console.info(f"{host}: you held no lease of {what}")
+        for x in t.released:
+            rest = [g for g in x.gpus or () if gpus is not None and g not in gpus]
+            kept = f" (your lease keeps GPU{'s' if len(rest) > 1 else ''} " \
+                f"{','.join(map(str, rest))})" if rest else ""
+            console.info(f"{host}: released your lease of {what if rest else x.what()}{kept}",
+                         Meaning.OK)
+        for x in t.kept:
+            console.info(f"{host}: {x.what()} stays leased by "
+                         f"{lease_words(x, t.now, time.time())} (only its owner can release "
+                         "it)", Meaning.WARN)
+    if failed:
+        echo("\n".join(f"fleet: {h}: {why}" for h, why in failed.items()), err=True)
+        raise typer.Exit(ExitCode.FAILED)
