@@ -17,12 +17,15 @@ IDLE_MIN_MIB = 256  # less than this is a CUDA context, not a model someone forg
 
 
 def span(seconds: float) -> str:
-    """An age or a time left, to a person's precision: `40 s`, `12 min`, `3 h`, `2 d`."""
+    """An age or a time left, to a person's precision: `40 s`, `12 min`, `3 h 5 min`, `14 h`,
+    `2 d`."""
     s = max(round(seconds), 0)
     if s < 60:
         return f"{s} s"
     if s < 3600:
         return f"{s // 60} min"
+    if s < 36000:  # 1 h 59 min is not "1 h"
+        return f"{s // 3600} h" + (f" {s % 3600 // 60} min" if s % 3600 >= 60 else "")
     if s < 86400 * 2:
         return f"{s // 3600} h"
     return f"{s // 86400} d"
@@ -75,6 +78,7 @@ class Blocker:
     host: str
     gpu: int | None
     text: str
+    what: str = ""  # which process or lease it is: the same blocker, however old it grows
 
     def line(self) -> str:
         return f"{self.host} GPU{self.gpu}: {self.text}" if self.gpu is not None else \
@@ -99,7 +103,8 @@ def lease_blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts,
             continue
         words = f"leased by {lease_words(lease, facts.now, now)}"
         where = [g for g in (lease.gpus or ()) if gpus is None or g in gpus]
-        out += [Blocker(host, g, words) for g in where] or [Blocker(host, None, words)]
+        key = f"lease {lease.owner} {lease.since} {lease.until}"
+        out += [Blocker(host, g, words, key) for g in where] or [Blocker(host, None, words, key)]
     return out
 
 
@@ -108,7 +113,7 @@ def blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts, now: fl
     """Everything between a job and this host: anyone's process on a GPU it would use, and
     (with `leases`) other users' leases."""
     gpus = wanted(chosen, facts) or ()
-    out = [Blocker(host, g, holder(a)) for g in gpus for a in facts.on(g)]
+    out = [Blocker(host, g, holder(a), f"pid {a.pid}") for g in gpus for a in facts.on(g)]
     return out + (lease_blockers(host, chosen, facts, now) if leases else [])
 
 

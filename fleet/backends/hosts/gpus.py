@@ -105,16 +105,16 @@ def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None
         return facts
     limit = "" if math.isinf(wait) else f" (at most {span(wait)})"
     console.info(f"waiting until every GPU this job uses is free{limit}:")
-    shown: list[str] = []
+    shown: set[tuple[str, int | None, str]] = set()
     deadline = time.monotonic() + wait
     try:
         with console.waiting("waiting for GPUs") as w:
             while found:
-                lines = [b.line() for b in found]
-                if lines != shown:
-                    for line in lines:
-                        console.info(f"  {line}", Meaning.WARN)
-                    shown = lines
+                now = {(b.host, b.gpu, b.what) for b in found}
+                if now != shown:  # said again only when what is in the way changed
+                    for b in found:
+                        console.info(f"  {b.line()}", Meaning.WARN)
+                    shown = now
                 w.update(f"waiting for GPUs: {len(found)} in the way ({found[0].line()})")
                 left = deadline - time.monotonic()
                 if left <= 0:
