@@ -142,7 +142,7 @@ def test_dump_script_frames_what_the_job_wrote(tmp_path: Path) -> None:
 
 def test_numbers_from_nodes_are_plain_ascii_and_bounded() -> None:
     assert parse_ranks("0 4\n1 \u00b2\n2 " + "9" * 5000 + "\n3 5\n") == {0: 4, 3: 5}
-    assert parse_gpus("=== gpus\n\u00b2, A100, 1, 2, GPU-x\n").gpus == ()
+    assert parse_gpus("=== gpus\n\u00b2, GPU-x, 1, 2, 0, A100\n").gpus == ()
 
 
 def test_fetch_reads_a_regular_file_within_its_limit_only(tmp_path: Path) -> None:

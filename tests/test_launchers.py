@@ -222,14 +222,17 @@ def test_tagger_asks_once_per_local_rank_and_falls_back_to_local_tags() -> None:
 
 # ---- nvidia-smi ----------------------------------------------------------------------------
 SMI = """me=alice
+now=1795534438
+=== leases
 === gpus
-0, GPU-aaa, 10, 81559, NVIDIA H100 80GB HBM3
-1, GPU-bbb, 30000, 81559, NVIDIA H100 80GB HBM3
-2, GPU-ccc, 5000, 81559, NVIDIA H100 80GB HBM3
+0, GPU-aaa, 10, 81559, 0, NVIDIA H100 80GB HBM3
+1, GPU-bbb, 30000, 81559, 97, NVIDIA H100 80GB HBM3
+2, GPU-ccc, 5000, 81559, [N/A], NVIDIA H100 80GB HBM3
+=== rc 0
 === apps
-GPU-bbb,4242,29990,bob
-GPU-ccc,77,4990,alice
-GPU-aaa,99,100,
+GPU-bbb\t4242\t29990\tbob\t7260\t\tpython train.py --lr 0.1
+GPU-ccc\t77\t4990\talice\t12\t20261124-101010-a-ab12\tpython x.py
+GPU-aaa\t99\t100\t\t\t\t
 """
 
 
@@ -245,7 +248,7 @@ def test_parse_gpus_and_what_the_chosen_ones_say() -> None:
     missing = parse_gpus("nvidia-smi=missing\n")
     assert not missing.smi and "not on this node's PATH" in (absent((0,), missing) or "")
     broken = parse_gpus("me=a\n=== gpus\nNVIDIA-SMI has failed because it couldn't communicate "
-                        "with the NVIDIA driver.\n=== apps\n")
+                        "with the NVIDIA driver.\n=== rc 9\n=== apps\n")
     assert broken.smi and broken.count == 0 and "couldn't communicate" in broken.error
     assert "lists no GPU: NVIDIA-SMI has failed" in (absent((0,), broken) or "")
 

@@ -59,7 +59,7 @@ def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
              "--every", metavar="SECONDS", min=1.0, help="How often --watch looks.")] = 5.0,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
                             ] = False) -> None:
-    """Show every GPU of every host: memory, use, whose processes, leases.
+    """Show every host's GPUs: memory, use, whose processes, leases.
 
     One command per host, all at once; a process's fleet run is named where this login may see
     it (its own, or any as root). A process holding memory on a GPU at 0% for an hour or more is

@@ -160,4 +160,5 @@ def main() -> None:
     answer(ok=True, now=now, released=released, kept=kept)
 
 
-main()
+if __name__ == "__main__":
+    main()
