@@ -5,6 +5,7 @@ host's own checks run apart, so that a person can be told how many hosts are don
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from fleet.config.job import DEFAULT_EXCLUDE, Job
 from fleet.errors import FleetError
 from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.facts.probe import Facts, Health, master_address, net_for, probe, storage_groups
+from fleet.gpuview import lease_blockers
 from fleet.plan import NodeNet, node_nproc
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
@@ -153,12 +155,14 @@ def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,
         out.facts = probe(t, ip, deep=True)
     except Exception as e:  # noqa: BLE001 - the probe's failure is this host's row
         out.probe.append(Check(h.name, "probe", Status.FAIL, reason(e)))
+    try:
+        g: GpuFacts | Exception = gpu_facts(t)
+    except Exception as e:  # noqa: BLE001 - said as a warning by the check
+        g = e
     if h.gpus:
-        try:
-            g: GpuFacts | Exception = gpu_facts(t)
-        except Exception as e:  # noqa: BLE001 - said as a warning by the check
-            g = e
         out.rest.append(_chosen_gpu_check(h, g))
+    if isinstance(g, GpuFacts):
+        out.rest.append(_lease_check(h, g))
     f = out.facts
     if f is None:
         return out
@@ -233,6 +237,17 @@ def _version_checks(facts: dict[str, tuple[Facts, Health]], master: str) -> list
                              "install torch in the node's python, or point `python` at a venv "
                              "that has it"))
     return out
+
+
+def _lease_check(host: Host, g: GpuFacts) -> Check:
+    """Other users' leases (fleet reserve) on what the job would use here: `fleet up` refuses
+    them."""
+    found = lease_blockers(host.name, host.gpus, g, time.time())
+    if not found:
+        return Check(host.name, "gpu leases", Status.PASS, "no other user's lease on what the "
+                     "job uses" if g.active_leases() else "none")
+    return Check(host.name, "gpu leases", Status.WARN, "; ".join(b.line() for b in found),
+                 "fleet up refuses leased GPUs: wait (fleet up --wait) or --ignore-leases")
 
 
 def _chosen_gpu_check(host: Host, g: GpuFacts | Exception) -> Check:
