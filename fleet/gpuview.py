@@ -57,8 +57,9 @@ def lease_words(lease: Lease, facts_now: float, now: float) -> str:
 
 
 def idle(app: GpuApp, util: int | None) -> bool:
-    """Memory held, the GPU at 0% now, for at least IDLE_AFTER_S: likely forgotten. (One sample:
-    `fleet gpus --watch` says how long it has seen 0% itself.)"""
+    """Memory held by a process running IDLE_AFTER_S or more, its GPU at 0% at this look: maybe
+    forgotten, maybe between epochs (one sample: `fleet gpus --watch` says how long it has seen
+    0% itself)."""
     return (util == 0 and app.used_mib >= IDLE_MIN_MIB and app.age_s is not None
             and app.age_s >= IDLE_AFTER_S)
 
@@ -82,7 +83,11 @@ class Blocker:
 
     def line(self) -> str:
         return f"{self.host} GPU{self.gpu}: {self.text}" if self.gpu is not None else \
-            f"{self.host}: {self.text}"
+            f"{self.host}: {self.where()}{self.text}"
+
+    def where(self) -> str:
+        """What a blocker without a GPU is on, where it needs saying: a lease of the host."""
+        return "the whole host: " if self.gpu is None and self.what.startswith("lease") else ""
 
 
 def wanted(chosen: tuple[int, ...] | None, facts: GpuFacts) -> tuple[int, ...] | None:
@@ -113,8 +118,24 @@ def blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts, now: fl
     """Everything between a job and this host: anyone's process on a GPU it would use, and
     (with `leases`) other users' leases."""
     gpus = wanted(chosen, facts) or ()
-    out = [Blocker(host, g, holder(a), f"pid {a.pid}") for g in gpus for a in facts.on(g)]
+    out = []
+    if facts.smi and (facts.error or (chosen and not facts.gpus)):
+        # What it cannot see it cannot call free.
+        out.append(Blocker(host, None, f"nvidia-smi failed: {facts.error or 'no GPU listed'}",
+                           "nvidia-smi"))
+    for g in gpus:
+        out += [Blocker(host, g, holder(a), f"pid {a.pid}") for a in facts.on(g)]
+        unseen = unlisted(facts, g)
+        if unseen >= IDLE_MIN_MIB:
+            out.append(Blocker(host, g, f"{size(unseen)} held by processes nvidia-smi does not "
+                                        "list (another container's?)", "unlisted"))
     return out + (lease_blockers(host, chosen, facts, now) if leases else [])
+
+
+def unlisted(facts: GpuFacts, index: int) -> int:
+    """MiB in use on GPU `index` beyond what its listed processes hold."""
+    g = next((g for g in facts.gpus if g.index == index), None)
+    return 0 if g is None else g.used_mib - sum(a.used_mib for a in facts.on(index))
 
 
 # ---- fleet gpus --------------------------------------------------------------------------------
@@ -138,18 +159,19 @@ def rows(results: dict[str, GpuFacts | str], now: float, watched: dict[str, floa
         if isinstance(f, str):
             add([host, "-", "", "", "", "", "", "", f"not asked: {f}"], Meaning.FAIL)
             continue
-        for lease in f.active_leases():
-            if lease.gpus is None:
-                add([host, "all", "", "", "", "", "", "",
-                     f"leased by {lease_words(lease, f.now, now)}"], Meaning.WARN)
+        listed = {g.index for g in f.gpus}
+        for lease in f.active_leases():  # of the host, or of GPUs nvidia-smi did not list
+            if lease.gpus is None or not set(lease.gpus) <= listed:
+                add([host, "all" if lease.gpus is None else ",".join(map(str, lease.gpus)),
+                     "", "", "", "", "", "", f"leased by {lease_words(lease, f.now, now)}"],
+                    Meaning.WARN)
         if not f.smi:
             add([host, "-", "", "", "", "", "", "", "no nvidia-smi here (no NVIDIA GPU)"],
                 Meaning.NOTE)
             continue
-        if f.error or not f.gpus:
+        if f.error or not f.gpus:  # the GPUs it did list follow
             add([host, "-", "", "", "", "", "", "",
                  f"nvidia-smi failed: {f.error or 'it lists no GPU'}"], Meaning.FAIL)
-            continue
         for g in f.gpus:
             util = f"{g.util}%" if g.util is not None else "n/a"
             head = [host, str(g.index), f"{g.used_mib / 1024:.1f}/{g.total_mib / 1024:.1f} GiB",
@@ -157,6 +179,8 @@ def rows(results: dict[str, GpuFacts | str], now: float, watched: dict[str, floa
             leases = [lease for lease in f.active_leases() if lease.gpus is not None
                       and g.index in lease.gpus]
             notes = [f"leased by {lease_words(lease, f.now, now)}" for lease in leases]
+            if (unseen := unlisted(f, g.index)) >= IDLE_MIN_MIB:
+                notes.append(f"{size(unseen)} held by processes nvidia-smi does not list")
             apps = f.on(g.index)
             if not apps:
                 add(head + ["", "", "", "", "; ".join(notes) or "free"],
@@ -165,7 +189,8 @@ def rows(results: dict[str, GpuFacts | str], now: float, watched: dict[str, floa
                 note = [f"run {a.run_id}"] if a.run_id else []
                 if idle(a, g.util):
                     since = (watched or {}).get(f"{host}/{g.index}")
-                    seen = f", 0% for the {span(now - since)} watched" if since else ""
+                    seen = f", 0% for the {span(now - since)} watched" \
+                        if since is not None and now - since >= 1 else ""
                     note.append(f"idle? 0% now{seen}")
                 add((head if k == 0 else ["", "", "", ""]) + [
                     a.user or "?", str(a.pid), span(a.age_s) if a.age_s is not None else "?",

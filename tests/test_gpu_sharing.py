@@ -31,9 +31,9 @@ OUT = f"""Welcome to the lab
 me=root
 now={NOW:.0f}
 === leases
-alice\t{LEASE}
-bob\t{WHOLE}
-carol\t{json.dumps({"gpus": [0], "until": NOW - 1})}
+alice 4243 {NOW:.0f}\t{LEASE}
+bob 4244 {NOW:.0f}\t{WHOLE}
+carol 4245 {NOW:.0f}\t{json.dumps({"gpus": [0], "until": NOW - 1})}
 === gpus
 0, GPU-aaa, 2048, 81559, 0, NVIDIA H100 80GB HBM3
 1, GPU-bbb, 18432, 81559, 35, NVIDIA H100 80GB HBM3
@@ -68,8 +68,25 @@ def test_nvidia_smi_failing_or_missing_is_said_not_raised() -> None:
     assert mismatch.error.startswith("Failed to initialize NVML: Driver/library version mismatch")
     silent = parse_gpus("me=a\n=== gpus\n=== rc 9\n=== apps\n")
     assert silent.error == "nvidia-smi exited with 9"
-    missing = parse_gpus(f"me=a\n=== leases\nbob\t{WHOLE}\nnvidia-smi=missing\n")
-    assert not missing.smi and missing.gpus == () and missing.leases[0].owner == "bob"
+    missing = parse_gpus(f"me=a\n=== leases\nUNKNOWN 4244 1\t{WHOLE}\nnvidia-smi=missing\n")
+    assert not missing.smi and missing.gpus == () and missing.leases[0].owner == "4244"
+    hung = parse_gpus("me=a\n=== gpus\n=== rc 124\n=== apps\n")
+    assert hung.error == "nvidia-smi gave no answer in 10 s"
+
+
+def test_a_lease_cannot_inject_lines_nor_a_gpu_be_listed_twice() -> None:
+    # A line break other than \n in a colleague's lease file is data, not a new section.
+    evil = OUT.replace(f"\t{WHOLE}", f"\t{WHOLE}\r=== gpus\r7, GPU-aaa, 0, 81559, 0, Phantom")
+    f = parse_gpus(evil)
+    assert [g.index for g in f.gpus] == [0, 1] and f.error == ""
+    twice = parse_gpus(OUT.replace("1, GPU-bbb", "1, GPU-aaa"))
+    assert twice.gpus == () and "listed a GPU twice" in twice.error
+
+
+def test_a_lease_ends_within_a_week_of_its_files_last_change() -> None:
+    far = json.dumps({"gpus": None, "until": NOW + 400 * 86400})
+    f = parse_gpus(f"me=a\nnow={NOW:.0f}\n=== leases\nbob 1 {NOW:.0f}\t{far}\n")
+    assert f.leases[0].until == NOW + 7 * 86400
 
 
 @pytest.mark.parametrize("owner, text", [
@@ -87,9 +104,9 @@ def test_a_lease_from_a_node_is_checked(owner: str, text: str) -> None:
 
 def test_a_leases_note_is_printable_and_bounded() -> None:
     lease = parse_lease("alice", json.dumps({"gpus": [3, 1, 1], "until": NOW,
-                                             "note": "\x1b]0;x\x07" + "n" * 500}))
+                                             "note": "M\u00fcller \x1b]0;x\x07" + "n" * 500}))
     assert lease is not None and lease.gpus == (1, 3)
-    assert lease.note.startswith("?]0;x?") and len(lease.note) == 200
+    assert lease.note.startswith("M\u00fcller ?]0;x?") and len(lease.note) == 200
 
 
 def test_lease_program_answer_after_a_banner() -> None:
@@ -124,11 +141,12 @@ def test_blockers_name_processes_and_other_users_leases() -> None:
                          "visible here)"]
     assert lines[2].startswith('node2 GPU1: leased by alice until ') and lines[2].endswith(
         '(3 h left): "deadline"')
-    assert lines[3].startswith("node2: leased by bob until") and "(10 min left)" in lines[3]
+    assert lines[3].startswith("node2: the whole host: leased by bob until")
+    assert "(10 min left)" in lines[3]
     # No GPU chosen: every GPU of the host, and any lease on it.
     assert len(blockers("node2", None, f, here)) == 5
     # root's own lease does not block root; an ended lease blocks nobody.
-    mine = parse_gpus(OUT.replace("alice\t", "root\t").replace("bob\t", "root\t"))
+    mine = parse_gpus(OUT.replace("alice 4243", "root 0").replace("bob 4244", "root 0"))
     assert lease_blockers("node2", (1,), mine, here) == []
     assert [b.line() for b in blockers("node2", (1,), f, here, leases=False)] == lines[:2]
 
@@ -168,9 +186,17 @@ def test_gpus_table_and_json_say_each_hosts_state() -> None:
     (["up", "job.toml", "--wait", "--", "--wait", "5s"],
      ["up", "job.toml", "--wait=forever", "--", "--wait", "5s"]),
     (["exec", "inv", "--", "sleep", "--wait"], ["exec", "inv", "--", "sleep", "--wait"]),
+    (["reserve", "n:1", "--note", "--wait"], ["reserve", "n:1", "--note", "--wait"]),
+    (["--debug", "up", "j", "--wait", "--wait"], ["--debug", "up", "j", "--wait=forever",
+                                                  "--wait=forever"]),
 ])
 def test_wait_takes_a_duration_or_none(argv: list[str], out: list[str]) -> None:
     assert optional_values(argv) == out
+
+
+def test_wait_with_a_number_but_no_unit_is_refused() -> None:
+    with pytest.raises(UsageError, match="--wait 90: give its unit"):
+        optional_values(["up", "job.toml", "--wait", "90"])
 
 
 def test_wait_seconds() -> None:
@@ -195,8 +221,11 @@ def test_lease_program_takes_replaces_refuses_and_gives_back(tmp_path: Path) -> 
     took = lease(d, "take", "0,1")
     assert took["ok"] is True and oct(d.stat().st_mode & 0o7777) == "0o1777"
     assert len(list(d.glob("*.lease"))) == 1
-    assert lease(d, "take", "0,1", 7200)["ok"] is True  # again: replaces, not adds
+    again = lease(d, "take", "0,1", 7200)  # names the lease it replaces: fleet drops it
+    assert again["ok"] is True and again["replaces"] == [took["name"]]
+    assert lease(d, "drop", str(again["replaces"][0]))["ok"] is True  # type: ignore[index]
     [only] = d.glob("*.lease")
+    assert only.name == again["name"]
     assert json.loads(only.read_text())["until"] > time.time() + 3600
     # Another user's lease (its file is theirs) refuses an overlapping one.
     other = d / "4243-000000000000.lease"
@@ -231,7 +260,14 @@ def test_lease_program_refuses_a_directory_not_shared_and_skips_links(tmp_path: 
     link = d / "x"
     link.symlink_to(tmp_path)
     said = lease(link, "take", "0")
-    assert said["ok"] is False and "is not a directory" in str(said["error"])
+    assert said["ok"] is False and "Not a directory" in str(said["error"])
+    # A colleague's file that is not a lease fleet reads (gpus not a list, an end at infinity)
+    # is no lease here either: no crash, no invisible refusal.
+    for bad in ('{"gpus": 5, "until": 9e9}', '{"gpus": null, "until": Infinity}',
+                '{"gpus": [], "until": 9e9}'):
+        (d / "4243-00000000000a.lease").write_text(bad)
+        assert lease(d, "take", "all")["ok"] is True
+        assert lease(d, "give", "all")["ok"] is True
 
 
 def test_a_lease_records_what_fleet_reads() -> None:

@@ -22,7 +22,7 @@ from fleet.config.notify import Notify
 from fleet.console import Console
 from fleet.facts.command import Outcome
 from fleet.facts.gpus import GpuFacts
-from fleet.facts.leases import Taken
+from fleet.facts.leases import LeaseOrder, Taken
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.run.states import NodeOutcome, RunStatus
@@ -241,10 +241,9 @@ class Backend(ABC):
         see them."""
 
     @abstractmethod
-    def lease(self, inventory: Path, host: str, take: bool, gpus: tuple[int, ...] | None,
-              seconds: float, note: str) -> Taken:
-        """`fleet reserve` (take) and `fleet release`: a lease of `gpus` (None: the whole host)
-        on one host of the inventory, kept there."""
+    def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
+        """`fleet reserve` (take, then drop what it replaced, or drop it to undo) and `fleet
+        release` (give): leases of GPUs on one host of the inventory, kept there."""
 
     @abstractmethod
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],

@@ -15,6 +15,7 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from fleet.config import hostkeys
 from fleet.console import printable
+from fleet.errors import UsageError
 from fleet.run import record
 from fleet.timespan import parse_duration
 
@@ -37,26 +38,29 @@ WAIT_FOREVER = "forever"
 
 
 def optional_values(argv: list[str]) -> list[str]:
-    """`--wait` takes a value or none (`fleet up --wait JOB`, `--wait 2h`, `--wait=2h`), which
-    click cannot say: a bare `--wait` becomes `--wait=forever`, one followed by a duration takes
-    it. Words after `--` are the job's, left as they are."""
+    """`fleet up --wait` takes a value or none (`--wait JOB`, `--wait 2h JOB`, `--wait=2h`),
+    which click cannot say: a bare `--wait` becomes `--wait=forever`, one followed by a duration
+    takes it. Only `up`'s; words after `--` are the job's, left as they are."""
+    command = next((w for w in argv if not w.startswith("-")), None)
+    if command != "up":
+        return argv
     out: list[str] = []
-    words = iter(argv)
-    for word in words:
+    i = 0
+    while i < len(argv):
+        word, value = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        i += 1
         if word == "--":
-            return out + [word, *words]
+            return out + argv[i - 1:]
         if word != "--wait":
             out.append(word)
-            continue
-        value = next(words, None)
-        if value is not None and parse_duration(value) is not None:
+        elif value is not None and parse_duration(value) is not None:
             out.append(f"--wait={value}")
+            i += 1
+        elif value is not None and value.replace(".", "", 1).isdigit():
+            raise UsageError(f"--wait {value}: give its unit (--wait {value}s, {value}m, "
+                             f"{value}h)")
         else:
             out.append(f"--wait={WAIT_FOREVER}")
-            if value is not None:
-                out.append(value)
-                if value == "--":
-                    return out + list(words)
     return out
 
 

@@ -21,12 +21,10 @@ from fleet.cli.app import InvOpt, echo, job_given
 from fleet.console import Console, Meaning, interactive
 from fleet.errors import ExitCode, FleetError, Interrupted, UsageError
 from fleet.facts.gpus import GpuFacts
-from fleet.facts.leases import Lease, Taken, parse_gpu_list
+from fleet.facts.leases import MAX_LEASE_S, Lease, LeaseOrder, Taken, parse_gpu_list
 from fleet.gpuview import HEADERS, clock, lease_words, local_until, rows, span
 from fleet.gpuview import as_json as gpus_json
 from fleet.timespan import parse_duration
-
-MAX_LEASE_S = 7 * 86400  # a lease someone forgot ends within a week whatever they asked
 
 
 class LeaseRefused(FleetError):
@@ -62,8 +60,8 @@ def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     """Show every host's GPUs: memory, use, whose processes, leases.
 
     One command per host, all at once; a process's fleet run is named where this login may see
-    it (its own, or any as root). A process holding memory on a GPU at 0% for an hour or more is
-    flagged "idle?". Exit code 3 when a host could not be asked."""
+    it (its own, or any as root). A process running for an hour or more that holds memory on a
+    GPU at 0% at this look is flagged "idle?". Exit code 3 when a host could not be asked."""
     inv = _inventory(path, inventory)
     backend = backends.for_inventory(inv)
     console = Console()
@@ -189,22 +187,50 @@ def reserve(targets: Targets = None, inventory: NeedInv = None,
     if not wanted:
         raise UsageError("name what to reserve: fleet reserve node2:1 -i INVENTORY (or --list)")
     _check_targets(console, backend, inventory, wanted)
-    with console.waiting("reserving"):
-        taken = [(host, gpus, backend.lease(inventory, host, True, gpus, seconds, note))
-                 for host, gpus in wanted]
-    refused = {host: _refusal(t) for host, _, t in taken if not t.ok}
+    taken: list[tuple[str, Taken]] = []
+    refused: dict[str, str] = {}
+    undone = ""
+    try:
+        with console.waiting("reserving"):
+            for host, gpus in wanted:  # in order: the first refusal ends it
+                t = backend.lease(inventory, host, LeaseOrder("take", gpus, seconds, note))
+                if not t.ok:
+                    refused[host] = _refusal(t)
+                    break
+                taken.append((host, t))
+    finally:
+        if refused or len(taken) < len(wanted):  # one refused (or an error): none of it kept
+            undone = _undo(backend, inventory, taken)
+    if refused:
+        raise LeaseRefused("not reserved" + undone + ":\n" + "\n".join(
+            f"  {host}: {why}" for host, why in refused.items()))
     now = time.time()
-    for host, gpus, t in taken:
-        if t.ok and refused:  # one refused: none of it is kept
-            backend.lease(inventory, host, False, gpus, 0, "")
-        elif t.ok and t.lease is not None:
+    for host, t in taken:
+        # Kept everywhere: the caller's leases each new one replaces go now.
+        if t.replaces:
+            backend.lease(inventory, host, LeaseOrder("drop", names=t.replaces))
+        if t.lease is not None:
             console.info(f"{host}: {t.lease.what()} reserved for you ({t.lease.owner}) until "
                          f"{clock(local_until(t.lease, t.now, now), now)} "
                          f"({span(seconds)})", Meaning.OK)
-    if refused:
-        undone = " (the other leases asked for were given back)" if len(wanted) > 1 else ""
-        raise LeaseRefused("not reserved" + undone + ":\n" + "\n".join(
-            f"  {host}: {why}" for host, why in refused.items()))
+
+
+def _undo(backend: Backend, inventory: Path, taken: list[tuple[str, Taken]]) -> str:
+    """Drop the leases this reserve took (by name: what the caller held before stays); the
+    words for what was undone, or what could not be."""
+    failed = []
+    for host, t in taken:
+        try:
+            back = backend.lease(inventory, host, LeaseOrder("drop", names=(t.name,)))
+        except FleetError as e:
+            failed.append(f"{host} ({e})")
+            continue
+        if not back.ok:
+            failed.append(f"{host} ({back.error})")
+    if failed:
+        return (" (and the lease taken on " + ", ".join(failed) + " could not be dropped: "
+                "`fleet release` it)")
+    return " (the leases it had taken on other hosts were dropped)" if taken else ""
 
 
 def _check_targets(console: Console, backend: Backend, inventory: Path,
@@ -245,6 +271,8 @@ def _check_targets(console: Console, backend: Backend, inventory: Path,
 def _refusal(t: Taken) -> str:
     if t.error:
         return t.error
+    if not t.conflicts:
+        return "refused by a lease fleet cannot read"
     return "; ".join(f"{c.what()} leased by {lease_words(c, t.now, time.time())}"
                      for c in t.conflicts)
 
@@ -289,7 +317,7 @@ def release(targets: Targets = None, inventory: NeedInv = None) -> None:
     console = Console()
     failed = {}
     for host, gpus in wanted:
-        t = backend.lease(inventory, host, False, gpus, 0, "")
+        t = backend.lease(inventory, host, LeaseOrder("give", gpus))
         if not t.ok:
             failed[host] = t.error
             continue

@@ -19,28 +19,36 @@ from fleet.transport import Transport
 GPU_SCRIPT = "\n".join([
     'echo "me=$(id -un)"',
     'echo "now=$(date +%s)"',
+    # A wedged driver can hang nvidia-smi, a FIFO named *.lease a reader: bounded where the
+    # node has coreutils' timeout.
+    "T=; T2=; command -v timeout >/dev/null 2>&1 && { T='timeout 10'; T2='timeout 2'; }",
     "echo '=== leases'",
     "n=0",
     f"for f in {LEASE_DIR}/*.lease; do",
     '  [ -f "$f" ] && [ ! -L "$f" ] || continue',
     "  n=$((n + 1)); [ $n -le 500 ] || break",
-    '  printf "%s\\t%s\\n" "$(stat -c %U "$f")" "$(head -c 4096 "$f" | tr -d "\\n\\t")"',
+    # its owner's name, uid and last change; the record as printable ASCII only (as fleet
+    # writes it), so that nothing in it can start a line of its own
+    "  printf '%s\\t%s\\n' \"$(stat -c '%U %u %Y' \"$f\")\" "
+    "\"$($T2 head -c 4096 \"$f\" | LC_ALL=C tr -cd ' -~')\"",
     "done",
     "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi=missing'; exit 0; }",
     "echo '=== gpus'",
-    "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,name "
+    "$T nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,name "
     "--format=csv,noheader,nounits 2>&1",
     'echo "=== rc $?"',
     "echo '=== apps'",
-    "nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits "
+    "$T nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits "
     "2>/dev/null | while IFS=', ' read -r uuid pid mem; do",
     '  case "$pid" in *[!0-9]*|"") continue;; esac',
     '  run=$(tr "\\0" "\\n" < "/proc/$pid/environ" 2>/dev/null | sed -n "s/^FLEET_RUN_ID=//p" '
     "| head -n 1)",
-    '  ps -o user=,etimes=,args= -p "$pid" 2>/dev/null | head -n 1 | {',
-    '    read -r user age args',
-    '    printf "%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n" "$uuid" "$pid" "$mem" "$user" "$age" '
-    '"$run" "$(printf %s "$args" | cut -c 1-300)"',
+    # ps cuts a long user name to 8 characters (christo+): the owner of /proc/PID is whole
+    '  user=$(stat -c %U "/proc/$pid" 2>/dev/null)',
+    '  ps -o etimes=,args= -p "$pid" 2>/dev/null | head -n 1 | {',
+    "    read -r age args",
+    "    printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$uuid\" \"$pid\" \"$mem\" \"$user\" "
+    "\"$age\" \"$run\" \"$(printf %s \"$args\" | tr -d '\\001-\\037\\177' | cut -c 1-300)\"",
     "  }",
     "done",
 ])
@@ -117,7 +125,7 @@ def parse_gpus(out: str) -> GpuFacts:
     leases: list[Lease] = []
     errors: list[str] = []
     smi, rc = True, 0
-    for line in out.splitlines():
+    for line in out.split("\n"):  # not splitlines(): a node's \r or \x1c is no line break
         if line.startswith("me=") and section is None:
             me = _word(line[3:])
         elif line.startswith("now=") and section is None:
@@ -130,8 +138,7 @@ def parse_gpus(out: str) -> GpuFacts:
             if section == "rc" and len(head) == 2:
                 rc = number(head[1]) or 0
         elif section == "leases" and line.strip():
-            owner, _, text = line.partition("\t")
-            lease = parse_lease(_word(owner), text)
+            lease = _lease(line)
             if lease is not None:
                 leases.append(lease)
         elif section == "gpus" and line.strip():
@@ -148,12 +155,28 @@ def parse_gpus(out: str) -> GpuFacts:
             if app is not None:
                 apps.append(app)
     if rc and not errors:
-        errors.append(f"nvidia-smi exited with {rc}")
+        errors.append("nvidia-smi gave no answer in 10 s" if rc == 124 else
+                      f"nvidia-smi exited with {rc}")
+    if len({g.index for g in gpus}) < len(gpus) or len({g.uuid for g in gpus}) < len(gpus):
+        errors.append("nvidia-smi listed a GPU twice")  # not nvidia-smi's doing: trust none
+        gpus = []
     known = {g.uuid for g in gpus}
     return GpuFacts(smi=smi, gpus=tuple(gpus) if smi else (),
                     apps=tuple(a for a in apps if a.gpu_uuid in known) if smi else (), me=me,
                     error="; ".join(_word(e, 300) for e in errors)[:300] if smi else "",
                     leases=tuple(leases), now=now)
+
+
+def _lease(line: str) -> Lease | None:
+    """`OWNER UID MTIME<tab>RECORD`: the owner's name (its uid where the host has no name for
+    it), and the file's last change, which bounds the lease's end."""
+    head, _, text = line.partition("\t")
+    words = head.split()
+    if len(words) != 3:
+        return None
+    owner = words[0] if words[0] != "UNKNOWN" else words[1]
+    mtime = number(words[2])
+    return parse_lease(_word(owner), text, float(mtime) if mtime is not None else None)
 
 
 def _app(line: str) -> GpuApp | None:

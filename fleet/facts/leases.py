@@ -20,8 +20,10 @@ from fleet.nodedata import number
 # home is shared by many machines); /var/tmp survives a reboot, where /tmp may not.
 LEASE_DIR = "/var/tmp/fleet-leases"
 NOTE_MAX = 200
+MAX_LEASE_S = 7 * 86400  # as lease.py: the longest lease, from its file's last change
 _OWNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
 _TEXT = re.compile(r"[^\x20-\x7e]")
+LEASE_FILE = re.compile(r"[0-9]{1,10}-[0-9a-f]{12}\.lease")  # lease.py's names
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,10 @@ def _gpus(value: object) -> tuple[int, ...] | None | bool:
     return tuple(sorted(set(out)))
 
 
-def parse_lease(owner: str, text: str) -> Lease | None:
+def parse_lease(owner: str, text: str, mtime: float | None = None) -> Lease | None:
     """A lease file's JSON (a node's: anything may be in it) with the owner its file has; None
-    where it is not a lease."""
+    where it is not a lease. Its end is at most MAX_LEASE_S after the file last changed
+    (`mtime`): one written by hand with a far end still ends."""
     try:
         said = json.loads(text)
     except (ValueError, RecursionError):
@@ -80,16 +83,44 @@ def parse_lease(owner: str, text: str) -> Lease | None:
     gpus, until = _gpus(said.get("gpus")), _time(said.get("until"))
     if gpus is False or until is None:
         return None
+    if mtime is not None:
+        until = min(until, mtime + MAX_LEASE_S)
     note, origin = said.get("note", ""), said.get("origin", "")
     return Lease(owner, gpus if isinstance(gpus, tuple) else None, until,
                  _time(said.get("since")) or 0.0,
-                 _TEXT.sub("?", note)[:NOTE_MAX] if isinstance(note, str) else "",
-                 _TEXT.sub("?", origin)[:100] if isinstance(origin, str) else "")
+                 _shown(note)[:NOTE_MAX] if isinstance(note, str) else "",
+                 _shown(origin)[:100] if isinstance(origin, str) else "")
+
+
+def _shown(text: str) -> str:
+    """A colleague's words as printed: any printable character (Müller stays Müller), anything
+    a terminal would obey as "?"."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def others(leases: list[Lease], me: str, gpus: tuple[int, ...] | None) -> list[Lease]:
     """The leases (active ones, given) of users other than `me` that cover any of `gpus`."""
     return [lease for lease in leases if lease.owner != me and lease.overlaps(gpus)]
+
+
+@dataclass(frozen=True)
+class LeaseOrder:
+    """What fleet/nodeside/lease.py is asked: take `gpus` (None: the whole host) for `seconds`,
+    give them back, or drop the caller's leases named."""
+
+    action: str  # take, give, drop
+    gpus: tuple[int, ...] | None = None
+    seconds: float = 0.0
+    note: str = ""
+    names: tuple[str, ...] = ()
+
+    def argv(self, origin: str) -> list[str]:
+        which = "all" if self.gpus is None else ",".join(map(str, self.gpus))
+        if self.action == "take":
+            return ["take", which, f"{self.seconds:.0f}", self.note, origin]
+        if self.action == "give":
+            return ["give", which]
+        return ["drop", *self.names]
 
 
 @dataclass(frozen=True)
@@ -104,6 +135,8 @@ class Taken:
     kept: tuple[Lease, ...] = ()  # give: other users' active leases on what was given
     now: float = 0.0
     error: str = ""
+    name: str = ""  # take: the new lease's file
+    replaces: tuple[str, ...] = ()  # take: the caller's leases it replaces, to drop once kept
 
 
 def parse_answer(out: str) -> Taken:
@@ -126,10 +159,15 @@ def parse_answer(out: str) -> Taken:
         error = said.get("error")
         now = _time(said.get("now")) or 0.0
         mine = leases("lease")
+        name, replaces = said.get("name"), said.get("replaces")
         return Taken(ok=said.get("ok") is True, lease=mine[0] if mine else None,
                      conflicts=leases("conflicts"), released=leases("released"),
                      kept=leases("kept"), now=now,
-                     error=_TEXT.sub("?", error)[:300] if isinstance(error, str) else "")
+                     error=_TEXT.sub("?", error)[:300] if isinstance(error, str) else "",
+                     name=name if isinstance(name, str) and LEASE_FILE.fullmatch(name) else "",
+                     replaces=tuple(x for x in replaces if isinstance(x, str)
+                                    and LEASE_FILE.fullmatch(x))
+                     if isinstance(replaces, list) else ())
     return Taken(ok=False, error="the host's lease program gave no answer")
 
 

@@ -24,7 +24,7 @@ from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.facts.command import Outcome
-from fleet.facts.leases import Taken
+from fleet.facts.leases import LeaseOrder, Taken
 from fleet.run import hang
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
@@ -172,10 +172,8 @@ class HostsBackend(Backend):
     def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
         return gpus.Survey(fleet_exec.chosen(load_inventory(inventory), nodes))
 
-    def lease(self, inventory: Path, host: str, take: bool, chosen: tuple[int, ...] | None,
-              seconds: float, note: str) -> Taken:
-        return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], take, chosen,
-                          seconds, note)
+    def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
+        return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], order)
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
                 timeout: float | None, progress: Callable[[int, int], None]

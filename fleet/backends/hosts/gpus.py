@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import getpass
 import math
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from fleet.config.inventory import Host
 from fleet.console import Console, Meaning
 from fleet.errors import GpusTaken, Interrupted
 from fleet.facts.gpus import GpuFacts, gpu_facts
-from fleet.facts.leases import LEASE_DIR, Taken, parse_answer
+from fleet.facts.leases import LEASE_DIR, LeaseOrder, Taken, parse_answer
 from fleet.gpuview import Blocker, blockers, lease_blockers, span
 from fleet.nodeside import python_program
 from fleet.shell import home_word
@@ -57,18 +58,19 @@ class Survey:
 
 def origin() -> str:
     """Where a lease was taken from, as its record says (for a person reading it)."""
-    return f"{getpass.getuser()}@{socket.gethostname()}"
+    try:
+        who = getpass.getuser()
+    except (KeyError, OSError):  # no USER and no passwd entry (a container)
+        who = str(os.getuid())
+    return f"{who}@{socket.gethostname()}"
 
 
-def lease(host: Host, take: bool, gpus: tuple[int, ...] | None, seconds: float,
-          note: str) -> Taken:
-    """Take (or give back) a lease of `gpus` (None: the whole host) on one host."""
+def lease(host: Host, order: LeaseOrder) -> Taken:
+    """Carry out a lease order on one host (fleet/nodeside/lease.py)."""
     t = open_transport(host)
     try:
-        which = "all" if gpus is None else ",".join(map(str, gpus))
         script = python_program(home_word(host.python), "lease.py", LEASE_DIR,
-                                "take" if take else "give", which, f"{seconds:.0f}", note,
-                                origin(), flags=("-I", "-S"))
+                                *order.argv(origin()), flags=("-I", "-S"))
         r = t.run(script, timeout=30, what="lease.py (GPU leases)")
     finally:
         t.close()
@@ -89,6 +91,9 @@ def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None
     it (unless ignored); with `wait` (seconds, math.inf for no end) it waits instead until those
     leases and anyone's processes on those GPUs are gone. What was last learnt per host."""
     facts = hosts_state(transports)
+    if ignore_leases:
+        for b in _blocking(hosts, facts, lease_blockers):
+            console.info(f"--ignore-leases: starting although {b.line()}", Meaning.WARN)
     if wait is None:
         if not ignore_leases:
             found = _blocking(hosts, facts, lease_blockers)
@@ -119,15 +124,29 @@ def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise GpusTaken(f"waiting {span(wait)} for free GPUs", _by_host(
-                        found, "still in use when the wait ended"))
+                        found, "still in the way when the wait ended"))
                 time.sleep(min(POLL_S, left))
-                facts = hosts_state(transports)
-                found = _blocking(hosts, facts, check)
+                found = _poll(transports, hosts, check)
     except Interrupted as e:
         raise Interrupted(e.signame, "stopped waiting for free GPUs; still in the way: " +
                           "; ".join(b.line() for b in found)) from None
     console.info("every GPU this job uses is free: starting", Meaning.OK)
     return facts
+
+
+def _poll(transports: dict[str, Transport], hosts: list[Host],
+          check: Callable[[str, tuple[int, ...] | None, GpuFacts, float], list[Blocker]],
+          ) -> list[Blocker]:
+    """One look while waiting: a host that did not answer this time is in the way, named, and
+    asked again at the next look (a blip must not end a wait of hours)."""
+    results = each(transports.items(), gpu_facts)
+    now = time.time()
+    out: list[Blocker] = []
+    for h in hosts:
+        r = results[h.name]
+        out += check(h.name, h.gpus, r, now) if isinstance(r, GpuFacts) else [
+            Blocker(h.name, None, f"not asked this time: {reason(r)}", "unasked")]
+    return out
 
 
 def _blocking(hosts: list[Host], facts: dict[str, GpuFacts],
@@ -140,6 +159,6 @@ def _blocking(hosts: list[Host], facts: dict[str, GpuFacts],
 def _by_host(found: list[Blocker], advice: str) -> dict[str, str]:
     out: dict[str, list[str]] = {}
     for b in found:
-        where = f"GPU{b.gpu}: " if b.gpu is not None else ""
+        where = f"GPU{b.gpu}: " if b.gpu is not None else b.where()
         out.setdefault(b.host, []).append(f"{where}{b.text}")
     return {host: "; ".join(texts) + f" ({advice})" for host, texts in out.items()}

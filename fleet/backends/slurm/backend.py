@@ -40,7 +40,7 @@ from fleet.errors import (
 )
 from fleet.facts import slurm as sj
 from fleet.facts.command import Outcome
-from fleet.facts.leases import Taken
+from fleet.facts.leases import LeaseOrder, Taken
 from fleet.facts.probe import probe, python_problem
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
@@ -323,8 +323,7 @@ class SlurmBackend(Backend):
         """Refused: Slurm allocates a cluster's GPUs itself (sinfo and squeue show them)."""
         raise UsageError(f"{inventory} is a Slurm cluster: {NO_GPU_SHARING}")
 
-    def lease(self, inventory: Path, host: str, take: bool, gpus: tuple[int, ...] | None,
-              seconds: float, note: str) -> Taken:
+    def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
         raise UsageError(f"{inventory} is a Slurm cluster: {NO_GPU_SHARING}")
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
