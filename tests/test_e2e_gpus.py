@@ -173,7 +173,7 @@ def test_up_wait_times_out_or_is_interrupted_naming_the_blocker(
     r = cli("up", "--wait=7s", str(path), timeout=120)
     assert r.returncode == 6, r.stdout + r.stderr
     assert re.search(r"waiting 7 s for free GPUs failed on 1 host\(s\); nothing was started:\n"
-                     r"  node1: GPU1: 18 GiB, alice, \d+ s \(still in use when the wait ended\)",
+                     r"  node1: GPU1: 18 GiB, alice, \d+ s \(still in the way when the wait ended\)",
                      r.stderr), r.stderr
     assert "hello from" not in r.stdout and "node rank" not in r.stderr
     p = cli.popen("up", "--wait", "2h", str(path))
@@ -222,6 +222,19 @@ def test_two_users_reserving_one_gpu_at_once_exactly_one_wins(cli: CLI, tb: Test
         assert back.returncode == 0 and "released your lease of GPU" in back.stderr, back
     assert cli("reserve", "--list", "-i", str(mine)).stderr == \
         "fleet: no active lease on any host\n"
+    # Several targets are all or nothing, and undoing drops only what this command took: the
+    # lease root held before on node1 stays as it was.
+    assert cli("reserve", "node1:0", "-i", str(mine), "--for", "2h").returncode == 0
+    assert cli("reserve", "node3", "-i", str(hers), "--for", "1h").returncode == 0
+    both = cli("reserve", "node1:0", "node3", "-i", str(mine), "--for", "5h")
+    assert both.returncode == 6, both.stderr
+    assert "not reserved (the leases it had taken on other hosts were dropped):\n  node3: the " \
+        "whole host leased by alice until" in both.stderr, both.stderr
+    listed = cli("reserve", "--list", "-i", str(mine)).stdout
+    assert re.search(r"^node1\s+0\s+root\s+\d\d:\d\d\s+(2 h|1 h 59 min)\s*$", listed, re.M), listed
+    assert re.search(r"^node3\s+all\s+alice\s", listed, re.M) and listed.count("\n") == 3, listed
+    assert cli("release", "node1", "-i", str(mine)).returncode == 0
+    assert cli("release", "node3", "-i", str(hers)).returncode == 0
 
 
 def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb: Testbed,
@@ -240,7 +253,7 @@ def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb:
         assert re.search(r"checking GPU leases failed on 2 host\(s\); nothing was started:\n"
                          rf"  node1: GPU1: leased by {lease} \(wait for it \(fleet up --wait\) "
                          r"or start anyway \(--ignore-leases\)\)\n"
-                         rf"  node2: leased by {lease}", r.stderr), r.stderr
+                         rf"  node2: the whole host: leased by {lease}", r.stderr), r.stderr
         assert "node rank" not in r.stderr and "hello from" not in r.stdout
         shown = cli("gpus", str(tmp_path / "inv.toml"))
         assert re.search(rf"^node1\s+1\s+0\.0/79\.6 GiB\s+0%\s+leased by {lease}$",
@@ -249,6 +262,8 @@ def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb:
         forced = cli("up", "--ignore-leases", str(path))
         assert forced.returncode == 0, forced.stdout + forced.stderr
         assert "node2 r1 | hello from node2" in forced.stdout
+        assert re.search(rf"--ignore-leases: starting although node1 GPU1: leased by {lease}",
+                         forced.stderr), forced.stderr
     finally:
         gave = cli("release", "node1", "node2", "-i", str(hers))
     assert gave.returncode == 0 and gave.stderr.count("released your lease") == 2, gave.stderr
