@@ -173,7 +173,8 @@ def test_up_wait_times_out_or_is_interrupted_naming_the_blocker(
     r = cli("up", "--wait=7s", str(path), timeout=120)
     assert r.returncode == 6, r.stdout + r.stderr
     assert re.search(r"waiting 7 s for free GPUs failed on 1 host\(s\); nothing was started:\n"
-                     r"  node1: GPU1: 18 GiB, alice, \d+ s \(still in the way when the wait ended\)",
+                     r"  node1: GPU1: 18 GiB, alice, \d+ s "
+                     r"\(still in the way when the wait ended\)",
                      r.stderr), r.stderr
     assert "hello from" not in r.stdout and "node rank" not in r.stderr
     p = cli.popen("up", "--wait", "2h", str(path))
