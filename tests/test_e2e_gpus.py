@@ -162,6 +162,7 @@ def test_up_wait_starts_when_the_colleagues_process_ends(
     text = err.text()
     assert "fleet: waiting until every GPU this job uses is free:\n" + blocker in text, text
     assert "fleet: every GPU this job uses is free: starting" in text
+    assert "in use by user alice" not in text, text  # the plan warns of what is there now
     assert "node1 r0 | hello from node1" in out, out
     assert_nothing_left(tb, run_id_of(text))
 

@@ -101,6 +101,7 @@ def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None
                 raise GpusTaken("checking GPU leases", _by_host(
                     found, "wait for it (fleet up --wait) or start anyway (--ignore-leases)"))
         return facts
+
     def check(host: str, chosen: tuple[int, ...] | None, f: GpuFacts,
               now: float) -> list[Blocker]:
         return blockers(host, chosen, f, now, leases=not ignore_leases)
@@ -131,7 +132,7 @@ def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None
         raise Interrupted(e.signame, "stopped waiting for free GPUs; still in the way: " +
                           "; ".join(b.line() for b in found)) from None
     console.info("every GPU this job uses is free: starting", Meaning.OK)
-    return facts
+    return hosts_state(transports)  # what the plan warns of is what is there now
 
 
 def _poll(transports: dict[str, Transport], hosts: list[Host],
