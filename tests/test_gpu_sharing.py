@@ -15,11 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from fleet import backends
+from fleet.backends.base import Options
 from fleet.cli.app import optional_values
 from fleet.cli.job_commands import wait_seconds
+from fleet.config.job import load_job
+from fleet.console import Console
 from fleet.errors import UsageError
 from fleet.facts.gpus import parse_gpus
-from fleet.facts.leases import Lease, parse_answer, parse_gpu_list, parse_lease
+from fleet.facts.leases import Lease, LeaseOrder, parse_answer, parse_gpu_list, parse_lease
 from fleet.gpuview import as_json, blockers, clock, idle, lease_blockers, rows, span
 from fleet.nodeside import HERE
 
@@ -273,3 +277,19 @@ def test_lease_program_refuses_a_directory_not_shared_and_skips_links(tmp_path: 
 def test_a_lease_records_what_fleet_reads() -> None:
     text = json.dumps({"gpus": [1], "since": NOW, "until": NOW + 60, "note": "n", "origin": "o"})
     assert parse_lease("alice", text) == Lease("alice", (1,), NOW + 60, NOW, "n", "o")
+
+
+def test_slurm_refuses_gpu_sharing_with_its_reason(tmp_path: Path) -> None:
+    """Slurm allocates a cluster's GPUs itself; its queue already waits."""
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[slurm]\nlogin = "hpc.example.org"\nnodes = 2\n')
+    backend = backends.for_inventory(cluster)
+    for call in (lambda: backend.survey(cluster, []),
+                 lambda: backend.lease(cluster, "n1", LeaseOrder("take", (0,), 60))):
+        with pytest.raises(UsageError, match="Slurm allocates a cluster's GPUs itself"):
+            call()
+    job = tmp_path / "job.toml"
+    job.write_text('inventory = "cluster.toml"\nscript = "x.py"\n')
+    (tmp_path / "x.py").write_text("")
+    with pytest.raises(UsageError, match="--wait is for host lists: on Slurm the queue"):
+        backend.prepare(load_job(job), Console(), Options(wait=60.0))
