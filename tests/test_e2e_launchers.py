@@ -237,8 +237,8 @@ def test_command_job_running_torchrun_itself_fails_with_its_traceback(cli: CLI, 
 # not visible from the node: another container's).
 FAKE_SMI = """#!/bin/sh
 case "$*" in
-  *--query-gpu=index*) printf '%s\\n' '0, GPU-aaa, 10, 81559, Fake H100' \\
-                                      '1, GPU-bbb, 30000, 81559, Fake H100' ;;
+  *--query-gpu=index*) printf '%s\\n' '0, GPU-aaa, 10, 81559, 0, Fake H100' \\
+                                      '1, GPU-bbb, 30000, 81559, 97, Fake H100' ;;
   *--query-compute-apps=gpu_uuid*) printf 'GPU-bbb, 4242, 29990\\n' ;;
   *--query-compute-apps*) printf '4242, python, 29990 MiB\\n' ;;
   *--query-gpu=driver_version*) printf '570.86\\n570.86\\n' ;;
