@@ -1099,7 +1099,7 @@ def test_fetch_never_writes_through_a_link_in_the_destination(tmp_path: Path) ->
     here.mkdir()
     outside.mkdir()
     (here / "ckpt").symlink_to(outside)
-    with pytest.raises(WorkdirError, match="symbolic link"):
+    with pytest.raises(WorkdirError, match=f"{here}/ckpt: a symbolic link on this machine"):
         pull.fetch(HostileNode(evil_file("ckpt/x.pt") + ferry.frame(b"Z", b"")),
                    sys.executable, "/x", [Want("ckpt/x.pt", 6)], here)
     assert not list(outside.iterdir())
@@ -1221,6 +1221,30 @@ def test_fetch_writes_only_the_files_asked_for(tmp_path: Path) -> None:
     with pytest.raises(WorkdirError, match="was not asked for"):
         pull.fetch(HostileNode(evil_file(".git/hooks/pre-commit") + ferry.frame(b"Z", b"")),
                    sys.executable, "/x", [Want("ckpt.pt", 6)], here)
+    assert not list(here.iterdir())
+
+
+def test_fetch_keeps_nothing_of_a_file_sent_past_what_was_listed(tmp_path: Path) -> None:
+    """One block listed, two sent: the second is refused before it is written, and the
+    partial file of the first goes too (a node that broke the protocol seeds no resume)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    frames = (ferry.meta(b"F", {"root": 0, "path": "m.pt", "size": 5, "mode": 0o644,
+                                "mtime": 0, "blocks": None, "for": [0]})
+              + ferry.frame(b"D", b"a" * 5) * 2)
+    with pytest.raises(WorkdirError, match=r"evil broke the protocol .*: it sent more of m\.pt "
+                                           r"than it listed \(5 bytes asked for\); nothing of "
+                                           "that file was kept"):
+        pull.fetch(HostileNode(frames), sys.executable, "/x", [Want("m.pt", 5)], here)
+    assert not list(here.iterdir())
+
+
+def test_fetch_writes_nothing_of_a_file_sent_larger_than_listed(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    with pytest.raises(WorkdirError, match="a was listed at 5 bytes, and it began sending 6 b"):
+        pull.fetch(HostileNode(evil_file("a") + ferry.frame(b"Z", b"")), sys.executable, "/x",
+                   [Want("a", 5)], here)
     assert not list(here.iterdir())
 
 
