@@ -236,7 +236,7 @@ def test_a_node_that_sends_more_than_it_listed_is_named_and_nothing_of_it_is_kep
     tb, cli, run_id, lies = hostile
     lies.write_text("64 MiB for 13 bytes")
     try:
-        r = cli("pull", run_id, "--to", "overrun")
+        r = cli("pull", run_id, "out/small.txt", "--to", "overrun")
     finally:
         lies.write_text("")
     assert r.returncode == 1, r.stderr
@@ -247,7 +247,7 @@ def test_a_node_that_sends_more_than_it_listed_is_named_and_nothing_of_it_is_kep
     assert not [p for p in dest.rglob("*") if p.is_file()]  # no file, no partial file
     shown = cli("show", run_id)
     assert "outputs: out; not pulled yet" in shown.stdout, shown.stdout
-    honest = cli("pull", run_id, "--to", "overrun")  # the same node, honest again
+    honest = cli("pull", run_id, "out/small.txt", "--to", "overrun")  # the same node, honest again
     assert honest.returncode == 0, honest.stderr
     assert (dest / "out" / "small.txt").read_bytes() == b"hello, world\n"
 
@@ -271,10 +271,10 @@ def test_a_pulled_name_cannot_forge_a_line_of_show(hostile: tuple[Testbed, CLI, 
                                                    ) -> None:
     tb, cli, run_id, _ = hostile
     forged = "    forged.pt  1.0 GiB"  # a line of its own, were the name printed raw
-    (code_dir(tb, cli, run_id, "node1") / "out" / f"a\n{forged}").write_text("x")
+    (code_dir(tb, cli, run_id, "node1") / "out" / f"a\n{forged}\nb").write_text("x")
     r = cli("pull", run_id, "--to", "named")
     assert r.returncode == 0, r.stderr
     shown = cli("show", run_id)
     assert shown.returncode == 0, shown.stderr
     assert forged not in shown.stdout.splitlines(), shown.stdout
-    assert f"    out/a^J{forged}  1 bytes" in shown.stdout.splitlines(), shown.stdout
+    assert f"    out/a^J{forged}^Jb  1 bytes" in shown.stdout.splitlines(), shown.stdout

@@ -227,7 +227,7 @@ def test_show_prints_a_pulled_name_escaped(tmp_path: Path) -> None:
     m = {"run_id": "r1", "job": {"name": "j", "path": "j.toml", "outputs": ["ckpt"]},
          "code": {}, "nodes": {}}
     forged = "    ckpt/forged.pt  1.0 GiB"
-    record_pulled(tmp_path, {"node1": (tmp_path / "r1", {f"ckpt/a\n{forged}\x1b[2J": 1})})
+    record_pulled(tmp_path, {"node1": (tmp_path / "r1", {f"ckpt/a\n{forged}\n\x1b[2Jb": 1})})
     lines = show({**m, "pulled": pulled_of(tmp_path)})
     assert forged not in "\n".join(lines).splitlines()
-    assert f"    ckpt/a^J{forged}^[[2J  1 bytes" in lines
+    assert f"    ckpt/a^J{forged}^J^[[2Jb  1 bytes" in lines
