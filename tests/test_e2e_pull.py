@@ -247,9 +247,6 @@ def test_a_node_that_sends_more_than_it_listed_is_named_and_nothing_of_it_is_kep
     assert not [p for p in dest.rglob("*") if p.is_file()]  # no file, no partial file
     shown = cli("show", run_id)
     assert "outputs: out; not pulled yet" in shown.stdout, shown.stdout
-    honest = cli("pull", run_id, "out/small.txt", "--to", "overrun")  # the same node, honest again
-    assert honest.returncode == 0, honest.stderr
-    assert (dest / "out" / "small.txt").read_bytes() == b"hello, world\n"
 
 
 def test_a_link_in_the_destination_is_named_as_this_machines_own(
@@ -265,6 +262,11 @@ def test_a_link_in_the_destination_is_named_as_this_machines_own(
         r.stderr
     assert "broke the protocol" not in r.stderr
     assert not list(outside.iterdir())
+    (cli.cwd / "a-file").write_text("")
+    (cli.cwd / "dangling").symlink_to(cli.cwd / "gone")
+    for bad in ("a-file", "dangling"):
+        r = cli("pull", run_id, "--to", bad)
+        assert r.returncode == 2 and f"--to {bad}: not a directory" in r.stderr, r.stderr
 
 
 def test_a_pulled_name_cannot_forge_a_line_of_show(hostile: tuple[Testbed, CLI, str, Path]
