@@ -240,7 +240,7 @@ def test_a_node_that_sends_more_than_it_listed_is_named_and_nothing_of_it_is_kep
     finally:
         lies.write_text("")
     assert r.returncode == 1, r.stderr
-    assert re.search(r"node1 +node1 broke the protocol sending files from \S+: it sent more "
+    assert re.search(r"node1 +broke the protocol sending files from \S+: it sent more "
                      r"than it listed: out/small\.txt was listed at 13 bytes, and it began "
                      r"sending 64\.0 MiB; nothing of that file was kept", r.stderr), r.stderr
     dest = cli.cwd / "overrun"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.console import Console, printable
-from fleet.errors import WorkdirError
+from fleet.errors import TransportError, WorkdirError
 from fleet.nodeside import ferry
 from fleet.shell import quote
 from fleet.transport.base import Pipe, Transport
@@ -39,7 +39,8 @@ def fetch(t: Transport, python: str, root: str, wanted: Sequence[Want], dest: Pa
     here). Returns (and fills `placed`, as they land) rel -> sha256 of what was placed; a file
     the node did not send is missing from it. received(n) hears each block's bytes as they
     come. WorkdirError, naming the host, if the stream breaks the protocol (the file it was
-    sending then is not kept, not even in part), or names a link in dest."""
+    sending then is not kept, not even in part), or names a link in dest; TransportError if
+    it stops before its end (what arrived is kept, for the next pull to resume)."""
     mark = f"FERRY-{secrets.token_hex(8)}"
     pipe = t.pipe(agent(python, f"send {quote(root)} {mark}",
                         json.dumps([w.item() for w in wanted])))
@@ -83,11 +84,11 @@ def fetch(t: Transport, python: str, root: str, wanted: Sequence[Want], dest: Pa
             f"pull from {t.host.name}: fleet writes nothing through a link (remove it, or pull "
             "--to another directory); nothing more was written") from e
     except EOFError as e:  # a lost link: what arrived stays, for the next pull to resume
-        raise WorkdirError(f"{t.host.name}: the files sent from {root} stopped coming "
-                           f"({printable(str(e))}); nothing more was written") from e
+        raise TransportError(f"{t.host.name}: the files sent from {root} stopped coming "
+                             f"({printable(str(e))}); nothing more was written") from e
     except (ferry.Bad, ValueError, TypeError, RecursionError) as e:
         recv.drop()
-        raise WorkdirError(f"{t.host.name} broke the protocol sending files from {root}: "
+        raise WorkdirError(f"{t.host.name}: broke the protocol sending files from {root}: "
                            f"{printable(str(e))}; nothing of that file was kept, and nothing "
                            "more was written") from e
     finally:
