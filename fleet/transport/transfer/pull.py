@@ -1,7 +1,8 @@
 """Files from a node (the engine of `fleet pull`): listed by `ferry list`, compared with what is
 here (the same size and sha256: not fetched again; a partial file an interrupted pull left:
 only the blocks it lacks), streamed by `ferry send` and written here strictly, as from an
-untrusted peer. The pure parts (the listing's parser, what to ask for) are in `wanted`."""
+untrusted peer: no more than it listed, nothing through a link here. The pure parts (the
+listing's parser, what to ask for, the stream's bound) are in `wanted`."""
 
 from __future__ import annotations
 
