@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+from fleet.console import printable
 from fleet.manifest import is_slurm
 from fleet.transport.transfer.report import human
 
@@ -21,7 +22,9 @@ def show(m: dict[str, Any]) -> list[str]:
 
 def _show_outputs(m: dict[str, Any]) -> list[str]:
     """The job's declared outputs, and per node what `fleet pull` last brought back, with
-    sizes as of that pull (the nodes are not asked again)."""
+    sizes as of that pull (the nodes are not asked again). A name came from a node: each is
+    shown with its control characters visible (a newline as ^J), so no name makes a line of
+    its own."""
     declared = m["job"].get("outputs") or []
     pulled = m.get("pulled") or {}
     if not declared and not pulled:
@@ -31,9 +34,9 @@ def _show_outputs(m: dict[str, Any]) -> list[str]:
     for host, p in sorted(pulled.items()):
         files = p.get("files") or {}
         at = time.strftime("%Y-%m-%d %H:%M", time.localtime(p.get("at", 0)))
-        lines.append(f"  [{host}] pulled {at} into {p.get('to')}: {len(files)} file(s), "
-                     f"{human(sum(files.values()))}")
-        lines += [f"    {rel}  {human(size)}" for rel, size in files.items()]
+        lines.append(f"  [{printable(host)}] pulled {at} into {printable(str(p.get('to')))}: "
+                     f"{len(files)} file(s), {human(sum(files.values()))}")
+        lines += [f"    {printable(rel)}  {human(size)}" for rel, size in files.items()]
     return lines
 
 

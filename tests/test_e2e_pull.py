@@ -1,7 +1,8 @@
 """`fleet pull` end to end through the real CLI on two real sshd hosts: a run's declared outputs
 brought back byte-identical from the master, a second pull that fetches nothing, a pull killed
-mid-transfer resumed without sending again what arrived, --all into per-node folders, and a
-node that no longer has the run (or a path) named."""
+mid-transfer resumed without sending again what arrived, --all into per-node folders, a
+node that no longer has the run (or a path) named; and a compromised node: one that sends more
+than it listed, a link in the destination here, a name that would forge a line of `show`."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import hashlib
 import json
 import re
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, _need_testbed
+from tests.conftest import CLI
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -38,23 +40,22 @@ with open("runs/tb/events.txt", "w") as f:
 
 
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Testbed, CLI, str]]:
+def bed(tb2: Testbed, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[tuple[Testbed, CLI, str]]:
     """Two hosts, and one finished run whose job wrote its outputs on each."""
-    _need_testbed()
-    with Testbed(2) as tb:
-        here = tmp_path_factory.mktemp("pull")
-        cli = CLI(here)
-        (here / "code").mkdir()
-        (here / "code" / "write.py").write_text(WRITER)
-        tb.inventory(here / "inv.toml")
-        (here / "job.toml").write_text(
-            'inventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
-            'command = ["{python}", "write.py"]\nnproc_per_node = 1\n'
-            'outputs = ["checkpoints/", "runs/"]\n[rendezvous]\nport = 29561\n')
-        r = cli("up", str(here / "job.toml"), timeout=300)
-        assert r.returncode == 0, r.stderr
-        run_id = next((here / ".fleet").rglob("run.json")).parent.name
-        yield tb, cli, run_id
+    here = tmp_path_factory.mktemp("pull")
+    cli = CLI(here)
+    (here / "code").mkdir()
+    (here / "code" / "write.py").write_text(WRITER)
+    tb2.inventory(here / "inv.toml")
+    (here / "job.toml").write_text(
+        'inventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
+        'command = ["{python}", "write.py"]\nnproc_per_node = 1\n'
+        'outputs = ["checkpoints/", "runs/"]\n[rendezvous]\nport = 29561\n')
+    r = cli("up", str(here / "job.toml"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    run_id = next((here / ".fleet").rglob("run.json")).parent.name
+    yield tb2, cli, run_id
 
 
 def record(cli: CLI, run_id: str) -> Path:
@@ -170,3 +171,112 @@ def test_a_path_or_a_run_no_longer_there_is_named(bed: tuple[Testbed, CLI, str])
     assert re.search(r"node2 +no longer has the run: \S+/runs/" + run_id, gone.stderr), \
         gone.stderr
     assert (cli.cwd / "gone" / "node1" / "checkpoints" / "model.pt").exists()
+
+
+# ---- a compromised node ------------------------------------------------------------------------
+# node1's python, as its inventory names it: the real one, until the test compromises the node
+# (writes a word into LIES); then its `ferry send` is a program that answers as it likes.
+PYTHON = """#!/bin/sh
+if [ "$3" = send ] && [ -s {lies} ]; then exec {real} {liar} "$@"; fi
+exec {real} "$@"
+"""
+
+# A `ferry send` that lies: for the first file asked, 64 MiB where the listing said 13 bytes, in
+# frames that are otherwise well formed (the right sha256 of what it sends).
+LIAR = """\
+import hashlib, json, struct, sys
+out = sys.stdout.buffer
+item = json.loads(sys.stdin.readline())[0]
+path = item["path"] if isinstance(item, dict) else item
+def frame(kind, payload):
+    out.write(struct.pack(">cI", kind, len(payload)) + payload)
+out.write(b"\\n" + sys.argv[5].encode() + b"\\n")
+block, n = b"x" * (1 << 20), 64
+frame(b"F", json.dumps({"root": 0, "path": path, "size": n * len(block), "mode": 0o644,
+                        "mtime": 0, "blocks": None, "for": [0]}).encode())
+whole = hashlib.sha256()
+for _ in range(n):
+    whole.update(block)
+    frame(b"D", block)
+frame(b"E", json.dumps({"sha256": whole.hexdigest()}).encode())
+frame(b"Z", b"")
+out.flush()
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile(tb2: Testbed, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[Testbed, CLI, str, Path]]:
+    """A finished run on node1 alone, whose job left out/small.txt (13 bytes), node1's python
+    a program the test can turn into a liar (the file LIES, empty: honest)."""
+    here = tmp_path_factory.mktemp("hostile")
+    cli = CLI(here)
+    lies = tb2.dir / "node1-lies"
+    lies.write_text("")
+    liar = tb2.dir / "node1-liar.py"
+    liar.write_text(LIAR)
+    python = tb2.dir / "node1-python"
+    python.write_text(PYTHON.format(lies=lies, real=sys.executable, liar=liar))
+    python.chmod(0o755)
+    (here / "code").mkdir()
+    tb2.inventory(here / "inv.toml", ["node1"], python=str(python))
+    (here / "job.toml").write_text(
+        'inventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
+        'command = ["sh", "-c", "mkdir -p out && printf \'hello, world\\\\n\' > out/small.txt"]\n'
+        'nproc_per_node = 1\noutputs = ["out/"]\n[rendezvous]\nport = 29562\n')
+    r = cli("up", str(here / "job.toml"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    run_id = next((here / ".fleet").rglob("run.json")).parent.name
+    assert (code_dir(tb2, cli, run_id, "node1") / "out" / "small.txt").stat().st_size == 13
+    yield tb2, cli, run_id, lies
+
+
+def test_a_node_that_sends_more_than_it_listed_is_named_and_nothing_of_it_is_kept(
+        hostile: tuple[Testbed, CLI, str, Path]) -> None:
+    tb, cli, run_id, lies = hostile
+    lies.write_text("64 MiB for 13 bytes")
+    try:
+        r = cli("pull", run_id, "out/small.txt", "--to", "overrun")
+    finally:
+        lies.write_text("")
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"node1 +broke the protocol sending files from \S+: it sent more "
+                     r"than it listed: out/small\.txt was listed at 13 bytes, and it began "
+                     r"sending 64\.0 MiB; nothing of that file was kept", r.stderr), r.stderr
+    dest = cli.cwd / "overrun"
+    assert not [p for p in dest.rglob("*") if p.is_file()]  # no file, no partial file
+    shown = cli("show", run_id)
+    assert "outputs: out; not pulled yet" in shown.stdout, shown.stdout
+
+
+def test_a_link_in_the_destination_is_named_as_this_machines_own(
+        hostile: tuple[Testbed, CLI, str, Path]) -> None:
+    tb, cli, run_id, _ = hostile
+    dest, outside = cli.cwd / "linked", cli.cwd / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    (dest / "out").symlink_to(outside)
+    r = cli("pull", run_id, "--to", str(dest))
+    assert r.returncode == 1, r.stderr
+    assert f"{dest}/out: a symbolic link on this machine, in the destination" in r.stderr, \
+        r.stderr
+    assert "broke the protocol" not in r.stderr
+    assert not list(outside.iterdir())
+    (cli.cwd / "a-file").write_text("")
+    (cli.cwd / "dangling").symlink_to(cli.cwd / "gone")
+    for bad in ("a-file", "dangling"):
+        r = cli("pull", run_id, "--to", bad)
+        assert r.returncode == 2 and f"--to {bad}: not a directory" in r.stderr, r.stderr
+
+
+def test_a_pulled_name_cannot_forge_a_line_of_show(hostile: tuple[Testbed, CLI, str, Path]
+                                                   ) -> None:
+    tb, cli, run_id, _ = hostile
+    forged = "    forged.pt  1.0 GiB"  # a line of its own, were the name printed raw
+    (code_dir(tb, cli, run_id, "node1") / "out" / f"a\n{forged}\nb").write_text("x")
+    r = cli("pull", run_id, "--to", "named")
+    assert r.returncode == 0, r.stderr
+    shown = cli("show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert forged not in shown.stdout.splitlines(), shown.stdout
+    assert f"    out/a^J{forged}^Jb  1 bytes" in shown.stdout.splitlines(), shown.stdout

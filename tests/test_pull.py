@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from fleet.manifest import pulled_of, record_pulled
 from fleet.manifest_view import show
 from fleet.nodeside import ferry
 from fleet.transport.transfer.plan import Held
-from fleet.transport.transfer.wanted import Want, parse_listing, wants
+from fleet.transport.transfer.pull import links_in
+from fleet.transport.transfer.wanted import Bound, Overrun, Want, parse_listing, wants
 
 D = "a" * ferry.DIGEST_HEX
 E = "b" * ferry.DIGEST_HEX
@@ -117,3 +119,115 @@ def test_show_lists_the_outputs_as_of_the_last_pull(tmp_path: Path) -> None:
     assert "outputs: ckpt" in lines and "    ckpt/a.pt  3.0 MiB" in lines
     assert any(line.startswith("  [node1] pulled ") and line.endswith("1 file(s), 3.0 MiB")
                for line in lines)
+
+
+# ---- the stream held to what was listed (Bound) -------------------------------------------------
+def head(rel: str, size: int, blocks: list[int] | None = None) -> bytes:
+    return json.dumps({"root": 0, "path": rel, "size": size, "mode": 0o644, "mtime": 0,
+                       "blocks": blocks, "for": [0]}).encode()
+
+
+def test_bound_takes_what_was_asked_whole_and_in_blocks() -> None:
+    size = 2 * ferry.BLOCK + 5
+    b = Bound([Want("a", 13), Want("big", size, (2,), (D, D, E), "f" * 64)])
+    for kind, payload in [(b"F", head("a", 13)), (b"D", b"x" * 13), (b"E", b"{}"),
+                          (b"F", head("big", size, [2])), (b"D", b"y" * 5), (b"E", b"{}"),
+                          (b"Z", b"")]:
+        b.check(kind, payload)
+
+
+@pytest.mark.parametrize("frames,words", [
+    ([(b"F", head("a", 64 << 20))],
+     "it sent more than it listed: a was listed at 13 bytes, and it began sending 64.0 MiB"),
+    ([(b"F", head("a", 12))], "it sent a at 12 bytes, not the 13 bytes it listed"),
+    ([(b"F", head("a", True))], "it sent a at True, not the 13 bytes it listed"),
+    ([(b"F", head("other", 13))], "it sent 'other', which was not asked for"),
+    ([(b"F", head("a", 13)), (b"D", b"x" * 13), (b"E", b"{}"), (b"F", head("a", 13))],
+     "it sent a twice"),
+    ([(b"F", head("a", 13)), (b"X", b"{}"), (b"F", head("a", 13))], "it sent a twice"),
+    ([(b"F", head("a", 13, [0]))], "it sent blocks of a that were not asked for"),
+    ([(b"F", head("a", 13)), (b"D", b"x" * 13), (b"D", b"x")],
+     "it sent more of a than it listed (13 bytes asked for)"),
+    ([(b"F", head("a", 13)), (b"D", b"")] + [(b"D", b"")] * 2,
+     "it sent more of a than it listed"),
+    ([(b"F", head("a", 13)), (b"D", b"x" * 14)],
+     "it sent more of a than it listed (a block 0 of 14 bytes, in a file listed at 13 bytes)"),
+    ([(b"T", head("a", 13))], "a change of a file's time and mode"),
+], ids=["bigger", "smaller", "not a size", "not asked", "twice", "again after giving up",
+        "blocks not asked", "a block too many", "empty blocks past the end", "a long block",
+        "a touch"])
+def test_bound_calls_an_overrun_what_it_is(frames: list[tuple[bytes, bytes]],
+                                           words: str) -> None:
+    b = Bound([Want("a", 13)])
+    with pytest.raises(Overrun, match=re.escape(words)):
+        for kind, payload in frames:
+            b.check(kind, payload)
+
+
+@pytest.mark.parametrize("frames,words", [
+    ([(b"D", b"x")], "data outside a file"),
+    ([(b"F", head("a", 13)), (b"F", head("a", 13))], "a file began inside a"),
+    ([(b"F", head("a", 13)), (b"Z", b"")], "the stream ended inside a"),
+    ([(b"F", b"not json")], "not JSON"),
+])
+def test_bound_refuses_a_stream_out_of_order(frames: list[tuple[bytes, bytes]],
+                                             words: str) -> None:
+    b = Bound([Want("a", 13)])
+    with pytest.raises(ferry.Bad, match=re.escape(words)):
+        for kind, payload in frames:
+            b.check(kind, payload)
+
+
+def test_a_whole_file_is_asked_for_at_its_listed_size(tmp_path: Path,
+                                                      capsysbinary: pytest.CaptureFixture[bytes]
+                                                      ) -> None:
+    """An honest node leaves out a file that grew since it was listed, rather than send it at
+    a size the bound would call an overrun."""
+    assert Want("a", 13).item() == {"path": "a", "size": 13}
+    (tmp_path / "a").write_bytes(b"x" * 20)
+    (tmp_path / "b").write_bytes(b"y" * 3)
+    ferry.cmd_send(str(tmp_path), "M", [Want("a", 13).item(), Want("b", 3).item()])
+    out = capsysbinary.readouterr().out
+    assert b'"path":"b"' in out and b'"path":"a"' not in out
+
+
+def test_the_listing_is_bounded_in_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ferry, "LIST_MAX", 3)
+    files = [json.dumps({"file": [f"ckpt/{i}", 1, 1]}) for i in range(5)]
+    got = parse_listing("\n".join([json.dumps({"root": True}), *files]), ["ckpt"])
+    assert got.truncated and len(got.files) <= 4
+    skipped = [json.dumps({"skipped": [f"ckpt/l{i}", "a link"]}) for i in range(5)]
+    assert parse_listing("\n".join(skipped), ["ckpt"]).truncated
+    # a path "missing" that was not asked for is no line of ferry's
+    gone = parse_listing("\n".join([json.dumps({"missing": "ckpt/x"}),
+                                    json.dumps({"missing": "ckpt"}),
+                                    json.dumps({"missing": "ckpt"})]), ["ckpt"])
+    assert gone.missing == ["ckpt"]
+
+
+# ---- the destination is this machine's: links in it named, never followed -----------------------
+def test_links_in_the_destination_are_found(tmp_path: Path) -> None:
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    (dest / "ok").mkdir(parents=True)
+    outside.mkdir()
+    (dest / "ckpt").symlink_to(outside)
+    (dest / "ok" / "last.pt").symlink_to(outside / "x")
+    (dest / "ok" / ".part.pt.fleet-part").symlink_to(outside / "y")
+    rels = ["ckpt/a.pt", "ckpt/b.pt", "ok/last.pt", "ok/part.pt", "ok/fine.pt", "new/c.pt"]
+    assert links_in(dest, rels) == [f"{dest}/ckpt", f"{dest}/ok/last.pt",
+                                    f"{dest}/ok/.part.pt.fleet-part"]
+    # The destination itself is the path this machine's user named: a link there is theirs
+    linked = tmp_path / "linked"
+    linked.symlink_to(dest / "ok")
+    assert links_in(linked, ["fine.pt"]) == []
+
+
+# ---- show: a name from a node forges no line ----------------------------------------------------
+def test_show_prints_a_pulled_name_escaped(tmp_path: Path) -> None:
+    m = {"run_id": "r1", "job": {"name": "j", "path": "j.toml", "outputs": ["ckpt"]},
+         "code": {}, "nodes": {}}
+    forged = "    ckpt/forged.pt  1.0 GiB"
+    record_pulled(tmp_path, {"node1": (tmp_path / "r1", {f"ckpt/a\n{forged}\n\x1b[2Jb": 1})})
+    lines = show({**m, "pulled": pulled_of(tmp_path)})
+    assert forged not in "\n".join(lines).splitlines()
+    assert f"    ckpt/a^J{forged}^J^[[2Jb  1 bytes" in lines

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import WorkdirError
+from fleet.errors import TransportError, WorkdirError
 from fleet.nodeside import ferry
 from fleet.transport.base import Pipe, Transport
 from fleet.transport.transfer import plan, progress, pull, push, report
 from fleet.transport.transfer.plan import Held, Local, Move, Moved, Need
+from fleet.transport.transfer.wanted import Want
 
 B = ferry.BLOCK
 MTIME = 1_700_000_000_123_456_789
@@ -1036,7 +1037,8 @@ def test_fetch_brings_a_nodes_files_here_verified(tmp_path: Path) -> None:
     (node / "log.txt").write_text("done\n")
     here.mkdir()
     got = pull.fetch(local_node(), sys.executable, str(node),
-                         ["ckpt/model.pt", "log.txt", "missing.bin"], here)
+                     [Want("ckpt/model.pt", len(big)), Want("log.txt", 5),
+                      Want("missing.bin", 1)], here)
     assert (here / "ckpt" / "model.pt").read_bytes() == big
     assert (here / "log.txt").read_text() == "done\n"
     assert got == {"ckpt/model.pt": hashlib.sha256(big).hexdigest(),
@@ -1088,7 +1090,7 @@ def test_fetch_refuses_a_path_that_leaves_the_destination(tmp_path: Path, path: 
     here = tmp_path / "here"
     here.mkdir()
     with pytest.raises(WorkdirError, match="broke the protocol"):
-        pull.fetch(HostileNode(evil_file(path)), sys.executable, "/x", ["a"], here)
+        pull.fetch(HostileNode(evil_file(path)), sys.executable, "/x", [Want("a", 6)], here)
     assert not (tmp_path / "escaped").exists() and not list(here.iterdir())
 
 
@@ -1097,9 +1099,9 @@ def test_fetch_never_writes_through_a_link_in_the_destination(tmp_path: Path) ->
     here.mkdir()
     outside.mkdir()
     (here / "ckpt").symlink_to(outside)
-    with pytest.raises(WorkdirError, match="symbolic link"):
+    with pytest.raises(WorkdirError, match=f"{here}/ckpt: a symbolic link on this machine"):
         pull.fetch(HostileNode(evil_file("ckpt/x.pt") + ferry.frame(b"Z", b"")),
-                       sys.executable, "/x", ["ckpt/x.pt"], here)
+                   sys.executable, "/x", [Want("ckpt/x.pt", 6)], here)
     assert not list(outside.iterdir())
 
 
@@ -1111,7 +1113,7 @@ def test_fetch_keeps_nothing_whose_hash_the_node_got_wrong(tmp_path: Path) -> No
               + ferry.frame(b"D", b"abc") + ferry.meta(b"E", {"sha256": "0" * 64})
               + ferry.frame(b"Z", b""))
     with pytest.raises(WorkdirError, match="w.pt"):
-        pull.fetch(HostileNode(frames), sys.executable, "/x", ["w.pt"], here)
+        pull.fetch(HostileNode(frames), sys.executable, "/x", [Want("w.pt", 3)], here)
     assert not list(here.iterdir())
 
 
@@ -1218,7 +1220,31 @@ def test_fetch_writes_only_the_files_asked_for(tmp_path: Path) -> None:
     here.mkdir()
     with pytest.raises(WorkdirError, match="was not asked for"):
         pull.fetch(HostileNode(evil_file(".git/hooks/pre-commit") + ferry.frame(b"Z", b"")),
-                       sys.executable, "/x", ["ckpt.pt"], here)
+                   sys.executable, "/x", [Want("ckpt.pt", 6)], here)
+    assert not list(here.iterdir())
+
+
+def test_fetch_keeps_nothing_of_a_file_sent_past_what_was_listed(tmp_path: Path) -> None:
+    """One block listed, two sent: the second is refused before it is written, and the
+    partial file of the first goes too (a node that broke the protocol seeds no resume)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    frames = (ferry.meta(b"F", {"root": 0, "path": "m.pt", "size": 5, "mode": 0o644,
+                                "mtime": 0, "blocks": None, "for": [0]})
+              + ferry.frame(b"D", b"a" * 5) * 2)
+    with pytest.raises(WorkdirError, match=r"evil: broke the protocol .*: it sent more of m\.pt "
+                                           r"than it listed \(5 bytes asked for\); nothing of "
+                                           "that file was kept"):
+        pull.fetch(HostileNode(frames), sys.executable, "/x", [Want("m.pt", 5)], here)
+    assert not list(here.iterdir())
+
+
+def test_fetch_writes_nothing_of_a_file_sent_larger_than_listed(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    with pytest.raises(WorkdirError, match="a was listed at 5 bytes, and it began sending 6 b"):
+        pull.fetch(HostileNode(evil_file("a") + ferry.frame(b"Z", b"")), sys.executable, "/x",
+                   [Want("a", 5)], here)
     assert not list(here.iterdir())
 
 
@@ -1229,15 +1255,15 @@ def test_fetch_takes_no_set_id_bit_and_no_write_for_others(tmp_path: Path) -> No
                                 "mtime": MTIME, "blocks": None, "for": [0]})
               + ferry.frame(b"D", b"hi") + ferry.meta(b"E", {"sha256": sha(b"hi")})
               + ferry.frame(b"Z", b""))
-    pull.fetch(HostileNode(frames), sys.executable, "/x", ["tool"], here)
+    pull.fetch(HostileNode(frames), sys.executable, "/x", [Want("tool", 2)], here)
     assert stat.S_IMODE(os.stat(here / "tool").st_mode) == 0o755
 
 
 def test_fetch_refuses_a_stream_cut_before_its_end(tmp_path: Path) -> None:
     here = tmp_path / "here"
     here.mkdir()
-    with pytest.raises(WorkdirError, match="ended before its end"):
-        pull.fetch(HostileNode(evil_file("a")), sys.executable, "/x", ["a"], here)
+    with pytest.raises(TransportError, match="ended before its end"):
+        pull.fetch(HostileNode(evil_file("a")), sys.executable, "/x", [Want("a", 6)], here)
 
 
 def test_an_interrupted_update_resumes_with_only_the_changed_blocks(tmp_path: Path) -> None:

@@ -44,6 +44,8 @@ def pull(run_id: Annotated[str | None, typer.Argument(
     rec = state.load(run_id)
     last = attempts.records(rec)[-1]  # a restarted run's outputs are where its last attempt ran
     dest = to if to is not None else Path.cwd() / rec.run_id
+    if dest.is_symlink() and not dest.exists() or dest.exists() and not dest.is_dir():
+        raise UsageError(f"--to {dest}: not a directory")
     console = Console()
     results = backends.for_record(last).pull(last, console, rels, dest, every)
     failed = unreachable = 0

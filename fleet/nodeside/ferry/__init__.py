@@ -46,6 +46,7 @@ from fleet.nodeside.ferry.frames import (
     PART,
     Bad,
     Json,
+    Linked,
     _exactly,
     block_len,
     blocks_of,
@@ -78,7 +79,7 @@ from fleet.nodeside.ferry.word import Word
 # What fleet.transport.transfer and the tests use (mypy --strict re-exports only what is listed)
 __all__ = [
     "AHEAD", "BLOCK", "LIST_MAX", "CONNECT_S", "DIGEST_HEX", "HEAD", "MAX_META", "PART", "STALL_S",
-    "Bad", "Changed", "Json", "Receiver", "Unreadable", "Word", "_exactly", "_problem",
+    "Bad", "Changed", "Json", "Linked", "Receiver", "Unreadable", "Word", "_exactly", "_problem",
     "accept_from", "block_len", "blocks_of", "cmd_hash", "cmd_list", "cmd_recv", "cmd_send",
     "digest", "forget_bytecode", "frame", "hash_file", "kept_from", "link_to", "main", "meta",
     "part_name", "part_of", "read_frame", "safe_rel", "send_file", "target",

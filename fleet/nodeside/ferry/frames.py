@@ -24,6 +24,15 @@ class Bad(Exception):
     """A stream or a request that breaks the protocol (a path outside the root, say)."""
 
 
+class Linked(Bad):
+    """A path on the receiving side that passes through a symbolic link: the receiver's own
+    directory is what is wrong, not the stream, and it is named so."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} is a symbolic link: not written through")
+        self.path = path
+
+
 # ---- names and blocks: pure ---------------------------------------------------------------------
 def part_name(rel: str) -> str:
     head, _, tail = rel.rpartition("/")
@@ -72,7 +81,7 @@ def target(root: str, rel: str, strict: bool = False) -> str:
         for p in rel.split("/"):
             at = os.path.join(at, p)
             if os.path.islink(at):
-                raise Bad(f"{at} is a symbolic link: not written through")
+                raise Linked(at)
     return path
 
 

@@ -221,6 +221,16 @@ class Receiver:
             self.report({"ok": [h["root"], rel, ""]})
         self._guard({"dest": dest}, touch)
 
+    def drop(self) -> None:
+        """The file being written given up with its partial file: its sender broke the
+        protocol, so nothing it sent of that file is kept for a later attempt."""
+        st, self.f = self.f, None
+        if st is not None:
+            self._close(st)
+            if st.get("part"):
+                with contextlib.suppress(OSError):
+                    os.unlink(st["part"])
+
     def touch_all(self, touches: list[Json]) -> None:
         """fleet's word on files only to touch (a relayed node's)."""
         for h in touches:

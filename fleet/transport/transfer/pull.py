@@ -1,7 +1,8 @@
 """Files from a node (the engine of `fleet pull`): listed by `ferry list`, compared with what is
 here (the same size and sha256: not fetched again; a partial file an interrupted pull left:
 only the blocks it lacks), streamed by `ferry send` and written here strictly, as from an
-untrusted peer. The pure parts (the listing's parser, what to ask for) are in `wanted`."""
+untrusted peer: no more than it listed, nothing through a link here. The pure parts (the
+listing's parser, what to ask for, the stream's bound) are in `wanted`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.console import Console, printable
-from fleet.errors import WorkdirError
+from fleet.errors import TransportError, WorkdirError
 from fleet.nodeside import ferry
 from fleet.shell import quote
 from fleet.transport.base import Pipe, Transport
@@ -23,24 +24,28 @@ from fleet.transport.transfer.agent import agent
 from fleet.transport.transfer.plan import Held, hash_script, parse_held
 from fleet.transport.transfer.progress import Bar
 from fleet.transport.transfer.report import LINE_MAX, NodeState, problem_text
-from fleet.transport.transfer.wanted import Want, parse_listing, wants
+from fleet.transport.transfer.wanted import Bound, Want, parse_listing, wants
 
 FETCH_IDLE_S = 60.0  # a node that sends nothing for this long while fetched from: given up
 
 
-def fetch(t: Transport, python: str, root: str, rels: Sequence[str | Want], dest: Path,
-          received: Callable[[int], None] | None = None) -> dict[str, str]:
+def fetch(t: Transport, python: str, root: str, wanted: Sequence[Want], dest: Path,
+          received: Callable[[int], None] | None = None,
+          placed: dict[str, str] | None = None) -> dict[str, str]:
     """The node's files root/rel into dest/rel, streamed by `ferry send` and written here by the
     same Receiver, strictly: a node is untrusted, so no path may leave dest or pass through a
-    link there, each file is verified against the hash the node sent, and each replaces its
-    target only whole. A Want asks for some blocks only (the rest are here). Returns rel ->
-    sha256 of what was placed; a file the node did not send is missing from it. received(n)
-    hears each block's bytes as they come. WorkdirError if the stream breaks the protocol."""
+    link there, each file is verified against the hash the node sent, each replaces its
+    target only whole, and the stream is held to what was asked (`Bound`: the files wanted,
+    each at its listed size, the blocks asked). A Want asks for some blocks only (the rest are
+    here). Returns (and fills `placed`, as they land) rel -> sha256 of what was placed; a file
+    the node did not send is missing from it. received(n) hears each block's bytes as they
+    come. WorkdirError, naming the host, if the stream breaks the protocol (the file it was
+    sending then is not kept, not even in part), or names a link in dest; TransportError if
+    it stops before its end (what arrived is kept, for the next pull to resume)."""
     mark = f"FERRY-{secrets.token_hex(8)}"
-    items = [r.item() if isinstance(r, Want) else ferry.safe_rel(r) for r in rels]
-    names = [i["path"] if isinstance(i, dict) else i for i in items]
-    pipe = t.pipe(agent(python, f"send {quote(root)} {mark}", json.dumps(items)))
-    got: dict[str, str] = {}
+    pipe = t.pipe(agent(python, f"send {quote(root)} {mark}",
+                        json.dumps([w.item() for w in wanted])))
+    got: dict[str, str] = {} if placed is None else placed
     errors: list[dict[str, object]] = []
 
     def report(obj: dict[str, object]) -> None:
@@ -51,7 +56,8 @@ def fetch(t: Transport, python: str, root: str, rels: Sequence[str | Want], dest
             errors.append(obj["error"])  # type: ignore[arg-type]
 
     recv = ferry.Receiver([str(dest)], 0, report, strict=True,
-                          only={(0, r) for r in names})
+                          only={(0, w.rel) for w in wanted})
+    bound = Bound(list(wanted))
     reader = _PipeReader(pipe)
     idle = threading.Thread(target=reader.watch, args=(FETCH_IDLE_S,), daemon=True)
     idle.start()
@@ -68,13 +74,24 @@ def fetch(t: Transport, python: str, root: str, rels: Sequence[str | Want], dest
             if not kind:
                 raise EOFError("the stream ended before its end" +
                                (f" (nothing for {FETCH_IDLE_S:.0f}s)" if reader.idle else ""))
+            bound.check(kind, payload)
             if kind == b"D" and received is not None:
                 received(len(payload))
             if not recv.apply(kind, payload):
                 break
-    except (ferry.Bad, EOFError, ValueError, TypeError, RecursionError) as e:
-        raise WorkdirError(f"{t.host.name}: the files sent from {root} broke the protocol "
-                           f"({printable(str(e))}); nothing more was written") from e
+    except ferry.Linked as e:
+        raise WorkdirError(
+            f"{printable(e.path)}: a symbolic link on this machine, in the destination of the "
+            f"pull from {t.host.name}: fleet writes nothing through a link (remove it, or pull "
+            "--to another directory); nothing more was written") from e
+    except EOFError as e:  # a lost link: what arrived stays, for the next pull to resume
+        raise TransportError(f"{t.host.name}: the files sent from {root} stopped coming "
+                             f"({printable(str(e))}); nothing more was written") from e
+    except (ferry.Bad, ValueError, TypeError, RecursionError) as e:
+        recv.drop()
+        raise WorkdirError(f"{t.host.name}: broke the protocol sending files from {root}: "
+                           f"{printable(str(e))}; nothing of that file was kept, and nothing "
+                           "more was written") from e
     finally:
         reader.done = True
         pipe.close()
@@ -148,6 +165,11 @@ def pull(t: Transport, python: str, root: str, rels: list[str], dest: Path,
         got.problems.append(f"more than {ferry.LIST_MAX} files under {', '.join(rels)}: name "
                             "fewer paths")
         return got
+    if linked := links_in(dest, list(listing.files)):
+        got.problems += [f"{printable(p)}: a symbolic link on this machine, in the destination: "
+                         "fleet writes nothing through a link (remove it, or pull --to another "
+                         "directory); nothing was fetched" for p in linked]
+        return got
     dest.mkdir(parents=True, exist_ok=True)
     with console.waiting(f"{host}: comparing {len(listing.files)} file(s) with {dest}"):
         mine = io.StringIO()
@@ -170,8 +192,13 @@ def pull(t: Transport, python: str, root: str, rels: list[str], dest: Path,
             state.at += n
             got.received += n
             bar.tick()
+        placed: dict[str, str] = {}
+        broke = False
         try:
-            placed = fetch(t, python, root, todo, dest, received)
+            fetch(t, python, root, todo, dest, received, placed)
+        except WorkdirError as e:  # the node was asked, and what it sent is the problem
+            got.problems.append(str(e).removeprefix(f"{host}: "))
+            broke = True
         finally:
             bar.end()
         for w in todo:
@@ -179,7 +206,23 @@ def pull(t: Transport, python: str, root: str, rels: list[str], dest: Path,
                 got.fetched += 1
                 got.kept += w.size - w.bytes
                 got.files[w.rel] = w.size
-            else:
+            elif not broke:
                 got.problems.append(f"{root}/{w.rel} changed or went away there while it was "
                                     "pulled (what arrived is kept): pull again")
     return got
+
+
+def links_in(dest: Path, rels: list[str]) -> list[str]:
+    """The symbolic links on the way from dest to each file (or its partial file) here, each
+    once: the destination is this machine's, and no file a node sends goes through a link in
+    it, nor is one here read through a link to be compared."""
+    found: list[str] = []
+    for rel in rels:
+        for name in (rel, ferry.part_name(rel)):
+            try:
+                ferry.target(str(dest), name, strict=True)
+            except ferry.Linked as e:
+                if e.path not in found:
+                    found.append(e.path)
+                break
+    return found

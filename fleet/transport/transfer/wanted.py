@@ -1,6 +1,6 @@
-"""What a pull asks of a node, pure: the node's listing read strictly (`parse_listing`), and per
+"""What a pull asks of a node, pure: the node's listing read strictly (`parse_listing`), per
 file what to fetch (`wants`): nothing where the same bytes are here, only the blocks that
-differ where a version or a partial file is."""
+differ where a version or a partial file is, and the stream held to that (`Bound`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from fleet.nodeside import ferry
 from fleet.transport.transfer.plan import Held
+from fleet.transport.transfer.report import human
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,10 @@ class Want:
     sha: str = ""
 
     def item(self) -> str | dict[str, Any]:
-        """As `ferry send` reads it."""
+        """As `ferry send` reads it: with the size listed, so that a file that changed since
+        is left out there rather than sent at another size."""
         if self.blocks is None:
-            return self.rel
+            return {"path": self.rel, "size": self.size}
         return {"path": self.rel, "size": self.size, "blocks": list(self.blocks),
                 "known": list(self.known), "sha": self.sha}
 
@@ -53,7 +55,8 @@ class Listing:
 def parse_listing(out: str, asked: list[str]) -> Listing:
     """`ferry list`'s lines, as from an untrusted node: a name that leaves the directory, lies
     under no path asked for, or is malformed is not taken (nor a line that is not one of
-    ferry's: rc noise)."""
+    ferry's: rc noise). No more than ferry.LIST_MAX files or left-out names are taken: a
+    listing longer than that is `truncated`, whoever said so."""
     got = Listing()
 
     def under(rel: object) -> str | None:
@@ -75,14 +78,17 @@ def parse_listing(out: str, asked: list[str]) -> Listing:
             got.root = value
         elif key == "truncated":
             got.truncated = True
-        elif key == "missing" and (rel := under(value)):
-            got.missing.append(rel)
+        elif key == "missing" and value in asked and value not in got.missing:
+            got.missing.append(value)
         elif (key == "skipped" and isinstance(value, list) and len(value) == 2
               and (rel := under(value[0]))):
             got.skipped[rel] = str(value[1])[:200]
         elif (key == "file" and isinstance(value, list) and len(value) == 3
               and (rel := under(value[0])) and type(value[1]) is int and value[1] >= 0):
             got.files[rel] = value[1]
+        if len(got.files) > ferry.LIST_MAX or len(got.skipped) > ferry.LIST_MAX:
+            got.truncated = True
+            break
     return got
 
 
@@ -106,3 +112,68 @@ def wants(files: dict[str, int], here: dict[str, Held], there: dict[str, Held]
                            if i >= len(mine.blocks) or mine.blocks[i] != d)
             fetch.append(Want(rel, size, differ, theirs.blocks, theirs.sha))
     return fetch, same
+
+
+class Overrun(ferry.Bad):
+    """A node that sent more than it listed, or other than it was asked for."""
+
+
+class Bound:
+    """The stream a pull asked for, held to that frame by frame before any frame is applied:
+    only the files asked for, each at most once, at the size it was listed, with the blocks
+    asked; no more blocks than that, none longer than its place in the file; nothing that
+    only a relay sends (a touch). Overrun, naming the file, at the first frame past it: what
+    a node sends is bounded by what it listed, never by what it says next."""
+
+    def __init__(self, wanted: list[Want]) -> None:
+        self.wanted = {w.rel: w for w in wanted}
+        self.begun: set[str] = set()
+        self.f: Want | None = None
+        self.blocks: list[int] = []  # the blocks of self.f still to come, in order
+
+    def check(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"F":
+            self._begin(payload)
+        elif kind == b"D":
+            w = self.f
+            if w is None:
+                raise ferry.Bad("data outside a file")
+            if not self.blocks:
+                raise Overrun(f"it sent more of {w.rel} than it listed ({human(w.bytes)} "
+                              "asked for)")
+            i = self.blocks.pop(0)
+            if len(payload) > ferry.block_len(w.size, i):
+                raise Overrun(f"it sent more of {w.rel} than it listed (a block {i} of "
+                              f"{human(len(payload))}, in a file listed at {human(w.size)})")
+        elif kind in (b"E", b"X"):
+            self.f = None
+        elif kind == b"T":
+            raise Overrun("it sent a change of a file's time and mode, which a pull never asks")
+        elif kind == b"Z" and self.f is not None:
+            raise ferry.Bad(f"the stream ended inside {self.f.rel}")
+
+    def _begin(self, payload: bytes) -> None:
+        if self.f is not None:
+            raise ferry.Bad(f"a file began inside {self.f.rel}")
+        try:
+            h = json.loads(payload)
+        except ValueError as e:
+            raise ferry.Bad("broken stream (a file header that is not JSON)") from e
+        rel = h.get("path") if isinstance(h, dict) else None
+        w = self.wanted.get(rel) if isinstance(rel, str) else None
+        if w is None:
+            raise Overrun(f"it sent {str(rel)[:200]!r}, which was not asked for")
+        if rel in self.begun:
+            raise Overrun(f"it sent {w.rel} twice")
+        size, blocks = h.get("size"), h.get("blocks")
+        if size != w.size or type(size) is not int:
+            shown = human(size) if type(size) is int and size >= 0 else repr(size)[:40]
+            raise Overrun(f"it sent more than it listed: {w.rel} was listed at "
+                          f"{human(w.size)}, and it began sending {shown}"
+                          if type(size) is int and size > w.size else
+                          f"it sent {w.rel} at {shown}, not the {human(w.size)} it listed")
+        if blocks != (None if w.blocks is None else list(w.blocks)):
+            raise Overrun(f"it sent blocks of {w.rel} that were not asked for")
+        self.begun.add(w.rel)
+        self.f = w
+        self.blocks = list(range(ferry.blocks_of(w.size)) if w.blocks is None else w.blocks)
