@@ -1175,31 +1175,98 @@ def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -
 
 
 # ---- a relayed stream is another node's data: fleet's own word decides ---------------------------
-def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = True) -> Node:
+def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = True,
+                 heads: dict[tuple[int, str], tuple[int, int, int]] | None = None) -> Node:
     node = Node(root)
     word = ferry.Word(io.BytesIO())
     word.shas.update(shas)
+    word.heads.update(heads or {})
     word.ended = ended
     node.recv.word = word
     return node
 
 
+def told(data: bytes, mode: int = 0o755, mtime: int = 0) -> tuple[int, int, int]:
+    """fleet's word on a file evil_file sends (size, mode, time)."""
+    return len(data), mode, mtime
+
+
 def test_a_relayed_file_replaces_its_target_only_as_fleet_said(tmp_path: Path) -> None:
-    good, evil = b"weights" * 1000, b"trojan" * 1000
-    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)})
+    good, evil = b"weights" * 1000, b"trojan!" * 1000  # the same size: only the hash differs
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)},
+                        heads={(0, "model.py"): told(good)})
     # the node before (or someone on the wire) sends other bytes, with their own matching hash
-    node.feed(evil_file("model.py", evil), evil_file("train.py", evil), ferry.frame(b"Z", b""))
+    node.feed(evil_file("model.py", evil))
     assert not (tmp_path / "dst" / "model.py").exists()
-    assert not (tmp_path / "dst" / "train.py").exists()  # a file fleet never sent
-    assert [e["path"].rsplit("/", 1)[1] for e in node.errors()] == ["model.py"]  # type: ignore[union-attr]
+    assert [(e["path"].rsplit("/", 1)[1], e.get("tampered"))  # type: ignore[union-attr]
+            for e in node.errors()] == [("model.py", True)]
     assert not list((tmp_path / "dst").glob(".*.fleet-part"))
 
 
-def test_a_relayed_file_fleet_vouches_for_is_placed(tmp_path: Path) -> None:
+def test_a_relayed_file_fleet_never_sent_is_tampering(tmp_path: Path) -> None:
+    node = relayed_node(tmp_path / "dst", {})
+    with pytest.raises(ferry.Tampered, match="train.py: relayed, but fleet sends no such file"):
+        node.feed(evil_file("train.py"))
+    assert not list((tmp_path / "dst").rglob("*"))
+
+
+@pytest.mark.parametrize("said", [(7000, 0o6777, MTIME), (7000, 0o644, 0), (6999, 0o644, MTIME)])
+def test_a_relayed_header_that_is_not_fleets_word_is_tampering(
+        tmp_path: Path, said: tuple[int, int, int]) -> None:
+    """A relaying node that changes a file's mode, time or size: refused before a byte is
+    written, whatever the bytes (here fleet's own)."""
     good = b"weights" * 1000
-    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)})
-    node.feed(evil_file("model.py", good), ferry.frame(b"Z", b""))
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)},
+                        heads={(0, "model.py"): (len(good), 0o644, MTIME)})
+    frames = (ferry.meta(b"F", {"root": 0, "path": "model.py", "size": said[0], "mode": said[1],
+                                "mtime": said[2], "blocks": None, "for": [0]}))
+    with pytest.raises(ferry.Tampered, match="model.py: relayed as .*; fleet sent size 7000, "
+                                             "mode 0o644"):
+        node.feed(frames)
+    assert not list((tmp_path / "dst").rglob("*"))
+
+
+def test_a_relayed_file_fleet_vouches_for_is_placed_with_fleets_mode_and_time(
+        tmp_path: Path) -> None:
+    good = b"weights" * 1000
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)},
+                        heads={(0, "model.py"): told(good, 0o750, MTIME)})
+    node.feed(ferry.meta(b"F", {"root": 0, "path": "model.py", "size": len(good), "mode": 0o750,
+                                "mtime": MTIME, "blocks": None, "for": [0]}),
+              ferry.frame(b"D", good), end(good), ferry.frame(b"Z", b""))
+    st = os.stat(tmp_path / "dst" / "model.py")
     assert (tmp_path / "dst" / "model.py").read_bytes() == good
+    assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_mtime_ns == MTIME
+
+
+def test_no_file_is_ever_given_a_set_id_or_sticky_bit_or_write_for_others(tmp_path: Path) -> None:
+    """Whatever the source says (here fleet's own stream, and fleet's word to a relayed node)."""
+    node = Node(tmp_path / "head")
+    node.feed(ferry.meta(b"F", {"root": 0, "path": "tool", "size": 2, "mode": 0o7777,
+                                "mtime": MTIME, "blocks": None, "for": [0]}),
+              ferry.frame(b"D", b"hi"), end(b"hi"))
+    assert stat.S_IMODE(os.stat(tmp_path / "head" / "tool").st_mode) == 0o775
+    relayed = relayed_node(tmp_path / "relayed", {(0, "tool"): sha(b"hi")},
+                           heads={(0, "tool"): (2, 0o6777, MTIME)})
+    relayed.feed(ferry.meta(b"F", {"root": 0, "path": "tool", "size": 2, "mode": 0o6777,
+                                   "mtime": MTIME, "blocks": None, "for": [0]}),
+                 ferry.frame(b"D", b"hi"), end(b"hi"))
+    assert stat.S_IMODE(os.stat(tmp_path / "relayed" / "tool").st_mode) == 0o775
+    relayed.recv.touch_all([{"root": 0, "path": "tool", "mtime": MTIME, "mode": 0o4777,
+                             "for": [0]}])
+    assert stat.S_IMODE(os.stat(tmp_path / "relayed" / "tool").st_mode) == 0o775
+
+
+def test_the_word_takes_each_line_fleet_says() -> None:
+    word = ferry.Word(io.BytesIO())
+    for line in ({"file": [0, "a", 3, 0o644, MTIME]}, {"sha": [0, "a", "ab" * 32]},
+                 {"touch": {"root": 1, "path": "b"}}, {"end": True}):
+        word.take(line)
+    assert word.heads == {(0, "a"): (3, 0o644, MTIME)}
+    assert word.shas == {(0, "a"): "ab" * 32}
+    assert word.touches() == [{"root": 1, "path": "b"}]
+    assert word.head(0, "other") is None  # fleet has ended: no such file, at once
+    assert word.check(0, "a", 3, 0o644, MTIME) == 0o644
 
 
 def test_a_relayed_touch_is_not_obeyed(tmp_path: Path) -> None:
