@@ -923,6 +923,7 @@ def test_chains_all_broken_is_one_chain_a_node() -> None:
     ({"linked": False, "why": 5}, {"linked": False, "why": ""}),
     ({"at": 0}, None),
     ({"at": 123456789}, None),
+    ({"waiting": 0}, None), ({"waiting": 21.5}, None),
     ({"ok": [0, "d/f.bin", SHA]}, None),
     ({"ok": [1, "f", ""]}, None),  # a touch
     ({"gave_up": [0, "f"]}, None),
@@ -943,6 +944,8 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
     b'{"port": -1}', b'{"port": 65536}', b'{"port": "22"}',
     b'{"linked": "yes"}', b'{"linked": 1}',
     b'{"at": -1}', b'{"at": 1.5}', b'{"at": "1"}',
+    b'{"waiting": -1}', b'{"waiting": NaN}', b'{"waiting": Infinity}', b'{"waiting": true}',
+    b'{"waiting": "5"}', b'{"waiting": 1e12}',
     b'{"ok": [true, "f", ""]}',  # a bool is not a root index
     b'{"ok": [0, "f"]}', b'{"ok": [0, "f", "abc"]}', b'{"ok": ["0", "f", ""]}',
     b'{"ok": [0, 5, ""]}', b'{"ok": {"root": 0}}',
@@ -953,6 +956,73 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
 ])
 def test_parse_report_rejects_what_is_not_a_report(text: bytes) -> None:
     assert report.parse_report(text) is None
+
+
+def states(now: float, **said: tuple[float, float]) -> dict[str, report.NodeState]:
+    """Node states from name=(seconds waiting to pass data on, seconds since it placed a byte)."""
+    out = {}
+    for name, (waiting, still) in said.items():
+        st = report.NodeState(name)
+        st.waiting, st.moved = waiting, now - still
+        out[name] = st
+    return out
+
+
+def test_takes_nothing_names_the_next_node_when_both_bounds_are_passed() -> None:
+    routes = [["a", "b", "c"]]
+    assert report.takes_nothing(routes, states(100.0, a=(20, 20), b=(0, 20), c=(0, 20)), 100.0,
+                                20) == ("a", "b")
+
+
+@pytest.mark.parametrize("said", [
+    {"a": (19.9, 60), "b": (0, 60)},  # a waited, but not yet for the bound
+    {"a": (60, 60), "b": (0, 5)},  # b places bytes (copying the blocks it keeps, say)
+])
+def test_takes_nothing_is_none_while_the_next_node_is_not_proven_deaf(
+        said: dict[str, tuple[float, float]]) -> None:
+    assert report.takes_nothing([["a", "b"]], states(100.0, **said), 100.0, 20) is None
+
+
+def test_takes_nothing_names_the_node_further_on_that_holds_the_chain_up() -> None:
+    """b waits on c in turn: b is not the one that stopped reading, c is."""
+    st = states(100.0, a=(60, 60), b=(60, 60), c=(0, 60))
+    assert report.takes_nothing([["a", "b", "c"]], st, 100.0, 20) == ("b", "c")
+
+
+def test_takes_nothing_skips_a_node_that_ended_or_is_done() -> None:
+    st = states(100.0, a=(60, 60), b=(0, 60))
+    st["b"].done = True
+    assert report.takes_nothing([["a", "b"]], st, 100.0, 20) is None
+
+
+def test_relayer_is_the_node_before_in_its_chain() -> None:
+    routes = [["a", "b", "c"], ["d"]]
+    assert [report.relayer(routes, n) for n in "abcd"] == [None, "a", "b", None]
+
+
+def test_forward_says_how_long_what_waits_has_moved_nothing() -> None:
+    """A next node that reads nothing: the send blocks, and waiting() grows from 0 (bounded in
+    time: the test only needs it to be positive)."""
+    mine, theirs = socket.socketpair()
+    fwd = ferry.Forward(mine)
+    assert fwd.waiting() == 0.0
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            fwd.send(b"x" * (64 * B))
+    th = threading.Thread(target=send, daemon=True)
+    th.start()
+    try:
+        deadline = time.monotonic() + 10
+        while fwd.waiting() == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)
+        assert fwd.waiting() > 0.0
+    finally:
+        theirs.close()  # the send fails at once (a blocked send is not woken by its own close)
+        th.join(10)
+        fwd.close()
+    assert fwd.waiting() == 0.0  # the send ended
 
 
 def test_parse_report_rejects_an_overlong_line() -> None:
