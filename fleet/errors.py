@@ -15,6 +15,7 @@ class ExitCode(IntEnum):
     STOPPED = 4  # the run was stopped
     NOT_READY = 5  # a host answered but is not ready for the job
     BUSY = 6  # hosts held by another run
+    TAMPERED = 7  # a node altered the data it relayed to another
     INTERNAL = 70  # a bug in fleet
     INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP
 
@@ -104,6 +105,14 @@ class HostsUnreachable(HostError):
     """One or more hosts could not be reached or authenticated, or stopped answering."""
 
     exit_code = ExitCode.UNREACHABLE
+
+
+class RelayTampered(HostError):
+    """A node passed data on to another that does not match what fleet sent (a file's bytes,
+    name, size, mode or time): the relaying node is compromised or faulty; nothing of it was
+    applied, and nothing was started."""
+
+    exit_code = ExitCode.TAMPERED
 
 
 class HostsBusy(HostError):

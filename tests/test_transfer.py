@@ -924,6 +924,7 @@ def test_chains_all_broken_is_one_chain_a_node() -> None:
     ({"linked": False, "why": 5}, {"linked": False, "why": ""}),
     ({"at": 0}, None),
     ({"at": 123456789}, None),
+    ({"waiting": 0}, None), ({"waiting": 21.5}, None),
     ({"ok": [0, "d/f.bin", SHA]}, None),
     ({"ok": [1, "f", ""]}, None),  # a touch
     ({"gave_up": [0, "f"]}, None),
@@ -944,6 +945,8 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
     b'{"port": -1}', b'{"port": 65536}', b'{"port": "22"}',
     b'{"linked": "yes"}', b'{"linked": 1}',
     b'{"at": -1}', b'{"at": 1.5}', b'{"at": "1"}',
+    b'{"waiting": -1}', b'{"waiting": NaN}', b'{"waiting": Infinity}', b'{"waiting": true}',
+    b'{"waiting": "5"}', b'{"waiting": 1e12}',
     b'{"ok": [true, "f", ""]}',  # a bool is not a root index
     b'{"ok": [0, "f"]}', b'{"ok": [0, "f", "abc"]}', b'{"ok": ["0", "f", ""]}',
     b'{"ok": [0, 5, ""]}', b'{"ok": {"root": 0}}',
@@ -954,6 +957,73 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
 ])
 def test_parse_report_rejects_what_is_not_a_report(text: bytes) -> None:
     assert report.parse_report(text) is None
+
+
+def states(now: float, **said: tuple[float, float]) -> dict[str, report.NodeState]:
+    """Node states from name=(seconds waiting to pass data on, seconds since it placed a byte)."""
+    out = {}
+    for name, (waiting, still) in said.items():
+        st = report.NodeState(name)
+        st.waiting, st.moved = waiting, now - still
+        out[name] = st
+    return out
+
+
+def test_takes_nothing_names_the_next_node_when_both_bounds_are_passed() -> None:
+    routes = [["a", "b", "c"]]
+    assert report.takes_nothing(routes, states(100.0, a=(20, 20), b=(0, 20), c=(0, 20)), 100.0,
+                                20) == ("a", "b")
+
+
+@pytest.mark.parametrize("said", [
+    {"a": (19.9, 60), "b": (0, 60)},  # a waited, but not yet for the bound
+    {"a": (60, 60), "b": (0, 5)},  # b places bytes (copying the blocks it keeps, say)
+])
+def test_takes_nothing_is_none_while_the_next_node_is_not_proven_deaf(
+        said: dict[str, tuple[float, float]]) -> None:
+    assert report.takes_nothing([["a", "b"]], states(100.0, **said), 100.0, 20) is None
+
+
+def test_takes_nothing_names_the_node_further_on_that_holds_the_chain_up() -> None:
+    """b waits on c in turn: b is not the one that stopped reading, c is."""
+    st = states(100.0, a=(60, 60), b=(60, 60), c=(0, 60))
+    assert report.takes_nothing([["a", "b", "c"]], st, 100.0, 20) == ("b", "c")
+
+
+def test_takes_nothing_skips_a_node_that_ended_or_is_done() -> None:
+    st = states(100.0, a=(60, 60), b=(0, 60))
+    st["b"].done = True
+    assert report.takes_nothing([["a", "b"]], st, 100.0, 20) is None
+
+
+def test_relayer_is_the_node_before_in_its_chain() -> None:
+    routes = [["a", "b", "c"], ["d"]]
+    assert [report.relayer(routes, n) for n in "abcd"] == [None, "a", "b", None]
+
+
+def test_forward_says_how_long_what_waits_has_moved_nothing() -> None:
+    """A next node that reads nothing: the send blocks, and waiting() grows from 0 (bounded in
+    time: the test only needs it to be positive)."""
+    mine, theirs = socket.socketpair()
+    fwd = ferry.Forward(mine)
+    assert fwd.waiting() == 0.0
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            fwd.send(b"x" * (64 * B))
+    th = threading.Thread(target=send, daemon=True)
+    th.start()
+    try:
+        deadline = time.monotonic() + 10
+        while fwd.waiting() == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)
+        assert fwd.waiting() > 0.0
+    finally:
+        theirs.close()  # the send fails at once (a blocked send is not woken by its own close)
+        th.join(10)
+        fwd.close()
+    assert fwd.waiting() == 0.0  # the send ended
 
 
 def test_parse_report_rejects_an_overlong_line() -> None:
@@ -1177,31 +1247,98 @@ def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -
 
 
 # ---- a relayed stream is another node's data: fleet's own word decides ---------------------------
-def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = True) -> Node:
+def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = True,
+                 heads: dict[tuple[int, str], tuple[int, int, int]] | None = None) -> Node:
     node = Node(root)
     word = ferry.Word(io.BytesIO())
     word.shas.update(shas)
+    word.heads.update(heads or {})
     word.ended = ended
     node.recv.word = word
     return node
 
 
+def told(data: bytes, mode: int = 0o755, mtime: int = 0) -> tuple[int, int, int]:
+    """fleet's word on a file evil_file sends (size, mode, time)."""
+    return len(data), mode, mtime
+
+
 def test_a_relayed_file_replaces_its_target_only_as_fleet_said(tmp_path: Path) -> None:
-    good, evil = b"weights" * 1000, b"trojan" * 1000
-    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)})
+    good, evil = b"weights" * 1000, b"trojan!" * 1000  # the same size: only the hash differs
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)},
+                        heads={(0, "model.py"): told(good)})
     # the node before (or someone on the wire) sends other bytes, with their own matching hash
-    node.feed(evil_file("model.py", evil), evil_file("train.py", evil), ferry.frame(b"Z", b""))
+    node.feed(evil_file("model.py", evil))
     assert not (tmp_path / "dst" / "model.py").exists()
-    assert not (tmp_path / "dst" / "train.py").exists()  # a file fleet never sent
-    assert [e["path"].rsplit("/", 1)[1] for e in node.errors()] == ["model.py"]  # type: ignore[union-attr]
+    assert [(e["path"].rsplit("/", 1)[1], e.get("tampered"))  # type: ignore[union-attr]
+            for e in node.errors()] == [("model.py", True)]
     assert not list((tmp_path / "dst").glob(".*.fleet-part"))
 
 
-def test_a_relayed_file_fleet_vouches_for_is_placed(tmp_path: Path) -> None:
+def test_a_relayed_file_fleet_never_sent_is_tampering(tmp_path: Path) -> None:
+    node = relayed_node(tmp_path / "dst", {})
+    with pytest.raises(ferry.Tampered, match="train.py: relayed, but fleet sends no such file"):
+        node.feed(evil_file("train.py"))
+    assert not list((tmp_path / "dst").rglob("*"))
+
+
+@pytest.mark.parametrize("said", [(7000, 0o6777, MTIME), (7000, 0o644, 0), (6999, 0o644, MTIME)])
+def test_a_relayed_header_that_is_not_fleets_word_is_tampering(
+        tmp_path: Path, said: tuple[int, int, int]) -> None:
+    """A relaying node that changes a file's mode, time or size: refused before a byte is
+    written, whatever the bytes (here fleet's own)."""
     good = b"weights" * 1000
-    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)})
-    node.feed(evil_file("model.py", good), ferry.frame(b"Z", b""))
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)},
+                        heads={(0, "model.py"): (len(good), 0o644, MTIME)})
+    frames = (ferry.meta(b"F", {"root": 0, "path": "model.py", "size": said[0], "mode": said[1],
+                                "mtime": said[2], "blocks": None, "for": [0]}))
+    with pytest.raises(ferry.Tampered, match="model.py: relayed as .*; fleet sent size 7000, "
+                                             "mode 0o644"):
+        node.feed(frames)
+    assert not list((tmp_path / "dst").rglob("*"))
+
+
+def test_a_relayed_file_fleet_vouches_for_is_placed_with_fleets_mode_and_time(
+        tmp_path: Path) -> None:
+    good = b"weights" * 1000
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(good)},
+                        heads={(0, "model.py"): told(good, 0o750, MTIME)})
+    node.feed(ferry.meta(b"F", {"root": 0, "path": "model.py", "size": len(good), "mode": 0o750,
+                                "mtime": MTIME, "blocks": None, "for": [0]}),
+              ferry.frame(b"D", good), end(good), ferry.frame(b"Z", b""))
+    st = os.stat(tmp_path / "dst" / "model.py")
     assert (tmp_path / "dst" / "model.py").read_bytes() == good
+    assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_mtime_ns == MTIME
+
+
+def test_no_file_is_ever_given_a_set_id_or_sticky_bit_or_write_for_others(tmp_path: Path) -> None:
+    """Whatever the source says (here fleet's own stream, and fleet's word to a relayed node)."""
+    node = Node(tmp_path / "head")
+    node.feed(ferry.meta(b"F", {"root": 0, "path": "tool", "size": 2, "mode": 0o7777,
+                                "mtime": MTIME, "blocks": None, "for": [0]}),
+              ferry.frame(b"D", b"hi"), end(b"hi"))
+    assert stat.S_IMODE(os.stat(tmp_path / "head" / "tool").st_mode) == 0o775
+    relayed = relayed_node(tmp_path / "relayed", {(0, "tool"): sha(b"hi")},
+                           heads={(0, "tool"): (2, 0o6777, MTIME)})
+    relayed.feed(ferry.meta(b"F", {"root": 0, "path": "tool", "size": 2, "mode": 0o6777,
+                                   "mtime": MTIME, "blocks": None, "for": [0]}),
+                 ferry.frame(b"D", b"hi"), end(b"hi"))
+    assert stat.S_IMODE(os.stat(tmp_path / "relayed" / "tool").st_mode) == 0o775
+    relayed.recv.touch_all([{"root": 0, "path": "tool", "mtime": MTIME, "mode": 0o4777,
+                             "for": [0]}])
+    assert stat.S_IMODE(os.stat(tmp_path / "relayed" / "tool").st_mode) == 0o775
+
+
+def test_the_word_takes_each_line_fleet_says() -> None:
+    word = ferry.Word(io.BytesIO())
+    for line in ({"file": [0, "a", 3, 0o644, MTIME]}, {"sha": [0, "a", "ab" * 32]},
+                 {"touch": {"root": 1, "path": "b"}}, {"end": True}):
+        word.take(line)
+    assert word.heads == {(0, "a"): (3, 0o644, MTIME)}
+    assert word.shas == {(0, "a"): "ab" * 32}
+    assert word.touches() == [{"root": 1, "path": "b"}]
+    assert word.head(0, "other") is None  # fleet has ended: no such file, at once
+    assert word.check(0, "a", 3, 0o644, MTIME) == 0o644
 
 
 def test_a_relayed_touch_is_not_obeyed(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 Commands raise FleetError subclasses; `main` is the one handler that turns them into a message
 and an exit code (fleet.errors.ExitCode: 0 ok, 1 failed, 2 bad input, 3 hosts unreachable or
-state unknown, 4 stopped, 5 a host not ready for the job, 6 hosts busy with another run, 70 a
-bug in fleet, 130 interrupted), and never shows a Python traceback unless asked (`--debug`)."""
+state unknown, 4 stopped, 5 a host not ready for the job, 6 hosts busy with another run, 7 a
+node altered the data it relayed, 70 a bug in fleet, 130 interrupted), and never shows a
+Python traceback unless asked (`--debug`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ sending to nodes and pulling from them are one engine.
 
 The stream is a sequence of frames, each a kind byte and a 4-byte length, then the payload:
 
-  F  a file begins: JSON {"root", "path", "size", "mode", "mtime", "blocks", "for"}.
+  F  a file begins: JSON {"root", "path", "size", "mode", "mtime", "blocks", "for"}; no
+     set-id or sticky bit and no write for others is ever applied (MODE_MASK).
      `blocks` lists the indices of the BLOCK-sized pieces that follow (null: all of them);
      the receiver takes every other piece from what it already has (its partial file, else
      the file itself), verified: the pieces were chosen by comparing their hashes.
@@ -28,7 +29,9 @@ A receiver (`recv`) reads the stream from its stdin or from the node before it (
 connection, authenticated both ways with an HMAC of a per-transfer key that only reaches it on
 stdin), passes every frame on to the node after it before writing it, and reports on stdout, one
 JSON object a line: {"port"}, {"linked"}, {"at": bytes in place},
-{"ok": [root, path, sha256 ("" for a touch)]}, {"error": {...}}, {"done": {...}}. It ends
+{"waiting": seconds what it passes on has moved no byte}, {"ok": [root, path, sha256 ("" for
+a touch)]}, {"error": {...}} ("tampered" in it: a relayed frame that fleet's word belies),
+{"done": {...}}. It ends
 when the stream ends, and at once when its stdin closes (fleet gone, or stopping it).
 
 The modules, in the order the node's program has them: frames (names, blocks, hashing, the
@@ -63,8 +66,15 @@ from fleet.nodeside.ferry.frames import (
     target,
 )
 from fleet.nodeside.ferry.main import main
-from fleet.nodeside.ferry.receiver import Receiver, _problem, forget_bytecode
-from fleet.nodeside.ferry.recv import CONNECT_S, STALL_S, accept_from, cmd_recv, link_to
+from fleet.nodeside.ferry.receiver import MODE_MASK, Receiver, _problem, forget_bytecode
+from fleet.nodeside.ferry.recv import (
+    CONNECT_S,
+    STALL_S,
+    Forward,
+    accept_from,
+    cmd_recv,
+    link_to,
+)
 from fleet.nodeside.ferry.send import (
     AHEAD,
     LIST_MAX,
@@ -74,12 +84,13 @@ from fleet.nodeside.ferry.send import (
     cmd_send,
     send_file,
 )
-from fleet.nodeside.ferry.word import Word
+from fleet.nodeside.ferry.word import Tampered, Word
 
 # What fleet.transport.transfer and the tests use (mypy --strict re-exports only what is listed)
 __all__ = [
-    "AHEAD", "BLOCK", "LIST_MAX", "CONNECT_S", "DIGEST_HEX", "HEAD", "MAX_META", "PART", "STALL_S",
-    "Bad", "Changed", "Json", "Linked", "Receiver", "Unreadable", "Word", "_exactly", "_problem",
+    "AHEAD", "BLOCK", "LIST_MAX", "CONNECT_S", "DIGEST_HEX", "HEAD", "MAX_META", "MODE_MASK",
+    "PART", "STALL_S", "Bad", "Changed", "Forward", "Json", "Linked", "Receiver", "Tampered",
+    "Unreadable", "Word", "_exactly", "_problem",
     "accept_from", "block_len", "blocks_of", "cmd_hash", "cmd_list", "cmd_recv", "cmd_send",
     "digest", "forget_bytecode", "frame", "hash_file", "kept_from", "link_to", "main", "meta",
     "part_name", "part_of", "read_frame", "safe_rel", "send_file", "target",

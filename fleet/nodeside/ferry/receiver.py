@@ -22,9 +22,12 @@ from fleet.nodeside.ferry.frames import (
     safe_rel,
     target,
 )
-from fleet.nodeside.ferry.word import Word
+from fleet.nodeside.ferry.word import Tampered, Word
 
 REPORT_S = 0.5
+# No set-uid, set-gid or sticky bit and no write for others on any file placed, whatever the
+# stream (or the laptop's file) says: a node's code and data must not become a way in.
+MODE_MASK = 0o775
 
 
 class Receiver:
@@ -91,9 +94,11 @@ class Receiver:
             raise Bad(f"bad blocks for {rel}")
         if not 0 <= mtime < MTIME_MAX:
             raise Bad(f"bad time for {rel}")
+        if self.word is not None:  # relayed: what is applied is fleet's word, not the frame's
+            mode = self.word.check(h["root"], rel, size, mode, mtime)
         mine = self.me in _readers(h, rel) and not self.broken
-        # From a node (strict): no set-id or sticky bit, no write for others, readable by you
-        mode = (mode & 0o755) | 0o600 if self.strict else mode & 0o7777
+        # From a node (strict): readable by you, too
+        mode = (mode & 0o755) | 0o600 if self.strict else mode & MODE_MASK
         st: Json = {
             "root": h["root"], "rel": rel, "dest": dest, "size": size, "mode": mode,
             "mtime": mtime, "sent": None if blocks is None else sorted(set(blocks)), "next": 0,
@@ -184,8 +189,9 @@ class Receiver:
             if got != want:
                 self._close(st)
                 os.unlink(st["part"])
-                raise Bad(f"{st['rel']}: what arrived has sha256 {got[:16]}..., not the "
-                          f"{str(want)[:16]}... that was sent (removed)")
+                wrong = Bad if self.word is None else Tampered
+                raise wrong(f"{st['rel']}: what arrived has sha256 {got[:16]}..., not the "
+                            f"{str(want)[:16]}... that was sent (removed)")
             os.fchmod(st["fd"], st["mode"])
             os.utime(st["fd"], ns=(st["mtime"], st["mtime"]))
             self._close(st)
@@ -216,7 +222,7 @@ class Receiver:
         def touch() -> None:
             if self.strict and os.path.islink(dest):
                 raise Bad(f"{dest} is a symbolic link")
-            os.chmod(dest, mode & 0o7777)
+            os.chmod(dest, mode & MODE_MASK)
             os.utime(dest, ns=(mtime, mtime))
             self.report({"ok": [h["root"], rel, ""]})
         self._guard({"dest": dest}, touch)
@@ -273,6 +279,8 @@ class Receiver:
                 self.failed = _problem(e, where)
                 part = st.get("part") if st else None
                 self.failed["kept"] = bool(part and os.path.exists(part))
+                if isinstance(e, Tampered):
+                    self.failed["tampered"] = True
                 self.report({"error": self.failed})
             self.broken = True
 

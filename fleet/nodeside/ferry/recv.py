@@ -16,7 +16,7 @@ from typing import IO
 
 from fleet.nodeside.ferry.frames import HEAD, Bad, Json, _exactly, read_frame
 from fleet.nodeside.ferry.receiver import REPORT_S, Receiver
-from fleet.nodeside.ferry.word import Word
+from fleet.nodeside.ferry.word import Tampered, Word
 
 # A relay connection that moves nothing for this long is broken. Long: a node may copy the
 # blocks it keeps for minutes while the one before it waits; a node that stops answering is
@@ -72,6 +72,34 @@ def accept_from(server: socket.socket, key: bytes, deadline: float) -> socket.so
         c.close()
 
 
+class Forward:
+    """The link to the next node, and how long what waits to go on it has made no progress:
+    fleet, told so, names the next node if it placed nothing meanwhile (it takes nothing), well
+    before this socket's own STALL_S."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s = s
+        self.since: float | None = None  # when a send last moved a byte, while one waits
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        self.since = time.monotonic()
+        try:
+            while view:
+                n = self.s.send(view)
+                view = view[n:]
+                self.since = time.monotonic()
+        finally:
+            self.since = None
+
+    def waiting(self) -> float:
+        since = self.since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    def close(self) -> None:
+        self.s.close()
+
+
 def cmd_recv(argv: list[str]) -> int:
     """recv MARK [LISTEN-ADDRESS]: see the package's docstring."""
     out_lock = threading.Lock()
@@ -111,11 +139,11 @@ def cmd_recv(argv: list[str]) -> int:
     if server is not None:
         acceptor = threading.Thread(target=accept, args=(server,), daemon=True)
         acceptor.start()
-    fwd = None
+    fwd: Forward | None = None
     if ctl.get("next"):
         addr, port = ctl["next"]
         try:
-            fwd = link_to(addr, int(port), key)
+            fwd = Forward(link_to(addr, int(port), key))
             report({"linked": True})
         except (OSError, EOFError, Bad) as e:
             report({"linked": False, "why": str(e) or type(e).__name__})
@@ -146,6 +174,9 @@ def cmd_recv(argv: list[str]) -> int:
         while True:
             time.sleep(REPORT_S)
             report({"at": recv.placed})
+            out = fwd
+            if out is not None:
+                report({"waiting": round(out.waiting(), 1)})
     threading.Thread(target=beat, daemon=True).start()
     while True:
         try:
@@ -159,14 +190,17 @@ def cmd_recv(argv: list[str]) -> int:
             return 2
         if fwd is not None:
             try:
-                fwd.sendall(HEAD.pack(kind, len(payload)))
-                fwd.sendall(payload)
+                fwd.send(HEAD.pack(kind, len(payload)))
+                fwd.send(payload)
             except OSError as e:
                 report({"error": {"msg": f"passing the data on failed: {e}", "relay": "out"}})
                 fwd.close()
                 fwd = None
         try:
             more = recv.apply(kind, payload)
+        except Tampered as e:
+            report({"error": {"msg": str(e), "tampered": True}})
+            return 2
         except (Bad, TypeError, ValueError, OverflowError, KeyError, RecursionError) as e:
             report({"error": {"msg": f"broken stream: {e}", "protocol": True}})
             return 2

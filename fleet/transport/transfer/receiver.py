@@ -70,6 +70,8 @@ class Receiver:
                 if r["at"] != s.at:
                     s.moved = s.last
                 s.at = r["at"]  # type: ignore[assignment]
+            elif "waiting" in r:
+                s.waiting = float(r["waiting"])  # type: ignore[arg-type]
             elif "ok" in r:
                 ok: list[object] = r["ok"]  # type: ignore[assignment]
                 s.ok[(int(ok[0]), str(ok[1]))] = str(ok[2])  # type: ignore[call-overload]

@@ -11,13 +11,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet.console import Console, printable
-from fleet.errors import FleetError, HostError, TransportError, WorkdirError, host_error
+from fleet.errors import (
+    FleetError,
+    HostError,
+    RelayTampered,
+    TransportError,
+    WorkdirError,
+    host_error,
+)
 from fleet.nodeside import ferry
 from fleet.transport.base import Transport
 from fleet.transport.transfer.plan import Move, Moved, chains, moved_bytes
 from fleet.transport.transfer.progress import Bar
 from fleet.transport.transfer.receiver import Receiver
-from fleet.transport.transfer.report import NodeState, human, problem_text
+from fleet.transport.transfer.report import (
+    NodeState,
+    human,
+    problem_text,
+    relayer,
+    takes_nothing,
+)
 
 START_S = 30.0  # a receiver that has not said it started by then: the node is not answering
 LINK_S = ferry.CONNECT_S + 10.0
@@ -27,6 +40,10 @@ STALL_S = 25.0
 # No byte placed on any node for this long: the transfer is stuck (a link between two nodes
 # that moves nothing, a node that talks but does not take the stream).
 STUCK_S = ferry.STALL_S + 30.0
+# A node that waited this long to pass data on while the next one placed no byte: the next one
+# takes nothing (it stopped reading; its heartbeats alone do not make it a taker). Well under
+# the relay socket's own ferry.STALL_S; a node that copies the blocks it keeps places them.
+TAKES_S = 20.0
 EXIT_S = 5.0  # a receiver that said it is done exits within this
 
 
@@ -70,6 +87,8 @@ class Transfer:
         self.cause: str | None = None  # the first receiver that ended before the end
         self.silent = False  # ... or stopped answering (_watch)
         self.stuck = False  # ... or, with every other, placed nothing for STUCK_S
+        self.deaf: tuple[str, str] | None = None  # ... or took nothing from the one before it
+        self.routes: list[list[str]] = [[n] for n in self.order]
         self.finished = False
         for m in moves:
             for w in m.writers:
@@ -167,7 +186,7 @@ class Transfer:
         linking = self.order[:-1] if self.relay else []
         self._wait(lambda s: s.linked is not None, LINK_S, "connect to the next node", linking)
         linked = {n: bool(self.states[n].linked) for n in linking}
-        routes = chains(self.order, linked)
+        routes = self.routes = chains(self.order, linked)
         for n in linking:
             if not linked[n]:
                 nxt = self.order[self.order.index(n) + 1]
@@ -205,6 +224,7 @@ class Transfer:
             for m in self.moves:
                 lf = m.local
                 if m.writers:
+                    word({"file": [m.root, lf.rel, lf.size, lf.mode, lf.mtime_ns]})
                     try:
                         sha = self.shas[(m.root, lf.rel)] = ferry.send_file(
                             write, m.root, lf.rel, str(lf.path), lf.size, lf.mtime_ns, lf.mode,
@@ -256,21 +276,32 @@ class Transfer:
                                                         or self.states[n].ended)]
                 silent = [n for n in going if now - self.states[n].last > STALL_S]
                 stuck = [n for n in going if now - self.states[n].moved > STUCK_S]
-                if not silent and len(stuck) < len(going):
+                deaf = takes_nothing(self.routes, self.states, now, TAKES_S)
+                if not silent and not deaf and len(stuck) < len(going):
                     continue
-                self.cause = (silent or stuck)[0]
+                self.cause = silent[0] if silent else deaf[1] if deaf else stuck[0]
                 self.silent = bool(silent)
-                self.stuck = not silent
+                self.deaf = None if silent else deaf
+                self.stuck = not silent and not deaf
                 self.changed.notify_all()
             self.close()
             return
 
     def _check(self) -> None:
         """Every node that failed, by its own words first; then those only the chain broke.
-        A node lost or silent makes it HostsUnreachable (exit 3), as any unreachable host."""
+        A node lost or silent makes it HostsUnreachable (exit 3), as any unreachable host; one
+        that altered what it relayed, RelayTampered, named before anything else."""
+        self._check_tampered()
         problems: dict[str, Exception] = {}
+        deaf = self.deaf[1] if self.deaf else None
         for n, s in self.states.items():
-            if s.error is not None and not s.error.get("relay"):
+            if n == deaf and self.deaf:
+                problems[n] = TransportError(
+                    f"takes nothing: {self.deaf[0]} waited {TAKES_S:.0f}s to pass it data and "
+                    "it placed none meanwhile (it stopped reading, or the link between them "
+                    "carries nothing). What arrived is kept: the next `fleet up` sends only "
+                    "the rest")
+            elif s.error is not None and not s.error.get("relay"):
                 problems[n] = FleetError(problem_text(s.error))
             elif n == self.cause and self.stuck:
                 problems[n] = TransportError(
@@ -286,12 +317,42 @@ class Transfer:
                 problems[n] = TransportError(
                     "lost mid-transfer (its connection or its receiver ended" +
                     (f": {printable(err[0])}" if err else "") + ")")
+        for n, s in self.states.items():  # "could not pass it on": the next node's doing
+            nxt = self._next(n)
+            if s.error is not None and s.error.get("relay") == "out" and nxt is not None:
+                problems.setdefault(nxt, TransportError(
+                    f"takes nothing from {n}, which could not pass the data on: "
+                    f"{printable(str(s.error.get('msg') or ''))}"))
         if not problems:
             for n, s in self.states.items():
                 if s.error is not None:
                     problems[n] = FleetError(problem_text(s.error))
         if problems:
             raise host_error("sending data", problems)
+
+    def _next(self, name: str) -> str | None:
+        for route in self.routes:
+            if name in route[:-1]:
+                return route[route.index(name) + 1]
+        return None
+
+    def _check_tampered(self) -> None:
+        """RelayTampered naming each node that passed on what another found altered (its own
+        words, shown, never obeyed)."""
+        bad: dict[str, str] = {}
+        for n, s in self.states.items():
+            if s.error is None or not s.error.get("tampered"):
+                continue
+            by = relayer(self.routes, n)
+            what = printable(str(s.error.get("msg") or ""))
+            if by is None:  # fed from here: not relayed, so not a relaying node's doing
+                continue
+            bad.setdefault(by, f"what it relayed to {n} does not match what fleet sent "
+                               f"({what}): nothing of it was applied on {n}. {by} altered the "
+                               "data it passed on (compromised or faulty): check it, or leave "
+                               "it out of the inventory")
+        if bad:
+            raise RelayTampered("sending data", bad)
 
     def _wait(self, said: Callable[[NodeState], bool], timeout: float, what: str,
               names: list[str]) -> None:

@@ -32,6 +32,7 @@ class NodeState:
     ended: bool = False  # its output ended
     last: float = field(default_factory=time.monotonic)  # when it last said anything
     moved: float = field(default_factory=time.monotonic)  # when its bytes in place last grew
+    waiting: float = 0.0  # seconds what it passes on to the next node has moved no byte, as said
 
 
 def parse_report(line: bytes) -> dict[str, object] | None:
@@ -51,6 +52,8 @@ def parse_report(line: bytes) -> dict[str, object] | None:
         "port": lambda v: _int(v) and 0 <= v < 65536,  # type: ignore[operator]
         "linked": lambda v: isinstance(v, bool),
         "at": lambda v: _int(v) and v >= 0,  # type: ignore[operator]
+        "waiting": lambda v: (isinstance(v, int | float) and not isinstance(v, bool)
+                              and 0 <= v < 1e9),
         "ok": lambda v: (isinstance(v, list) and len(v) == 3 and isinstance(v[0], int)
                          and not isinstance(v[0], bool) and isinstance(v[1], str)
                          and isinstance(v[2], str) and len(v[2]) in (0, 64)),
@@ -64,6 +67,30 @@ def parse_report(line: bytes) -> dict[str, object] | None:
         why = obj.get("why")
         return {key: value, "why": why if isinstance(why, str) else ""}
     return obj
+
+
+def takes_nothing(routes: list[list[str]], states: dict[str, NodeState], now: float,
+                  bound: float) -> tuple[str, str] | None:
+    """(the node that passes data on, the next one) where the first has waited `bound` seconds
+    to pass on what it holds and the next placed no byte for as long (a node that stops
+    reading, however it keeps saying it is alive), itself not waiting on the node after it."""
+    for route in routes:
+        for a, b in zip(route, route[1:], strict=False):
+            sa, sb = states[a], states[b]
+            if sb.done or sb.ended or sa.ended:
+                continue
+            # b waiting on the node after it in turn: the one to name is further on
+            if sa.waiting >= bound and now - sb.moved >= bound and sb.waiting < bound:
+                return a, b
+    return None
+
+
+def relayer(routes: list[list[str]], name: str) -> str | None:
+    """The node that passes the stream on to `name`; None where this machine feeds it."""
+    for route in routes:
+        if name in route[1:]:
+            return route[route.index(name) - 1]
+    return None
 
 
 def _int(v: object) -> bool:
