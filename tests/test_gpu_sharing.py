@@ -5,6 +5,7 @@ race between two users is test_e2e_gpus's)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -345,6 +346,30 @@ def test_leases_not_all_read_are_unknown_and_in_the_way() -> None:
     table, _ = rows({"node2": cut}, NOW)
     assert table[0][:2] == ["node2", "all"] and table[0][8].startswith("leases unknown: ")
     assert as_json({"node2": cut}, NOW)["hosts"][0]["leases_unknown"] == cut.unknown
+
+
+def test_lease_rules_are_the_same_on_the_node_and_here() -> None:
+    """lease.py runs on a node alone (standard library, one file), so its rules are a copy of
+    fleet.facts.leases's: the same bounds, and the same records kept, with the same end."""
+    import fleet.facts.leases as here
+    spec = importlib.util.spec_from_file_location("lease_program", HERE / "lease.py")
+    assert spec is not None and spec.loader is not None
+    node = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(node)
+    assert (node.MAX_NAMES, node.MAX_RECORDS, node.MAX_LEASE_S) == (
+        here.MAX_NAMES, here.MAX_RECORDS, here.MAX_LEASE_S)
+    assert node.NAME.pattern == here.LEASE_FILE.pattern
+    for said in [{"gpus": None, "until": NOW}, {"gpus": [0, 3], "until": NOW + 9e9},
+                 {"gpus": [], "until": NOW}, {"gpus": [True], "until": NOW},
+                 {"gpus": [1 << 16], "until": NOW}, {"gpus": list(range(257)), "until": NOW},
+                 {"gpus": [1.0], "until": NOW}, {"gpus": None, "until": math.inf},
+                 {"gpus": None, "until": -1}, {"gpus": None, "until": 1e11},
+                 {"gpus": None, "until": True}, {"gpus": None, "until": "1"}, {"gpus": None},
+                 {"until": NOW}, [1]]:
+        mine = node.valid(said, NOW)
+        theirs = parse_lease("alice", json.dumps(said), NOW)
+        assert (mine is None) == (theirs is None), said
+        assert mine is None or theirs is None or mine["until"] == theirs.until, said
 
 
 def test_a_lease_records_what_fleet_reads() -> None:
