@@ -210,9 +210,9 @@ def test_two_users_reserving_one_gpu_at_once_exactly_one_wins(cli: CLI, tb: Test
         winner = next(who for who, c in codes.items() if c == 0)
         loser = next(who for who, c in codes.items() if c == 6)
         assert re.search(rf"node1: GPU {round_ % 2} reserved for you \({winner}\) until "
-                         r"\d\d:\d\d \(1 h\)", said[winner][1]), said[winner]
+                         r"(\w{3} )?\d\d:\d\d \(1 h\)", said[winner][1]), said[winner]
         assert re.search(rf"not reserved:\n  node1: GPU {round_ % 2} leased by {winner} until "
-                         rf'\d\d:\d\d \((1 h|59 min) left\): "round {round_}"',
+                         rf'(\w{{3}} )?\d\d:\d\d \((1 h|59 min) left\): "round {round_}"',
                          said[loser][1]), said[loser]
         listed = cli("reserve", "--list", "-i", str(mine))
         assert len(re.findall(rf"^node1\s+{round_ % 2}\s+", listed.stdout, re.M)) == 1, listed
@@ -234,7 +234,8 @@ def test_two_users_reserving_one_gpu_at_once_exactly_one_wins(cli: CLI, tb: Test
     assert "not reserved (the leases it had taken on other hosts were dropped):\n  node3: the " \
         "whole host leased by alice until" in both.stderr, both.stderr
     listed = cli("reserve", "--list", "-i", str(mine)).stdout
-    assert re.search(r"^node1\s+0\s+root\s+\d\d:\d\d\s+(2 h|1 h 59 min)\s*$", listed, re.M), listed
+    assert re.search(r"^node1\s+0\s+root\s+(\w{3} )?\d\d:\d\d\s+(2 h|1 h 59 min)\s*$", listed,
+                     re.M), listed
     assert re.search(r"^node3\s+all\s+alice\s", listed, re.M) and listed.count("\n") == 3, listed
     assert cli("release", "node1", "-i", str(mine)).returncode == 0
     assert cli("release", "node3", "-i", str(hers)).returncode == 0
@@ -252,7 +253,7 @@ def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb:
     try:
         r = cli("up", str(path))
         assert r.returncode == 6, r.stdout + r.stderr
-        lease = r'alice until \d\d:\d\d \((2 h|1 h 59 min) left\): "paper deadline"'
+        lease = r'alice until (\w{3} )?\d\d:\d\d \((2 h|1 h 59 min) left\): "paper deadline"'
         assert re.search(r"checking GPU leases failed on 2 host\(s\); nothing was started:\n"
                          rf"  node1: GPU1: leased by {lease} \(wait for it \(fleet up --wait\) "
                          r"or start anyway \(--ignore-leases\)\)\n"
@@ -300,12 +301,14 @@ def test_a_flood_of_empty_lease_files_hides_no_lease_and_a_bigger_one_fails_clos
         cli: CLI, tb: Testbed, tmp_path: Path) -> None:
     mine = tb.inventory(tmp_path / "inv.toml", hosts=["node1"], per_host={"node1": {"gpus": "0"}})
     hers = tb.inventory(tmp_path / "alice.toml", user="alice")
-    assert cli("reserve", "node1:0", "-i", str(hers), "--for", "1h", "--note", "real").returncode \
-        == 0
     d = leases_dir(tb, "node1")
-    # Named to come first in any order by name, and empty: what the listing cut at 500 names.
-    junk = [alices(d / f"0-{i:012x}.lease") for i in range(500)]
+    junk: list[Path] = []
     try:
+        took = cli("reserve", "node1:0", "-i", str(hers), "--for", "1h", "--note", "real")
+        assert took.returncode == 0, took.stderr
+        # Named to come first in any order by name, and empty: what the listing cut at 500
+        # names.
+        junk += [alices(d / f"0-{i:012x}.lease") for i in range(500)]
         r = cli("up", str(job(tmp_path, 29714)))
         assert r.returncode == 6, r.stdout + r.stderr
         assert re.search(r'node1: GPU0: leased by alice until .*"real"', r.stderr), r.stderr
@@ -337,16 +340,19 @@ def test_a_lease_touched_to_2031_ends_within_a_week(cli: CLI, tb: Testbed,
                                                     tmp_path: Path) -> None:
     mine = tb.inventory(tmp_path / "inv.toml", hosts=["node1"])
     hers = tb.inventory(tmp_path / "alice.toml", user="alice")
-    assert cli("reserve", "node1:1", "-i", str(hers), "--for", "1h").returncode == 0
     try:
-        [f] = [p for p in leases_dir(tb, "node1").glob("*.lease") if p.stat().st_uid == ALICE_UID]
+        took = cli("reserve", "node1:1", "-i", str(hers), "--for", "1h")
+        assert took.returncode == 0, took.stderr
+        [f] = [p for p in leases_dir(tb, "node1").glob("*.lease") if p.stat().st_uid == ALICE_UID
+               and p.stat().st_size and json.loads(p.read_text())["gpus"] == [1]]
         record = json.loads(f.read_text())
         f.write_text(json.dumps({**record, "until": 1_950_000_000}))  # 2031, her file still
         os.utime(f, (1_949_000_000, 1_949_000_000))  # `touch -d 2031`: the mtime only
         shown = cli("gpus", str(mine), "--json")
         assert shown.returncode == 0, shown.stderr
-        [lease] = json.loads(shown.stdout)["hosts"][0]["leases"]
-        assert lease["owner"] == "alice" and lease["until"] <= time.time() + 7 * 86400, lease
+        [lease] = [x for x in json.loads(shown.stdout)["hosts"][0]["leases"]
+                   if x["owner"] == "alice" and x["gpus"] == [1]]
+        assert lease["until"] <= time.time() + 7 * 86400, lease
     finally:
         assert cli("release", "node1", "-i", str(hers)).returncode == 0
 
