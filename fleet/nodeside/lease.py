@@ -166,6 +166,10 @@ def leases(path: str) -> list[tuple[str, int, dict[str, Any]]]:
             if names > MAX_NAMES:
                 raise Flooded(f"over {MAX_NAMES} *.lease files")
             try:
+                # An empty file or anything but a file costs no open (checked again once open)
+                if not entry.is_file(follow_symlinks=False) or \
+                        entry.stat(follow_symlinks=False).st_size == 0:
+                    continue
                 fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
                 continue
