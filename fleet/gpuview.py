@@ -100,9 +100,13 @@ def wanted(chosen: tuple[int, ...] | None, facts: GpuFacts) -> tuple[int, ...] |
 
 def lease_blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts,
                    now: float) -> list[Blocker]:
-    """Other users' active leases on what the job would use (no GPU chosen: the whole host)."""
+    """Other users' active leases on what the job would use (no GPU chosen: the whole host);
+    leases not all read are in the way of all of it (one unread may be a colleague's)."""
     gpus = chosen or None
     out = []
+    if facts.unknown:
+        out.append(Blocker(host, None, f"its leases are unknown: {facts.unknown}",
+                           "lease unknown"))
     for lease in facts.active_leases():
         if lease.owner == facts.me or not lease.overlaps(gpus):
             continue
@@ -160,6 +164,9 @@ def rows(results: dict[str, GpuFacts | str], now: float, watched: dict[str, floa
             add([host, "-", "", "", "", "", "", "", f"not asked: {f}"], Meaning.FAIL)
             continue
         listed = {g.index for g in f.gpus}
+        if f.unknown:
+            add([host, "all", "", "", "", "", "", "", f"leases unknown: {f.unknown}"],
+                Meaning.WARN)
         for lease in f.active_leases():  # of the host, or of GPUs nvidia-smi did not list
             if lease.gpus is None or not set(lease.gpus) <= listed:
                 add([host, "all" if lease.gpus is None else ",".join(map(str, lease.gpus)),
@@ -215,6 +222,7 @@ def as_json(results: dict[str, GpuFacts | str], now: float) -> dict[str, Any]:
         hosts.append({
             "host": host, "error": f.error or None, "nvidia_smi": f.smi, "user": f.me,
             "leases": [lease(x) for x in f.active_leases()],
+            "leases_unknown": f.unknown or None,
             "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid,
                       "memory_used_mib": g.used_mib, "memory_total_mib": g.total_mib,
                       "utilization": g.util,

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -209,9 +210,9 @@ def test_two_users_reserving_one_gpu_at_once_exactly_one_wins(cli: CLI, tb: Test
         winner = next(who for who, c in codes.items() if c == 0)
         loser = next(who for who, c in codes.items() if c == 6)
         assert re.search(rf"node1: GPU {round_ % 2} reserved for you \({winner}\) until "
-                         r"\d\d:\d\d \(1 h\)", said[winner][1]), said[winner]
+                         r"(\w{3} )?\d\d:\d\d \(1 h\)", said[winner][1]), said[winner]
         assert re.search(rf"not reserved:\n  node1: GPU {round_ % 2} leased by {winner} until "
-                         rf'\d\d:\d\d \((1 h|59 min) left\): "round {round_}"',
+                         rf'(\w{{3}} )?\d\d:\d\d \((1 h|59 min) left\): "round {round_}"',
                          said[loser][1]), said[loser]
         listed = cli("reserve", "--list", "-i", str(mine))
         assert len(re.findall(rf"^node1\s+{round_ % 2}\s+", listed.stdout, re.M)) == 1, listed
@@ -233,7 +234,8 @@ def test_two_users_reserving_one_gpu_at_once_exactly_one_wins(cli: CLI, tb: Test
     assert "not reserved (the leases it had taken on other hosts were dropped):\n  node3: the " \
         "whole host leased by alice until" in both.stderr, both.stderr
     listed = cli("reserve", "--list", "-i", str(mine)).stdout
-    assert re.search(r"^node1\s+0\s+root\s+\d\d:\d\d\s+(2 h|1 h 59 min)\s*$", listed, re.M), listed
+    assert re.search(r"^node1\s+0\s+root\s+(\w{3} )?\d\d:\d\d\s+(2 h|1 h 59 min)\s*$", listed,
+                     re.M), listed
     assert re.search(r"^node3\s+all\s+alice\s", listed, re.M) and listed.count("\n") == 3, listed
     assert cli("release", "node1", "-i", str(mine)).returncode == 0
     assert cli("release", "node3", "-i", str(hers)).returncode == 0
@@ -251,7 +253,7 @@ def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb:
     try:
         r = cli("up", str(path))
         assert r.returncode == 6, r.stdout + r.stderr
-        lease = r'alice until \d\d:\d\d \((2 h|1 h 59 min) left\): "paper deadline"'
+        lease = r'alice until (\w{3} )?\d\d:\d\d \((2 h|1 h 59 min) left\): "paper deadline"'
         assert re.search(r"checking GPU leases failed on 2 host\(s\); nothing was started:\n"
                          rf"  node1: GPU1: leased by {lease} \(wait for it \(fleet up --wait\) "
                          r"or start anyway \(--ignore-leases\)\)\n"
@@ -281,3 +283,126 @@ def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb:
     assert "old" not in cli("gpus", str(tmp_path / "inv.toml")).stdout
     assert cli("reserve", "--list", "-i", str(hers)).stderr == \
         "fleet: no active lease on any host\n"
+
+
+# ---- a colleague's attacks on the lease directory (issue 35) --------------------------------
+def leases_dir(tb: Testbed, host: str) -> Path:
+    """The host's /var/tmp/fleet-leases, as this machine sees it."""
+    return tb.dir / f"vartmp-{host}" / "fleet-leases"
+
+
+def alices(path: Path, text: str = "") -> Path:
+    path.write_text(text)
+    os.chown(path, ALICE_UID, ALICE_UID)
+    return path
+
+
+def test_a_flood_of_empty_lease_files_hides_no_lease_and_a_bigger_one_fails_closed(
+        cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+    mine = tb.inventory(tmp_path / "inv.toml", hosts=["node1"], per_host={"node1": {"gpus": "0"}})
+    hers = tb.inventory(tmp_path / "alice.toml", user="alice")
+    d = leases_dir(tb, "node1")
+    junk: list[Path] = []
+    try:
+        took = cli("reserve", "node1:0", "-i", str(hers), "--for", "1h", "--note", "real")
+        assert took.returncode == 0, took.stderr
+        # Named to come first in any order by name, and empty: what the listing cut at 500
+        # names.
+        junk += [alices(d / f"0-{i:012x}.lease") for i in range(500)]
+        r = cli("up", str(job(tmp_path, 29714)))
+        assert r.returncode == 6, r.stdout + r.stderr
+        assert re.search(r'node1: GPU0: leased by alice until .*"real"', r.stderr), r.stderr
+        took = cli("reserve", "node1:0", "-i", str(mine))
+        assert took.returncode == 6 and re.search(
+            r'not reserved:\n  node1: GPU 0 leased by alice until .*"real"', took.stderr), took
+        # More than fleet reads (10000 names, empty or not: 500 files that are not empty is
+        # the other bound, test_gpu_sharing's): the leases are unknown, nothing starts, nothing
+        # is reserved, and `gpus` says so.
+        junk += [alices(d / f"1-{i:012x}.lease") for i in range(9501)]
+        r = cli("up", str(job(tmp_path, 29714)))
+        assert r.returncode == 6, r.stdout + r.stderr
+        assert ("node1: the whole host: its leases are unknown: /var/tmp/fleet-leases holds over "
+                "10000 *.lease files (wait for it") in r.stderr, r.stderr
+        assert "node rank" not in r.stderr and "hello from" not in r.stdout
+        took = cli("reserve", "node1:0", "-i", str(mine))
+        assert took.returncode == 6 and "node1: the lease directory /var/tmp/fleet-leases holds " \
+            "over 10000 *.lease files: its leases are unknown" in took.stderr, took.stderr
+        shown = cli("gpus", str(mine))
+        assert re.search(r"^node1\s+all\s+leases unknown: /var/tmp/fleet-leases holds over 10000",
+                         shown.stdout, re.M), shown.stdout
+    finally:
+        for f in junk:
+            f.unlink()
+        assert cli("release", "node1", "-i", str(hers)).returncode == 0
+
+
+def test_a_lease_touched_to_2031_ends_within_a_week(cli: CLI, tb: Testbed,
+                                                    tmp_path: Path) -> None:
+    mine = tb.inventory(tmp_path / "inv.toml", hosts=["node1"])
+    hers = tb.inventory(tmp_path / "alice.toml", user="alice")
+    try:
+        took = cli("reserve", "node1:1", "-i", str(hers), "--for", "1h")
+        assert took.returncode == 0, took.stderr
+        [f] = [p for p in leases_dir(tb, "node1").glob("*.lease") if p.stat().st_uid == ALICE_UID
+               and p.stat().st_size and json.loads(p.read_text())["gpus"] == [1]]
+        record = json.loads(f.read_text())
+        f.write_text(json.dumps({**record, "until": 1_950_000_000}))  # 2031, her file still
+        os.utime(f, (1_949_000_000, 1_949_000_000))  # `touch -d 2031`: the mtime only
+        shown = cli("gpus", str(mine), "--json")
+        assert shown.returncode == 0, shown.stderr
+        [lease] = [x for x in json.loads(shown.stdout)["hosts"][0]["leases"]
+                   if x["owner"] == "alice" and x["gpus"] == [1]]
+        assert lease["until"] <= time.time() + 7 * 86400, lease
+    finally:
+        assert cli("release", "node1", "-i", str(hers)).returncode == 0
+
+
+def test_a_link_as_the_lease_directory_is_named_with_its_fix(cli: CLI, tb: Testbed,
+                                                            tmp_path: Path) -> None:
+    mine = tb.inventory(tmp_path / "inv.toml", hosts=["node2"])
+    d = leases_dir(tb, "node2")
+    saved = d.with_name("fleet-leases.saved")
+    if d.exists():
+        d.rename(saved)
+    d.symlink_to("/var/tmp/elsewhere")
+    os.lchown(d, ALICE_UID, ALICE_UID)
+    try:
+        took = cli("reserve", "node2", "-i", str(mine))
+        assert took.returncode == 6, took.stderr
+        assert ("node2: the lease directory /var/tmp/fleet-leases is a link (to "
+                "'/var/tmp/elsewhere'): fleet keeps leases only in a directory of its own; its "
+                "owner alice or root can remove it (`rm /var/tmp/fleet-leases`)") in took.stderr, \
+            took.stderr
+        assert "Error" not in took.stderr
+        r = cli("up", str(job(tmp_path, 29715)))
+        assert r.returncode == 6 and "node2: the whole host: its leases are unknown: " \
+            "/var/tmp/fleet-leases is a link or no directory" in r.stderr, r.stdout + r.stderr
+    finally:
+        d.unlink()
+        if saved.exists():
+            saved.rename(d)
+
+
+def test_a_colleagues_lock_on_the_lease_directory_is_waited_for_then_named(
+        cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+    mine = tb.inventory(tmp_path / "inv.toml", hosts=["node1"])
+    d = leases_dir(tb, "node1")
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o1777)
+    holder = tb.start_as("node1", "alice", sys.executable, "-c",
+                         "import fcntl, os, time\n"
+                         "fcntl.flock(os.open('/var/tmp/fleet-leases', os.O_RDONLY), "
+                         "fcntl.LOCK_EX)\ntime.sleep(120)")
+    try:
+        deadline = time.monotonic() + 20  # until /proc/locks shows her lock (its inode)
+        while f":{d.stat().st_ino} " not in Path("/proc/locks").read_text():
+            assert time.monotonic() < deadline and tb.alive("node1", holder)
+            time.sleep(0.1)
+        locked = (rf"node1: the lease directory /var/tmp/fleet-leases stayed locked for over "
+                  rf"5 s, by pid {holder} of alice \(python[0-9.]*\)")
+        took = cli("reserve", "node1:0", "-i", str(mine), timeout=120)
+        assert took.returncode == 6 and re.search(locked, took.stderr), took.stderr
+        gave = cli("release", "node1", "-i", str(mine), timeout=120)
+        assert gave.returncode != 0 and re.search(locked, gave.stderr), gave.stderr
+    finally:
+        tb.kill_in("node1", holder)

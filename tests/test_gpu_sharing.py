@@ -5,6 +5,7 @@ race between two users is test_e2e_gpus's)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -23,7 +24,17 @@ from fleet.config.job import load_job
 from fleet.console import Console
 from fleet.errors import UsageError
 from fleet.facts.gpus import parse_gpus
-from fleet.facts.leases import Lease, LeaseOrder, parse_answer, parse_gpu_list, parse_lease
+from fleet.facts.leases import (
+    LEASE_DIR,
+    MAX_LEASE_S,
+    MAX_NAMES,
+    MAX_RECORDS,
+    Lease,
+    LeaseOrder,
+    parse_answer,
+    parse_gpu_list,
+    parse_lease,
+)
 from fleet.gpuview import as_json, blockers, clock, idle, lease_blockers, rows, span
 from fleet.nodeside import HERE
 
@@ -264,7 +275,8 @@ def test_lease_program_refuses_a_directory_not_shared_and_skips_links(tmp_path: 
     link = d / "x"
     link.symlink_to(tmp_path)
     said = lease(link, "take", "0")
-    assert said["ok"] is False and "Not a directory" in str(said["error"])
+    assert said["ok"] is False and f"the lease directory {link} is a link (to " in str(
+        said["error"]) and f"remove it (`rm {link}`)" in str(said["error"])
     # A colleague's file that is not a lease fleet reads (gpus not a list, an end at infinity)
     # is no lease here either: no crash, no invisible refusal.
     for bad in ('{"gpus": 5, "until": 9e9}', '{"gpus": null, "until": Infinity}',
@@ -272,6 +284,92 @@ def test_lease_program_refuses_a_directory_not_shared_and_skips_links(tmp_path: 
         (d / "4243-00000000000a.lease").write_text(bad)
         assert lease(d, "take", "all")["ok"] is True
         assert lease(d, "give", "all")["ok"] is True
+
+
+def test_lease_program_reads_past_empty_files_and_refuses_a_flood(tmp_path: Path) -> None:
+    """A colleague's 500 empty *.lease files cost names only: the lease beside them still
+    refuses; past MAX_RECORDS files that are not empty, or MAX_NAMES names, nothing is taken
+    (a lease may be among what was not read), and a drop (undoing a take) still works."""
+    d = tmp_path / "leases"
+    d.mkdir(mode=0o1777)
+    os.chmod(d, 0o1777)
+    for i in range(500):
+        (d / f"0-{i:012x}.lease").touch()
+    real = d / "4243-000000000000.lease"
+    real.write_text(json.dumps({"gpus": [0], "until": time.time() + 3600, "note": "real"}))
+    if os.geteuid() == 0:
+        os.chown(real, 4243, 4243)
+        said = lease(d, "take", "0")
+        assert said["ok"] is False and [c["note"] for c in said["conflicts"]] == ["real"]
+    for i in range(MAX_RECORDS):
+        (d / f"1-{i:012x}.lease").write_text("x")
+    said = lease(d, "take", "1")
+    assert said["ok"] is False and f"holds over {MAX_RECORDS} *.lease files that are not " \
+        "empty: its leases are unknown, so nothing was changed" in str(said["error"])
+    assert lease(d, "give", "all")["ok"] is False
+    assert lease(d, "drop", "0-000000000000.lease")["ok"] is True
+    assert not (d / "0-000000000000.lease").exists()
+    for i in range(MAX_NAMES):
+        (d / f"2-{i:012x}.lease").touch()
+    assert f"holds over {MAX_NAMES} *.lease files:" in str(lease(d, "take", "1")["error"])
+
+
+def test_lease_program_ends_a_lease_a_week_after_its_ctime_whatever_its_mtime(
+        tmp_path: Path) -> None:
+    d = tmp_path / "leases"
+    d.mkdir(mode=0o1777)
+    os.chmod(d, 0o1777)
+    far = d / "4243-000000000000.lease"
+    far.write_text(json.dumps({"gpus": None, "until": 1_950_000_000}))  # 2031
+    os.utime(far, (1_949_000_000, 1_949_000_000))  # `touch -d 2031` sets the mtime only
+    if os.geteuid() != 0:
+        pytest.skip("another user's lease needs root to chown")
+    os.chown(far, 4243, 4243)
+    said = lease(d, "take", "0")
+    [c] = said["conflicts"]  # type: ignore[misc]
+    assert c["until"] <= time.time() + MAX_LEASE_S
+
+
+def test_leases_not_all_read_are_unknown_and_in_the_way() -> None:
+    head = f"me=root\nnow={NOW:.0f}\n=== leases\n"
+    cut = parse_gpus(f"{head}alice 4243 {NOW:.0f}\tx\nalice 4243 {NOW:.0f}\t{{}}\n"
+                     f"bob 4244 {NOW:.0f}\t[]\n=== leases cut records\nnvidia-smi=missing\n")
+    assert cut.unknown == (f"{LEASE_DIR} holds over {MAX_RECORDS} *.lease files that are not "
+                           "empty (not leases: 2 of alice, 1 of bob)")
+    assert parse_gpus(f"{head}=== leases cut names\n").unknown == \
+        f"{LEASE_DIR} holds over {MAX_NAMES} *.lease files"
+    assert "is a link or no directory" in parse_gpus(f"{head}=== leases bad\n").unknown
+    assert parse_gpus(f"{head}=== leases odd\n").unknown == "its lease directory is unreadable"
+    assert parse_gpus(OUT).unknown == ""
+    [b] = lease_blockers("node2", (1,), cut, NOW)
+    assert b.line().startswith("node2: the whole host: its leases are unknown: /var/tmp/")
+    table, _ = rows({"node2": cut}, NOW)
+    assert table[0][:2] == ["node2", "all"] and table[0][8].startswith("leases unknown: ")
+    assert as_json({"node2": cut}, NOW)["hosts"][0]["leases_unknown"] == cut.unknown
+
+
+def test_lease_rules_are_the_same_on_the_node_and_here() -> None:
+    """lease.py runs on a node alone (standard library, one file), so its rules are a copy of
+    fleet.facts.leases's: the same bounds, and the same records kept, with the same end."""
+    import fleet.facts.leases as here
+    spec = importlib.util.spec_from_file_location("lease_program", HERE / "lease.py")
+    assert spec is not None and spec.loader is not None
+    node = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(node)
+    assert (node.MAX_NAMES, node.MAX_RECORDS, node.MAX_LEASE_S) == (
+        here.MAX_NAMES, here.MAX_RECORDS, here.MAX_LEASE_S)
+    assert node.NAME.pattern == here.LEASE_FILE.pattern
+    for said in [{"gpus": None, "until": NOW}, {"gpus": [0, 3], "until": NOW + 9e9},
+                 {"gpus": [], "until": NOW}, {"gpus": [True], "until": NOW},
+                 {"gpus": [1 << 16], "until": NOW}, {"gpus": list(range(257)), "until": NOW},
+                 {"gpus": [1.0], "until": NOW}, {"gpus": None, "until": math.inf},
+                 {"gpus": None, "until": -1}, {"gpus": None, "until": 1e11},
+                 {"gpus": None, "until": True}, {"gpus": None, "until": "1"}, {"gpus": None},
+                 {"until": NOW}, [1]]:
+        mine = node.valid(said, NOW)
+        theirs = parse_lease("alice", json.dumps(said), NOW)
+        assert (mine is None) == (theirs is None), said
+        assert mine is None or theirs is None or mine["until"] == theirs.until, said
 
 
 def test_a_lease_records_what_fleet_reads() -> None:

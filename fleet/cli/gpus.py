@@ -290,6 +290,8 @@ def _list(console: Console, backend: Backend, inventory: Path) -> None:
         if isinstance(f, str):
             table.append([host, "-", "", "", "", f"not asked: {f}"])
             continue
+        if f.unknown:
+            table.append([host, "all", "?", "", "", f"leases unknown: {f.unknown}"])
         for x in sorted(f.active_leases(), key=lambda x: x.until):
             end = local_until(x, f.now, now)
             table.append([host, _gpus(x), x.owner, clock(end, now), span(end - now), x.note])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fleet.facts.leases import LEASE_DIR, Lease, parse_lease
+from fleet.facts.leases import LEASE_DIR, MAX_NAMES, MAX_RECORDS, Lease, parse_lease
 from fleet.indices import ranges
 from fleet.nodedata import number
 from fleet.transport import Transport
@@ -15,7 +15,10 @@ from fleet.transport import Transport
 # Indices are nvidia-smi's (PCI bus order; fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match).
 # nvidia-smi does not say who owns a compute process, how old it is or what it runs: ps does;
 # a process's fleet run is in its environment, which only its owner (or root) may read.
-# Lease files: regular files only (never a link), each read up to 4 KiB, at most 500 of them.
+# Lease files: regular files only (never a link), each read up to 4 KiB. Anyone may write
+# there: an empty file costs a name only, and past MAX_NAMES names or MAX_RECORDS records the
+# listing stops and says so (`=== leases cut ...`), a directory that is a link or no directory
+# too (`=== leases bad`): the host's leases are then unknown, which `up` treats as in the way.
 GPU_SCRIPT = "\n".join([
     'echo "me=$(id -un)"',
     'echo "now=$(date +%s)"',
@@ -23,15 +26,19 @@ GPU_SCRIPT = "\n".join([
     # node has coreutils' timeout.
     "T=; T2=; command -v timeout >/dev/null 2>&1 && { T='timeout 10'; T2='timeout 2'; }",
     "echo '=== leases'",
-    "n=0",
-    f"for f in {LEASE_DIR}/*.lease; do",
-    '  [ -f "$f" ] && [ ! -L "$f" ] || continue',
-    "  n=$((n + 1)); [ $n -le 500 ] || break",
-    # its owner's name, uid and last change; the record as printable ASCII only (as fleet
-    # writes it), so that nothing in it can start a line of its own
-    "  printf '%s\\t%s\\n' \"$(stat -c '%U %u %Y' \"$f\")\" "
+    f"D={LEASE_DIR}; n=0; k=0",
+    'if [ -L "$D" ] || { [ -e "$D" ] && [ ! -d "$D" ]; }; then echo "=== leases bad"; else',
+    'for f in "$D"/*.lease; do',
+    f"  n=$((n + 1)); [ $n -le {MAX_NAMES} ] || {{ echo '=== leases cut names'; break; }}",
+    '  [ -f "$f" ] && [ ! -L "$f" ] && [ -s "$f" ] || continue',
+    f"  k=$((k + 1)); [ $k -le {MAX_RECORDS} ] || {{ echo '=== leases cut records'; break; }}",
+    # its owner's name, uid and last status change (ctime, which its owner cannot set); the
+    # record as printable ASCII only (as fleet writes it), so that nothing in it can start a
+    # line of its own
+    "  printf '%s\\t%s\\n' \"$(stat -c '%U %u %Z' \"$f\")\" "
     "\"$($T2 head -c 4096 \"$f\" | LC_ALL=C tr -cd ' -~')\"",
     "done",
+    "fi",
     "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi=missing'; exit 0; }",
     "echo '=== gpus'",
     "$T nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu,name "
@@ -88,6 +95,7 @@ class GpuFacts:
     error: str = ""  # what nvidia-smi said when it failed (no driver, an NVML error)
     leases: tuple[Lease, ...] = ()  # unexpired or not: Lease.active(now) tells
     now: float = 0.0  # the node's clock when asked (leases end by it)
+    unknown: str = ""  # why not every lease here was read (then any may be in the way)
 
     @property
     def count(self) -> int:
@@ -119,11 +127,12 @@ def _smi_number(text: str) -> int | None:
 
 
 def parse_gpus(out: str) -> GpuFacts:
-    me, now, section = "", 0.0, None
+    me, now, section, unknown = "", 0.0, None, ""
     gpus: list[Gpu] = []
     apps: list[GpuApp] = []
     leases: list[Lease] = []
     errors: list[str] = []
+    junk: dict[str, int] = {}  # per owner, *.lease files that hold no lease
     smi, rc = True, 0
     for line in out.split("\n"):  # not splitlines(): a node's \r or \x1c is no line break
         if line.startswith("me=") and section is None:
@@ -137,10 +146,14 @@ def parse_gpus(out: str) -> GpuFacts:
             section = head[0] if head else None
             if section == "rc" and len(head) == 2:
                 rc = number(head[1]) or 0
+            elif section == "leases" and len(head) > 1:
+                unknown = _UNKNOWN.get(" ".join(head[1:3]), "its lease directory is unreadable")
         elif section == "leases" and line.strip():
             lease = _lease(line)
             if lease is not None:
                 leases.append(lease)
+            else:
+                junk[_owner(line)] = junk.get(_owner(line), 0) + 1
         elif section == "gpus" and line.strip():
             f = [x.strip() for x in line.split(",", 5)]
             index, used, total = (number(f[0]), _smi_number(f[2]), _smi_number(f[3])) \
@@ -164,19 +177,44 @@ def parse_gpus(out: str) -> GpuFacts:
     return GpuFacts(smi=smi, gpus=tuple(gpus) if smi else (),
                     apps=tuple(a for a in apps if a.gpu_uuid in known) if smi else (), me=me,
                     error="; ".join(_word(e, 300) for e in errors)[:300] if smi else "",
-                    leases=tuple(leases), now=now)
+                    leases=tuple(leases), now=now, unknown=_unknown(unknown, junk))
+
+
+_UNKNOWN = {
+    "bad": f"{LEASE_DIR} is a link or no directory (root can remove it; fleet reserve makes it "
+           "again)",
+    "cut names": f"{LEASE_DIR} holds over {MAX_NAMES} *.lease files",
+    "cut records": f"{LEASE_DIR} holds over {MAX_RECORDS} *.lease files that are not empty",
+}
+
+
+def _unknown(why: str, junk: dict[str, int]) -> str:
+    """Why a host's leases are unknown, with whose files are not leases (the flood's owner,
+    most likely), or ""."""
+    if not why:
+        return ""
+    if not junk:
+        return why
+    top = sorted(junk.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    return why + " (not leases: " + ", ".join(f"{n} of {o}" for o, n in top) + ")"
+
+
+def _owner(line: str) -> str:
+    words = line.partition("\t")[0].split()
+    return _word(words[0] if words and words[0] != "UNKNOWN" else " ".join(words[1:2]), 32) \
+        or "?"
 
 
 def _lease(line: str) -> Lease | None:
-    """`OWNER UID MTIME<tab>RECORD`: the owner's name (its uid where the host has no name for
-    it), and the file's last change, which bounds the lease's end."""
+    """`OWNER UID CTIME<tab>RECORD`: the owner's name (its uid where the host has no name for
+    it), and the file's last status change, which bounds the lease's end."""
     head, _, text = line.partition("\t")
     words = head.split()
     if len(words) != 3:
         return None
     owner = words[0] if words[0] != "UNKNOWN" else words[1]
-    mtime = number(words[2])
-    return parse_lease(_word(owner), text, float(mtime) if mtime is not None else None)
+    changed = number(words[2])
+    return parse_lease(_word(owner), text, float(changed) if changed is not None else None)
 
 
 def _app(line: str) -> GpuApp | None:

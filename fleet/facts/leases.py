@@ -20,7 +20,10 @@ from fleet.nodedata import number
 # home is shared by many machines); /var/tmp survives a reboot, where /tmp may not.
 LEASE_DIR = "/var/tmp/fleet-leases"
 NOTE_MAX = 200
-MAX_LEASE_S = 7 * 86400  # as lease.py: the longest lease, from its file's last change
+MAX_LEASE_S = 7 * 86400  # as lease.py: the longest lease, from its file's ctime
+# As lease.py and fleet.facts.gpus's listing: past these, a host's leases are unknown.
+MAX_NAMES = 10000  # *.lease names, an empty file among them
+MAX_RECORDS = 500  # *.lease files that are not empty, 4 KiB of each read
 _OWNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
 _TEXT = re.compile(r"[^\x20-\x7e]")
 LEASE_FILE = re.compile(r"[0-9]{1,10}-[0-9a-f]{12}\.lease")  # lease.py's names
@@ -70,10 +73,11 @@ def _gpus(value: object) -> tuple[int, ...] | None | bool:
     return tuple(sorted(set(out)))
 
 
-def parse_lease(owner: str, text: str, mtime: float | None = None) -> Lease | None:
+def parse_lease(owner: str, text: str, changed: float | None = None) -> Lease | None:
     """A lease file's JSON (a node's: anything may be in it) with the owner its file has; None
-    where it is not a lease. Its end is at most MAX_LEASE_S after the file last changed
-    (`mtime`): one written by hand with a far end still ends."""
+    where it is not a lease. Its end is at most MAX_LEASE_S after the file's last status change
+    (`changed`: its ctime, which the kernel sets and its owner cannot, as `touch -d` sets an
+    mtime): one written by hand with a far end still ends."""
     try:
         said = json.loads(text)
     except (ValueError, RecursionError):
@@ -83,8 +87,8 @@ def parse_lease(owner: str, text: str, mtime: float | None = None) -> Lease | No
     gpus, until = _gpus(said.get("gpus")), _time(said.get("until"))
     if gpus is False or until is None:
         return None
-    if mtime is not None:
-        until = min(until, mtime + MAX_LEASE_S)
+    if changed is not None:
+        until = min(until, changed + MAX_LEASE_S)
     note, origin = said.get("note", ""), said.get("origin", "")
     return Lease(owner, gpus if isinstance(gpus, tuple) else None, until,
                  _time(said.get("since")) or 0.0,
@@ -163,7 +167,7 @@ def parse_answer(out: str) -> Taken:
         return Taken(ok=said.get("ok") is True, lease=mine[0] if mine else None,
                      conflicts=leases("conflicts"), released=leases("released"),
                      kept=leases("kept"), now=now,
-                     error=_TEXT.sub("?", error)[:300] if isinstance(error, str) else "",
+                     error=_TEXT.sub("?", error)[:400] if isinstance(error, str) else "",
                      name=name if isinstance(name, str) and LEASE_FILE.fullmatch(name) else "",
                      replaces=tuple(x for x in replaces if isinstance(x, str)
                                     and LEASE_FILE.fullmatch(x))

@@ -23,9 +23,15 @@ import sys
 import time
 from typing import Any, NoReturn
 
-LOCK_WAIT_S = 10.0
-MAX_FILES = 500
-MAX_LEASE_S = 7 * 86400  # a lease ends within a week of its file's last change, whatever it says
+LOCK_WAIT_S = 5.0  # fleet's own reserve holds the lock for well under a second
+# What a directory anyone may write to can hold before fleet stops reading it and says so:
+# *.lease names (an empty file is skipped at the cost of a name), and records read (4 KiB
+# each). As fleet.facts.gpus's listing: past either, the leases are unknown, never "none".
+MAX_NAMES = 10000
+MAX_RECORDS = 500
+# A lease ends within a week of its file's last status change (ctime: the kernel sets it on
+# every write, rename or chmod; its owner cannot set it back, as `touch -d` sets an mtime).
+MAX_LEASE_S = 7 * 86400
 NAME = re.compile(r"[0-9]{1,10}-[0-9a-f]{12}\.lease")
 
 
@@ -50,7 +56,10 @@ def shared_dir(path: str) -> int:
         os.chmod(path, 0o1777)  # the umask took bits off
     except FileExistsError:
         pass
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except NotADirectoryError:
+        answer(ok=False, error=not_a_directory(path))
     st = os.fstat(fd)
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o1777 != 0o1777:
@@ -62,8 +71,52 @@ def shared_dir(path: str) -> int:
     return fd
 
 
+def not_a_directory(path: str) -> str:
+    """Why `path` (there, and no directory to open without following a link) cannot hold leases,
+    and what fixes it."""
+    try:
+        st = os.lstat(path)
+        what = (f"a link (to {os.readlink(path)[:60]!r})" if stat.S_ISLNK(st.st_mode)
+                else "not a directory")
+        whose = f"its owner {owner_name(st.st_uid)} or root"
+    except OSError:
+        what, whose = "not a directory", "root"
+    return (f"the lease directory {path} is {what}: fleet keeps leases only in a directory of "
+            f"its own; {whose} can remove it (`rm {path}`), then the next fleet reserve makes "
+            "the directory")
+
+
+def lock_holders(fd: int) -> str:
+    """Who holds an flock on the directory open as `fd`, from /proc/locks (pid, its owner and
+    command, where this host shows them), "" where it does not say."""
+    st = os.fstat(fd)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", "rb") as f:
+            text = f.read(1 << 20).decode("ascii", "replace")
+    except OSError:
+        return ""
+    found = []
+    for line in text.split("\n"):
+        words = line.split()
+        # "1: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF" (a waiter's line has "->" first)
+        if len(words) >= 6 and words[1] == "FLOCK" and words[5] == where and \
+                words[4].isdigit() and words[4] != "0":
+            pid = words[4]
+            try:
+                user = owner_name(os.stat(f"/proc/{pid}").st_uid)
+                with open(f"/proc/{pid}/comm", "rb") as c:
+                    comm = c.read(64).decode("ascii", "replace").strip()
+                found.append(f"pid {pid} of {user} ({comm})")
+            except OSError:
+                found.append(f"pid {pid}")
+    return ", ".join(sorted(set(found))[:3])
+
+
 def lock(fd: int, path: str) -> None:
-    """An flock of the directory itself: no file anyone could replace, fill or make a FIFO."""
+    """An flock of the directory itself: no file anyone could replace, fill or make a FIFO.
+    Anyone who can read the directory can hold one too: the wait is bounded, then the holder
+    is named."""
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -71,14 +124,17 @@ def lock(fd: int, path: str) -> None:
             return
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                who = lock_holders(fd)
                 answer(ok=False, error=f"the lease directory {path} stayed locked for over "
-                       f"{LOCK_WAIT_S:.0f}s (another user's fleet reserve holding it)")
+                       f"{LOCK_WAIT_S:.0f} s, by {who or 'a process this host does not name'}"
+                       " (fleet's own reserve holds it for under a second): ask its owner to "
+                       "end it")
             time.sleep(0.05)
 
 
-def valid(said: Any, mtime: float) -> dict[str, Any] | None:
+def valid(said: Any, changed: float) -> dict[str, Any] | None:
     """A lease's record as fleet.facts.leases.parse_lease accepts one (its end no later than a
-    week after its file last changed); None for anything else."""
+    week after its file's last status change, `changed`); None for anything else."""
     if not isinstance(said, dict):
         return None
     gpus, until = said.get("gpus"), said.get("until")
@@ -88,30 +144,49 @@ def valid(said: Any, mtime: float) -> dict[str, Any] | None:
     if isinstance(until, bool) or not isinstance(until, (int, float)) or not (
             math.isfinite(until) and 0 <= until < 1e11):
         return None
-    return dict(said, until=min(float(until), mtime + MAX_LEASE_S))
+    return dict(said, until=min(float(until), changed + MAX_LEASE_S))
+
+
+class Flooded(Exception):
+    """More in the lease directory than fleet reads: its leases are unknown."""
 
 
 def leases(path: str) -> list[tuple[str, int, dict[str, Any]]]:
     """Every lease here that fleet reads too (regular files named *.lease, no dot file, no
-    link): (file name, owner uid, the lease, its owner named)."""
-    names = sorted(n for n in os.listdir(path) if n.endswith(".lease") and not n.startswith("."))
+    link): (file name, owner uid, the lease, its owner named). Flooded past MAX_NAMES names
+    or MAX_RECORDS records (empty files cost only a name), whoever's they are."""
     out = []
-    for name in names[:MAX_FILES]:
-        try:
-            fd = os.open(os.path.join(path, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
+    names = records = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            name = entry.name
+            if not name.endswith(".lease") or name.startswith("."):
                 continue
+            names += 1
+            if names > MAX_NAMES:
+                raise Flooded(f"over {MAX_NAMES} *.lease files")
             try:
-                said = valid(json.loads(f.read(4096).decode("ascii")), st.st_mtime)
-            except ValueError:
+                # An empty file or anything but a file costs no open (checked again once open)
+                if not entry.is_file(follow_symlinks=False) or \
+                        entry.stat(follow_symlinks=False).st_size == 0:
+                    continue
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
                 continue
-        if said is not None:
-            said["owner"] = owner_name(st.st_uid)
-            out.append((name, st.st_uid, said))
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                    continue
+                records += 1
+                if records > MAX_RECORDS:
+                    raise Flooded(f"over {MAX_RECORDS} *.lease files that are not empty")
+                try:
+                    said = valid(json.loads(f.read(4096).decode("ascii")), st.st_ctime)
+                except ValueError:
+                    continue
+            if said is not None:
+                said["owner"] = owner_name(st.st_uid)
+                out.append((name, st.st_uid, said))
     return out
 
 
@@ -154,15 +229,21 @@ def main() -> None:
     fd = shared_dir(path)
     lock(fd, path)
     now, me = time.time(), os.geteuid()
-    every = leases(path)
-    tidy(path, every, now)
-    live = [(n, u, s) for n, u, s in every if s["until"] > now]
     if action == "drop":  # the caller's own leases, by name (undoing or finishing a take)
         for name in args:
             full = os.path.join(path, name)
             if NAME.fullmatch(name) and os.path.lexists(full) and os.lstat(full).st_uid == me:
                 os.unlink(full)
         answer(ok=True, now=now)
+    try:
+        every = leases(path)
+    except Flooded as e:
+        # Fail closed: a colleague's lease may be among what was not read.
+        answer(ok=False, now=now, error=f"the lease directory {path} holds {e}: its leases "
+               f"are unknown, so nothing was changed; their owners (ls -ln {path}) or root "
+               "can remove what is not a lease")
+    tidy(path, every, now)
+    live = [(n, u, s) for n, u, s in every if s["until"] > now]
     gpus = None if args[0] == "all" else sorted({int(x) for x in args[0].split(",")})
     if action == "take":
         seconds, note, origin = float(args[1]), args[2], args[3]
