@@ -17,7 +17,7 @@ from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
 from fleet.facts import run_state
-from fleet.run import attempts, hang
+from fleet.run import attempts, hang, outcomes
 from fleet.run import logs as run_logs
 from fleet.run import record as state
 from fleet.run.states import RunStatus
@@ -208,11 +208,17 @@ def show(run_id: RunArg = None,
     tried = attempts.as_json(rec)
     if tried:
         m = {**m, "attempts": tried}
+    seen = outcomes.seen(last.dir)  # how each node ended, as fleet saw it
+    if seen:
+        m = {**m, "outcomes": outcomes.as_json(seen)}
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
     for line in manifest_view.show(m):
         echo(line)
+    if seen:
+        echo("as fleet saw the nodes:")
+        echo("\n".join(outcomes.lines(seen)))
     found = attempts.load(rec)
     if found:
         echo("attempts:")
