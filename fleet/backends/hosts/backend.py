@@ -98,6 +98,13 @@ class HostsBackend(Backend):
             raise NotEveryNode(f"run {rec.run_id} could not be stopped on {bad} node(s)")
         console.info(f"run {rec.run_id} stopped on every node")
 
+    def stop_part(self, rec: RunRecord, node: str, by: str) -> None:
+        r = recorded.stop_recorded(rec, by, only={node})[node]
+        if isinstance(r, Exception):
+            raise r
+        if r:
+            raise NotEveryNode(f"{node}: still alive after SIGKILL: {r}")
+
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
              rank: int | None, view: View) -> int:
         if node is not None and node not in {n.host.name for n in rec.nodes}:
