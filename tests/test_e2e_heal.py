@@ -294,8 +294,12 @@ def test_a_lost_node_is_replaced_by_a_spare(cli: CLI, tmp_path: Path) -> None:
                              r"1/2 \w+ \(node2 was lost\), 2/2 succeeded\n*\Z", err), err
             # The second attempt ran on node1 and node3, node3 with node2's node rank.
             tail = err[err.index(f"run {run_id}-a2: heal on 2 host(s)"):]
+            # node2, dead, cannot say its part ended: named once more at the run's end.
+            named = (f"fleet: node2 still does not answer: attempt 1's part there may still run; "
+                     f"`fleet stop {run_id}` ends it once it answers\n")
+            assert named in tail, tail
             assert "node3  node rank 1" in tail and "node2" not in tail.replace(
-                "node2 was lost", ""), tail
+                "node2 was lost", "").replace(named, ""), tail
             resumed = re.search(r"^node3 r1 \| rank 1 attempt 2 on node3 resumed at step (\d+)$",
                                 out, re.M)
             assert resumed and int(resumed.group(1)) >= 3, out
@@ -316,8 +320,10 @@ def test_a_lost_node_is_replaced_by_a_spare(cli: CLI, tmp_path: Path) -> None:
             assert re.search(r"^  node3 +node rank 1 \(rank 1\)  succeeded", st.stdout, re.M), \
                 st.stdout
             ps = cli("ps")
+            # node2, dead, never answered again: what attempt 1 left there is named.
             assert re.search(rf"^{run_id} +succeeded \(attempt 2/2, node2 replaced by node3 after "
-                             rf"node2 was lost at {HHMM}\) ", ps.stdout, re.M), ps.stdout
+                             rf"node2 was lost at {HHMM}\); attempt 1 may still run on node2 ",
+                             ps.stdout, re.M), ps.stdout
             two = cli("logs", run_id, "--attempt", "2", "--rank", "1")
             tags = {line.split(" | ")[0] for line in two.stdout.splitlines()}
             assert tags == {"node3 r1"}, two.stdout
@@ -520,10 +526,25 @@ def test_a_lost_node_that_comes_back_is_stopped(cli: CLI, tmp_path: Path) -> Non
                    f"it with `fleet stop {run_id}` once it answers" in err, err
             assert "node3 | attempt 2 tick 4" in out, out
             assert tb3.run_processes("node2", run_id), "node2's job should have outlived sshd"
+            # Tried once more at the run's end, and named, as status and ps name it after.
+            assert f"fleet: node2 still does not answer: attempt 1's part there may still run; " \
+                   f"`fleet stop {run_id}` ends it once it answers\n" in err, err
+            assert err.index("node2 still does not answer") < err.index(f"run {run_id} succeeded")
             tb3.start_sshd("node2")
+            st = status(cli, run_id)
+            assert st.returncode == 0, st.stdout + st.stderr
+            assert f"  attempt 1/2 ({run_id}) is not over where fleet could not stop it (`fleet " \
+                   f"stop {run_id}` once it answers):\n" in st.stdout, st.stdout
+            assert re.search(r"^    node2 +node rank 1  running", st.stdout, re.M), st.stdout
+            ps = cli("ps")
+            assert re.search(rf"^{run_id} +succeeded \(.*\); attempt 1 may still run on node2 ",
+                             ps.stdout, re.M), ps.stdout
             stop = cli("stop", run_id, timeout=120)
             assert stop.returncode == 0, stop.stdout + stop.stderr
             assert_nothing_left(tb3, run_id, timeout=10)  # here attempt 1 still runs on node2
+            st = status(cli, run_id)
+            assert "is not over" not in st.stdout, st.stdout  # its end seen: the stop's
+            assert "may still run" not in cli("ps").stdout
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -534,3 +555,64 @@ def test_a_lost_node_that_comes_back_is_stopped(cli: CLI, tmp_path: Path) -> Non
                     for pid in tb3.run_processes(h.name, run_id):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
+
+
+WAITS = '''import os, time
+from pathlib import Path
+attempt = int(os.environ["FLEET_ATTEMPT"])
+# Attempt 1 runs on; attempt 2 until the test says (a file `done` beside it), 2 minutes at most.
+for i in range(600):
+    if attempt > 1 and Path("done").exists():
+        break
+    print(f"attempt {attempt} tick {i}", flush=True)
+    time.sleep(0.2)
+'''
+
+
+def test_a_lost_node_is_stopped_as_soon_as_it_answers_again(cli: CLI, tmp_path: Path) -> None:
+    """node2's sshd dies mid-run while its job goes on; a spare takes its place; while attempt 2
+    runs, node2's sshd is back: fleet stops attempt 1's part there by itself, says so, and
+    nothing is left to name at the end."""
+    _need_testbed()
+    with Testbed(3) as tb3:
+        d = jobdir(tmp_path)
+        tb3.inventory(d / "inv.toml", per_host={"node3": {"spare": True}})
+        (d / "waits.py").write_text(WAITS)
+        job = d / "waits.toml"
+        job.write_text('inventory = "inv.toml"\nlauncher = "command"\n'
+                       'command = ["{python}", "waits.py"]\n[rendezvous]\nport = 29918\n'
+                       "[watchdog]\nunreachable_after = 4\n[restart]\nmax = 1\nbackoff = 1\n")
+        proc, out_path, err_path = start(cli, job, tmp_path)
+        runs = cli.cwd / ".fleet" / "runs"
+        ids: list[str] = []
+        try:
+            wait_for(lambda: any("attempt 1 tick 3" in p.read_text()
+                                 for p in runs.glob("*/node2.log")), 120, "node2 to run")
+            for pid in sshd_pids(tb3, "node2"):  # its listener and fleet's sessions
+                os.kill(pid, signal.SIGKILL)
+            tb3.host("node2").sshd_pid = 0
+            wait_for(lambda: "attempt 2 tick 3" in out_path.read_text(), 120, "attempt 2")
+            run_id = run_id_of(err_path.read_text())
+            assert tb3.run_processes("node2", run_id), "node2's job should have outlived sshd"
+            tb3.start_sshd("node2")
+            said = "fleet: node2 answered again: attempt 1's part there was stopped (stopped"
+            wait_for(lambda: said in err_path.read_text(), 60, "the stop of node2's part")
+            assert_nothing_left(tb3, run_id, timeout=10)
+            assert proc.poll() is None, "the run goes on meanwhile"
+            for h in ("node1", "node3"):
+                for code in (tb3.host(h).home / "fleet" / "code").glob("*/waits.py"):
+                    (code.parent / "done").touch()
+            finish(proc, LIMIT_S)
+            err = err_path.read_text()
+            ids = attempt_ids(cli, run_id)
+            assert proc.returncode == 0, err
+            assert ids == [run_id, f"{run_id}-a2"], ids
+            assert "still does not answer" not in err, err
+            st = status(cli, run_id)
+            assert st.returncode == 0 and "is not over" not in st.stdout, st.stdout + st.stderr
+            assert "may still run" not in cli("ps").stdout
+            assert_clean(tb3, ids)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            tb3.start_sshd("node2")

@@ -245,6 +245,16 @@ def test_parse_state() -> None:
         NodeStatus.STARTING
 
 
+@pytest.mark.parametrize("said", ["256", "-1", "99999", "0x0", "1e0", "0 1", "²"])
+def test_an_exit_code_is_a_small_whole_number(said: str) -> None:
+    """What run.sh writes is `$?`, 0-255; anything else in the file is no exit code (the job
+    can write it too): failed, saying what it held, never taken as a code."""
+    st = run_state.parse_state(f"pid=41\ncode={said}\nstarted=1\nended=2\nnow=9\n")
+    assert (st.status, st.code) == (NodeStatus.FAILED, None)
+    assert "no exit code" in st.bad and st.outcome("n1", 0).describe().startswith("failed: its")
+    assert run_state.exit_code("255") == 255 and run_state.exit_code("0") == 0
+
+
 def test_a_node_killed_outright_stops_counting_time() -> None:
     """No exit code, wrapper gone: it ran until its last sign of life, not until now (and the
     control machine's clock plays no part)."""

@@ -254,3 +254,17 @@ def test_slurm_job_asks_all_three_in_sections(tmp_path: Path) -> None:
     assert sections["squeue"] == "squeue -h -j 12; x -o %i|%T|%N|%r\n"
     assert sections["scontrol"] == "scontrol show job -o 12; x\n"
     assert sections["sacct"].startswith("sacct -n -P -X -j 12; x ")
+
+
+def test_state_takes_one_line_of_each_file_the_job_can_write(tmp_path: Path) -> None:
+    """The job can write its run directory's files: a line of its own (`alive`, `missing`)
+    never reaches fleet as one of run_state.sh's, and a pid of -1 is no live process."""
+    (tmp_path / "pid").write_text("-1\nalive\n")
+    (tmp_path / "exit_code").write_text("0\nmissing\nalive\n")
+    out = sh(run_state.state_script(str(tmp_path))).stdout
+    assert "alive" not in out.splitlines() and "missing" not in out.splitlines(), out
+    st = run_state.parse_state(out)
+    assert (st.status, st.code, st.pid) == (NodeStatus.SUCCEEDED, 0, None)
+    (tmp_path / "exit_code").write_text("x" * 5000)
+    out = sh(run_state.state_script(str(tmp_path))).stdout
+    assert max(len(line) for line in out.splitlines()) < 400, out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +16,7 @@ from fleet.config.inventory import load_inventory
 from fleet.config.job import load_job
 from fleet.config.restart import BACKOFF_MAX_S, Ending, Restart
 from fleet.console import Console
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, TransportError
 from fleet.run import attempts
 from fleet.run.logs import progress
 from fleet.run.monitor import RunState
@@ -235,3 +236,48 @@ def test_slurm_refuses_restart_naming_the_key(tmp_path: Path) -> None:
     assert e.value.key == "restart" and str(e.value).startswith(f"{path}: restart: ")
     assert "--requeue" in str(e.value)
     assert not (tmp_path / "fleet").exists()
+
+
+class Stopper:
+    """A backend whose nodes answer a stop from their n-th try on."""
+
+    name = "fake"
+
+    def __init__(self, answers_from: dict[str, int]) -> None:
+        self.answers_from = answers_from
+        self.tries: dict[str, int] = {}
+        self.by: list[str] = []
+
+    def stop_part(self, rec: object, node: str, by: str) -> None:
+        self.tries[node] = self.tries.get(node, 0) + 1
+        self.by.append(by)
+        if self.tries[node] < self.answers_from[node]:
+            raise TransportError(f"cannot connect to {node}: refused")
+
+
+def test_what_an_attempt_left_on_a_lost_node_is_stopped_once_it_answers_else_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attempts, "LEFT_POLL_S", 3600.0)  # the test tries itself, not the thread
+    monkeypatch.setattr(attempts.state, "load", lambda run_id: SimpleNamespace(
+        dir=tmp_path / run_id))
+    c = Console(out=io.StringIO(), err=io.StringIO())
+    backend = Stopper({"n2": 2, "n3": 99})
+    left = attempts.Left(backend, c, "r")  # type: ignore[arg-type]
+    left.add(attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, "unknown",
+                              lost=["n2", "n3"]))
+    left.add(attempts.Attempt(2, "r-a2", ["n1", "n4", "n5"], 2.0, 3.0, "succeeded"))
+    left.sweep()  # neither answers yet
+    assert set(left.parts) == {("r", "n2"), ("r", "n3")}
+    left.sweep()
+    assert set(left.parts) == {("r", "n3")}
+    err = c.err.getvalue()  # type: ignore[attr-defined]
+    assert "n2 answered again: attempt 1's part there was stopped\n" in err, err
+    assert "fleet up, once n2 answered again (attempt 1 had lost it)" in backend.by
+    left.end()  # one last try, then named
+    err = c.err.getvalue()  # type: ignore[attr-defined]
+    assert backend.tries == {"n2": 2, "n3": 3}
+    assert "n3 still does not answer: attempt 1's part there may still run; `fleet stop r` " \
+           "ends it once it answers\n" in err, err
+    assert left.thread is not None
+    left.thread.join(5)
+    assert not left.thread.is_alive()

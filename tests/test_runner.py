@@ -37,6 +37,7 @@ from fleet.errors import (
     WriteError,
 )
 from fleet.facts import slurm as sj
+from fleet.run import outcomes as run_outcomes
 from fleet.run import runner
 from fleet.run.guard import Guard
 from fleet.run.monitor import Monitor
@@ -429,8 +430,13 @@ def test_the_first_failing_node_stops_every_other_once(tmp_path: Path, first: No
         up(run)
     assert run.named("stop") == [("stop", by, skip)]
     (_, outcomes), = run.named("report")
-    assert {n: o.status for n, o in outcomes.items()} == {
-        "n1": S.SUCCEEDED, "n2": S.FAILED, "n3": S.STOPPED}  # the last word for each
+    # The end seen first stands for each node (history); a loss is no end: its later word is.
+    n2 = first.outcome.status if first.outcome.status.is_terminal else S.FAILED
+    want = {"n1": S.SUCCEEDED, "n2": n2, "n3": S.FAILED}
+    assert {n: o.status for n, o in outcomes.items()} == want
+    kept = run_outcomes.seen(run.record_dir)  # in the run's record, as fleet saw them
+    assert {n: s.outcome.status for n, s in kept.items()} == want
+    assert {s.by for s in kept.values()} == {"fleet up"}
 
 
 def test_nodes_that_succeed_stop_nothing(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from fleet.config.inventory import Inventory
 from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.console import Console
+from fleet.errors import UsageError
 from fleet.facts.command import Outcome
 from fleet.facts.gpus import GpuFacts
 from fleet.facts.leases import LeaseOrder, Taken
@@ -200,6 +201,12 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, rec: RunRecord, console: Console) -> None:
         """`fleet stop`: end the run everywhere, nothing of it left."""
+
+    def stop_part(self, rec: RunRecord, node: str, by: str) -> None:
+        """Stop what of a recorded run still runs on one of its nodes (one an attempt lost,
+        once it answers again), connected afresh; FleetError where it cannot. Only a backend
+        that restarts runs ([restart]) is asked."""
+        raise UsageError(f"the {self.name} backend does not stop one node's part of a run")
 
     @abstractmethod
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,

@@ -17,7 +17,7 @@ from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
 from fleet.facts import run_state
-from fleet.run import attempts, hang
+from fleet.run import attempts, hang, outcomes
 from fleet.run import logs as run_logs
 from fleet.run import record as state
 from fleet.run.states import RunStatus
@@ -74,6 +74,10 @@ def status(run_id: RunArg = None) -> None:
     if found:
         echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
         echo("\n".join(attempts.lines(*found)))
+        for number, rows in _not_over(every):
+            echo(f"  attempt {number}/{found[0] + 1} ({every[number - 1].run_id}) is not over "
+                 f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
+            echo("\n".join(f"  {row}" for row in rows))
     echo("\n".join(lines))
     if final.exit_code:
         raise typer.Exit(final.exit_code)
@@ -102,7 +106,12 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
             found = attempts.load(rec)
             every = attempts.records(rec)
             said = backends.for_record(every[-1]).state_word(every[-1])
-            return f"{said} ({attempts.headline(*found, len(every))})" if found else said
+            if not found:
+                return said
+            left = "".join(f"; attempt {number} may still run on "
+                           f"{', '.join(row.split()[0] for row in rows)}"
+                           for number, rows in _not_over(every))
+            return f"{said} ({attempts.headline(*found, len(every))}){left}"
         except FleetError as e:
             return f"unknown ({reason(e)})"
 
@@ -113,6 +122,22 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         names = ",".join(n.host.name for n in hosts_of.get(rec.run_id, rec.nodes))
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
+
+
+def _not_over(every: list[state.RunRecord]) -> list[tuple[int, list[str]]]:
+    """Earlier attempts that fleet did not see end on every node (one it lost, and could not
+    stop since), where those nodes do not say it ended either: each one's number and its rows
+    for those nodes (asked of them now)."""
+    found = []
+    for number, rec in enumerate(every[:-1], 1):
+        open_ = {n.host.name for n in rec.nodes} - set(outcomes.ended(rec.dir))
+        if not open_:
+            continue
+        final, lines = backends.for_record(rec).describe(rec)
+        if not final.is_terminal:
+            found.append((number, [row for row in lines[1:]
+                                   if row.split() and row.split()[0] in open_]))
+    return found
 
 
 def _ps_hosts(path: Path) -> None:
@@ -208,11 +233,17 @@ def show(run_id: RunArg = None,
     tried = attempts.as_json(rec)
     if tried:
         m = {**m, "attempts": tried}
+    seen = outcomes.seen(last.dir)  # how each node ended, as fleet saw it
+    if seen:
+        m = {**m, "outcomes": outcomes.as_json(seen)}
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
     for line in manifest_view.show(m):
         echo(line)
+    if seen:
+        echo("as fleet saw the nodes:")
+        echo("\n".join(outcomes.lines(seen)))
     found = attempts.load(rec)
     if found:
         echo("attempts:")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fleet.nodedata import number
 from fleet.nodeside import shell_program
-from fleet.run.states import NodeStatus
+from fleet.run.states import NodeOutcome, NodeStatus
 from fleet.shell import MACHINE_ID, Raw, home_word
 from fleet.transport import Transport
 
@@ -26,10 +26,16 @@ class NodeState:
     stopped_by: str = ""  # who stopped it: "fleet stop", "fail-fast: node2 failed", ... (a stop
     #                       record fleet wrote; one without the run's key is no stop)
     own_failure: str = ""  # FAILED although stopped: how its own part had failed before then
+    bad: str = ""  # FAILED: what its exit code file held that is no exit code
 
     @property
     def done(self) -> bool:
         return self.status.is_terminal
+
+    def outcome(self, name: str, node_rank: int) -> NodeOutcome:
+        """The node's outcome as the run's report and record say it."""
+        return NodeOutcome(name, node_rank, self.status, self.code, self.bad or self.stopped_by,
+                           self.own_failure, self.elapsed)
 
 
 # ---- state --------------------------------------------------------------------------------
@@ -39,6 +45,15 @@ def state_script(run_dir: str) -> str:
 
 def _int(text: str | None) -> int | None:
     return number(text, signed=True)
+
+
+EXIT_CODES = 256  # what a wrapper's `$?` can be: 0-255
+
+
+def exit_code(text: str) -> int | None:
+    """An exit code as run.sh writes it (0-255); None for anything else (the job can write the
+    file too)."""
+    return number(text, EXIT_CODES)
 
 
 def parse_state(out: str, key: str = "") -> NodeState:
@@ -54,7 +69,8 @@ def parse_state(out: str, key: str = "") -> NodeState:
     stop = parse_stop_record(record, key) if record else None
     if stop is not None and not stop.genuine:
         stop = None
-    pid, code = _int(fields.get("pid")), _int(fields.get("code"))
+    pid, said = number(fields.get("pid"), 1 << 22), fields.get("code", "").strip()
+    code = exit_code(said)
     started, now = _int(fields.get("started")), _int(fields.get("now"))
     by, own = (stop.by, stop.own_failure) if stop else ("", "")
     # A pid means something only on the machine (and boot) that recorded it: after a reboot or
@@ -63,9 +79,12 @@ def parse_state(out: str, key: str = "") -> NodeState:
     alive = "alive" in lines and machine in ("", fields.get("me", "").strip())
     # Durations by the node's clock alone: its start, and its end, its last sign of life (a
     # wrapper killed outright records no end) or its present time.
-    end = _int(fields.get("ended")) if code is not None else now if alive else \
+    end = _int(fields.get("ended")) if said else now if alive else \
         _int(fields.get("last"))
     elapsed = end - started if end is not None and started is not None else None
+    if said and code is None:
+        return NodeState(NodeStatus.FAILED, None, pid, elapsed,
+                         bad=f"its exit_code file holds {said[:20]!r}, which is no exit code")
     if code is not None:
         if stop is not None and code != 0:
             # Its own part had failed before the stop reached it: failed, whatever the stop did.

@@ -1,9 +1,12 @@
 # What a node's run directory says about the run there (fleet.facts.run_state.parse_state).
 # $1: the run directory, $2: this machine's identity (fleet.shell.MACHINE_ID, as run.sh wrote it).
 cd "$1" 2>/dev/null || { echo missing; exit 0; }
-echo "pid=$(cat pid 2>/dev/null)"
-echo "code=$(cat exit_code 2>/dev/null)"
-echo "started=$(cat started 2>/dev/null)"
+# A file's first line, cut short: the job can write these files too, and a line of its own
+# (`alive`, `missing`) must never reach fleet as one of this program's.
+one() { head -c 300 "$1" 2>/dev/null | head -n 1 | tr -d '\r'; }
+echo "pid=$(one pid)"
+echo "code=$(one exit_code)"
+echo "started=$(one started)"
 echo "ended=$(stat -c %Y exit_code 2>/dev/null)"
 echo "last=$(stat -c %Y node.log stopped 2>/dev/null | sort -n | tail -n 1)"
 echo "now=$(date +%s)"
@@ -11,6 +14,8 @@ echo "now=$(date +%s)"
 # fleet's from a forgery.
 [ -e stopped ] && head -n 40 stopped | cut -c 1-400 | sed 's/^/stop|/'
 echo "me=$2"
-echo "machine=$(cat machine 2>/dev/null)"
-p=$(cat pid 2>/dev/null); [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo alive
+echo "machine=$(one machine)"
+# Digits only: `kill -0 -1` would answer for every process there is.
+p=$(one pid)
+case $p in '' | *[!0-9]*) ;; *) kill -0 "$p" 2>/dev/null && echo alive ;; esac
 true

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
 from fleet.console import Console
 from fleet.errors import JobFailed
-from fleet.run import hang
+from fleet.run import hang, outcomes
 from fleet.run.guard import Guard
 from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, StopCause, overall
 
@@ -72,7 +72,9 @@ class Monitor:
                 self.guard.hang = on_hang(self.run, self.console, event.silent, self.ended())
             return
         assert isinstance(event, NodeEnded)
-        o = event.outcome
+        # History from here: `fleet status` takes it from the record, whatever the node says
+        # later (an end seen already stands).
+        o = outcomes.note(self.run.record_dir, event.outcome, "fleet up")
         self.outcomes[o.name] = o
         if o.status is NodeStatus.SUCCEEDED or self.stopping:
             return

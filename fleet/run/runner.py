@@ -57,6 +57,18 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
         ended = attempt(backend, job, console, options, told)
         return ended if isinstance(ended, str) else conclude(ended, console, told)
     book = attempts.Book(job, policy, console)
+    left = attempts.Left(backend, console, book.run_id)
+    try:
+        return heal(backend, job, console, options, told, book, left)
+    finally:
+        left.cancel()
+
+
+def heal(backend: Backend, job: Job, console: Console, options: Options, told: notify.Told,
+         book: attempts.Book, left: attempts.Left) -> str:
+    """Attempts until the policy says the run is over; what an attempt left on a node it lost
+    is stopped once the node answers (`left`), or named at the end."""
+    policy = job.restart
     while True:
         opts = book.options(options)
         try:
@@ -68,7 +80,9 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
         assert not isinstance(ended, str)  # never detached here
         nxt = book.record(ended.run, ended.final, ended.state, ended.hang, ended.started,
                           ended.ended)
+        left.add(book.attempts[-1])
         if nxt is None:
+            left.end()
             return conclude(ended, console, told, book.run_id, book.summary())
         wait = policy.wait(nxt)
         console.info(f"restart: attempt {nxt}/{policy.max + 1} in {wait:g}s "
@@ -77,8 +91,8 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
             deadline = time.monotonic() + wait
             with console.waiting(f"restart: attempt {nxt} in {math.ceil(wait)}s") as w:
                 while time.monotonic() < deadline and not book.stop_requested():
-                    left = math.ceil(max(deadline - time.monotonic(), 0))
-                    w.update(f"restart: attempt {nxt} in {left}s")
+                    secs = math.ceil(max(deadline - time.monotonic(), 0))
+                    w.update(f"restart: attempt {nxt} in {secs}s")
                     time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
             raise Interrupted(e.signame, f"during the wait before attempt {nxt}: "

@@ -97,6 +97,7 @@ class NodeOutcome:
     code: int | None = None
     detail: str = ""  # who stopped it, or why it could not be reached
     own_failure: str = ""  # failed although stopped: how its own part had failed before
+    elapsed: int | None = None  # seconds its part ran, by the node's own clock, where known
 
     def describe(self) -> str:
         if self.status is NodeStatus.UNREACHABLE:
@@ -115,4 +116,6 @@ class NodeOutcome:
             words += f" ({exit_words})"
         if self.status is NodeStatus.STOPPED and self.detail:
             words += f" by {self.detail}"
+        elif self.status is NodeStatus.FAILED and self.detail:
+            words += f": {self.detail}"  # what the node said that was no exit code
         return words

@@ -25,10 +25,10 @@ from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.facts.command import Outcome
 from fleet.facts.leases import LeaseOrder, Taken
-from fleet.run import hang
+from fleet.run import hang, outcomes
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
-from fleet.run.states import NodeStatus, RunStatus, overall
+from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason
@@ -59,7 +59,7 @@ class HostsBackend(Backend):
                 f"{head}{RunStatus.NEVER_STARTED.value}\n  the `fleet up` that prepared it ended "
                 "(it was killed, or its machine stopped) before it started any node: nothing of "
                 f"it runs; `fleet rm {rec.run_id}` removes what it left on the nodes"]
-        results = states(rec)
+        results = node_outcomes(rec)
         final = overall(status(r) for r in results.values())
         lines = [f"{head}{final.value}"]
         for n in rec.nodes:
@@ -71,18 +71,13 @@ class HostsBackend(Backend):
             if r.status is NodeStatus.MISSING:
                 lines.append(f"{where}  missing (no run directory there)")
                 continue
-            code = f" (exit {r.code})" if r.code is not None else ""
-            by = f" by {r.stopped_by}" if r.status is NodeStatus.STOPPED and r.stopped_by else \
-                f": {r.own_failure} before the stop ({r.stopped_by}) reached it" \
-                if r.own_failure else ""
-            took = f"  {r.elapsed}s" if r.elapsed is not None else ""
-            lines.append(f"{where}  {r.status.value}{code}{by}{took}")
+            lines.append(f"{where}  {node_words(r)}")
         return final, lines
 
     def state_word(self, rec: RunRecord) -> str:
         if rec.never_started():
             return RunStatus.NEVER_STARTED.value
-        return overall(status(s) for s in states(rec).values()).value
+        return overall(status(s) for s in node_outcomes(rec).values()).value
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
@@ -102,6 +97,13 @@ class HostsBackend(Backend):
         if bad:
             raise NotEveryNode(f"run {rec.run_id} could not be stopped on {bad} node(s)")
         console.info(f"run {rec.run_id} stopped on every node")
+
+    def stop_part(self, rec: RunRecord, node: str, by: str) -> None:
+        r = recorded.stop_recorded(rec, by, only={node})[node]
+        if isinstance(r, Exception):
+            raise r
+        if r:
+            raise NotEveryNode(f"{node}: still alive after SIGKILL: {r}")
 
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
              rank: int | None, view: View) -> int:
@@ -182,9 +184,37 @@ class HostsBackend(Backend):
                                   progress)
 
 
-def states(rec: RunRecord) -> dict[str, run_state.NodeState | Exception]:
-    return recorded.on_nodes(rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)))
+def node_outcomes(rec: RunRecord) -> dict[str, NodeOutcome | Exception]:
+    """How each node's part ended as fleet saw it (the run's record); only the nodes whose end
+    fleet did not see are asked, and an end they say is kept from then on."""
+    known = outcomes.ended(rec.dir)
+    asked = recorded.on_nodes(
+        rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)),
+        only={n.host.name for n in rec.nodes} - set(known))
+    found: dict[str, NodeOutcome | Exception] = {}
+    for n in rec.nodes:
+        name = n.host.name
+        r = known.get(name) or asked[name]
+        if isinstance(r, run_state.NodeState):
+            r = r.outcome(name, n.node_rank)
+            if r.status.is_terminal:
+                r = outcomes.note(rec.dir, r, "fleet status")
+        found[name] = r
+    return found
 
 
-def status(r: run_state.NodeState | Exception) -> NodeStatus:
-    return r.status if isinstance(r, run_state.NodeState) else NodeStatus.UNREACHABLE
+def node_words(r: NodeOutcome) -> str:
+    """`failed (exit 1)  12s`, `stopped (exit 143) by fleet stop  3s`: a node's row."""
+    code = f" (exit {r.code})" if r.code is not None else ""
+    if r.own_failure:
+        by = f": {r.own_failure} before the stop ({r.detail}) reached it"
+    elif r.detail and r.status in (NodeStatus.STOPPED, NodeStatus.FAILED):
+        by = f" by {r.detail}" if r.status is NodeStatus.STOPPED else f": {r.detail}"
+    else:
+        by = ""
+    took = f"  {r.elapsed}s" if r.elapsed is not None else ""
+    return f"{r.status.value}{code}{by}{took}"
+
+
+def status(r: NodeOutcome | Exception) -> NodeStatus:
+    return r.status if isinstance(r, NodeOutcome) else NodeStatus.UNREACHABLE

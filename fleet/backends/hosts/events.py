@@ -147,8 +147,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                                         f"{name}` reads it from the node)")
             elif kind == "end" and isinstance(result, run_state.NodeState) and result.done:
                 known = outcomes.get(name)
-                outcome = NodeOutcome(name, node.node_rank, result.status, result.code,
-                                      result.stopped_by, result.own_failure)
+                outcome = result.outcome(name, node.node_rank)
                 if known is not None:
                     if known.status is NodeStatus.UNREACHABLE:
                         # Lost, then reached by the stop: what it says now is what happened.
@@ -259,8 +258,7 @@ def _outcome(run: Followed, node: NodePlan, result: int | Exception) -> NodeOutc
             result = e
         else:
             if st.done:
-                return NodeOutcome(name, node.node_rank, st.status, st.code, st.stopped_by,
-                                   st.own_failure)
+                return st.outcome(name, node.node_rank)
             # Its log stream ended while it still ran: fleet lost sight of it, and says so.
             return NodeOutcome(name, node.node_rank, NodeStatus.UNREACHABLE, None,
                                f"its log stream ended while it was still {st.status.value}")
