@@ -49,8 +49,11 @@ def test_job_notify_is_read(tmp_path: Path) -> None:
                                 'format = "ntfy"\ncommand = ["notify-send", "fleet"]\n'))
     assert j.notify == Notify("https://ntfy.sh/secret-topic", Format.NTFY,
                               ("notify-send", "fleet"), str(j.path))
-    assert j.notify.wanted
+    assert j.notify.wanted and not j.notify.from_master
     assert not load_job(job(tmp_path)).notify.wanted
+    asked = load_job(job(tmp_path, '[notify]\nwebhook = "https://h/x"\nfrom_master = true\n'))
+    assert asked.notify.from_master and asked.notify.view()["from_master"] is True
+    assert j.notify.view()["command"] == ["notify-send", "***"]  # an argument may be a token
 
 
 @pytest.mark.parametrize(("body", "key", "words"), [
@@ -60,6 +63,8 @@ def test_job_notify_is_read(tmp_path: Path) -> None:
     ('webhook = "https://h/x"\nformat = "teams"', "notify.format", "slack, ntfy, json"),
     ('format = "json"', "notify.format", "only used with webhook"),
     ("command = []", "notify.command", "must name a program"),
+    ("from_master = true", "notify.from_master", "only used with webhook"),
+    ('webhook = "https://h/x"\nfrom_master = "yes"', "notify.from_master", "must be"),
     ("command = \"notify-send\"", "notify.command", "list of strings"),
     ('webhok = "https://h/x"', "notify.webhok", "did you mean webhook"),
 ])
@@ -245,6 +250,7 @@ class Trickle:
             self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.context.load_cert_chain(*tls)
         self.asked = threading.Event()
+        self.asked_at: float | None = None  # time.monotonic() when the request was in
         self.cut = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -262,6 +268,7 @@ class Trickle:
             if self.context is not None:
                 conn = self.context.wrap_socket(conn, server_side=True)
             conn.recv(65536)
+            self.asked_at = time.monotonic()
             self.asked.set()
             for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"." * 10000:
                 if time.monotonic() > end:

@@ -40,9 +40,12 @@ class Notify:
         return self.webhook is not None or bool(self.command)
 
     def view(self) -> dict[str, object]:
-        """What the manifest and `fleet show` keep of it: the webhook never whole."""
+        """What the manifest and `fleet show` keep of it: the webhook never whole, the
+        command's program without its arguments (a token may be one; the manifest is copied
+        to every node's run directory)."""
         return {"webhook": redact(self.webhook) if self.webhook else None,
-                "format": self.format.value, "command": list(self.command),
+                "format": self.format.value,
+                "command": [*self.command[:1], *("***" for _ in self.command[1:])],
                 "from_master": self.from_master}
 
 
