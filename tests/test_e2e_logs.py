@@ -192,3 +192,34 @@ def test_since_shows_only_lines_written_at_or_after_it(
     assert job_lines(cli("logs", "--since", "1s", run_id).stdout) == []
     bad = cli("logs", "--since", "soon", run_id)
     assert bad.returncode == 2 and "--since 'soon': neither a duration" in bad.stderr, bad.stderr
+
+
+# Node rank 1 writes a NaN into its own log's time index, between two lines of its own.
+NAN_INDEX = '''import os, sys
+rank = sys.argv[1]
+print(f"first of node rank {rank}", flush=True)
+if rank == "1":
+    with open(os.path.join(os.environ["FLEET_RUN_DIR"], "node.times"), "a") as f:
+        f.write("99999999 nan\\n")
+print(f"last of node rank {rank}", flush=True)
+'''
+
+
+def test_merge_sets_a_job_written_nan_index_aside(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    """Issue 35, defect 11: a NaN the job wrote into node.times made `logs --merge` call the
+    node unreachable (exit 3). The index is data to distrust: set aside, with a note naming the
+    host, and every line shown."""
+    tb2.inventory(tmp_path / "inv.toml")
+    job = command_job(tmp_path, "nan", NAN_INDEX, 29605, ', "{node_rank}"')
+    up = cli("up", str(job), timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    run_id = run_id_of(up.stderr)
+    for args in (["--merge"], ["--merge", "--since", "1h"]):
+        r = cli("logs", *args, run_id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "unreachable" not in r.stderr, r.stderr
+        assert re.search(r"node2\b.*its log's time index \(node\.times, which the job can write "
+                         r"too\) is set aside: a time that is not one: 'nan'", r.stderr), r.stderr
+        for rank in (0, 1):
+            for which in ("first", "last"):
+                assert f"{which} of node rank {rank}" in r.stdout, r.stdout

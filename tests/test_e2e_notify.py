@@ -1,15 +1,19 @@
 """`[notify]` end to end through the real CLI: a local HTTP server receives word of a run that
 succeeds (and the local command runs), fails (with the failing rank and its traceback), hangs
 (with the watchdog's verdict), and of a detached run (from the watcher on the master, which
-reaches this machine on the testbed's bridge)."""
+reaches this machine on the testbed's bridge, where `from_master = true` asks for it). A
+webhook that trickles its answer holds `fleet up` no longer than the bound; no secret of a
+[notify] reaches a node."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,9 @@ import pytest
 from tests.conftest import CLI
 from tests.test_e2e_hang import VERDICT, hang_job
 from tests.test_e2e_lifetime import long_job, wait_for
+from tests.test_e2e_stream import command_job
 from tests.test_e2e_up import run_id_of
+from tests.test_notify import Trickle
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -148,7 +154,7 @@ def test_detached_run_is_told_by_its_master(cli: CLI, tb2: Testbed, tmp_path: Pa
     try:
         job = with_notify(long_job(tmp_path, 29585, TICKS=4, TICK_S=0.5, FAIL_RANK=0),
                           f'[notify]\nwebhook = "{hook.url}"\nformat = "json"\n'
-                          'command = ["true"]\n')
+                          'from_master = true\ncommand = ["true"]\n')
         r = cli("up", "--detach", str(job), timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
         run_id = run_id_of(r.stderr)
@@ -170,3 +176,73 @@ def test_detached_run_is_told_by_its_master(cli: CLI, tb2: Testbed, tmp_path: Pa
         assert not (run_dir / "notify.json").exists()
     finally:
         hook.close()
+
+
+QUICK = 'import sys\nprint("quick", sys.argv[1], flush=True)\n'
+
+
+def test_a_trickling_webhook_holds_up_no_longer_than_its_bound(cli: CLI, tb2: Testbed,
+                                                                tmp_path: Path) -> None:
+    """Issue 35, defect 8: a webhook that answered a byte every few seconds held `fleet up` for
+    as long as it trickled (urlopen's timeout is per socket operation); the whole POST is
+    bounded by its 10 s."""
+    tb2.inventory(tmp_path / "inv.toml")
+    hook = Trickle(gap=2.0, ends_after=400)
+    try:
+        job = command_job(tmp_path, "quick", QUICK, 29586, ', "{node_rank}"',
+                          f'[notify]\nwebhook = "{hook.url}"\n')
+        r = cli("up", str(job), timeout=240)
+        done = time.monotonic()
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert hook.asked_at is not None, r.stderr
+        assert done - hook.asked_at < 60, done - hook.asked_at  # the bound is 10 s
+        assert (f"warning: notify: http://127.0.0.1:{hook.port}/... was not told: it had not "
+                "answered after 10s (a slow or stalled server)") in r.stderr, r.stderr
+        assert "T0K3N" not in r.stderr + r.stdout
+    finally:
+        hook.close()
+
+
+def holding(root: Path, secrets: list[bytes]) -> list[str]:
+    """The files under root whose bytes hold one of the secrets."""
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder, name)
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                found += [f"{path}: {s.decode()}" for s in secrets if s in data]
+    return found
+
+
+def test_no_secret_of_a_notify_reaches_a_node(cli: CLI, tb2: Testbed, tmp_path: Path,
+                                             hook: Hook) -> None:
+    """Issue 35, defect 9: the job file sat in its synced workdir, so its webhook's token
+    reached every node in job.toml (mode 644). No file of the job's [notify] (nor a sibling
+    job's) is synced now, and a detached run's master gets the webhook only where the job asks
+    for it (`from_master = true`)."""
+    tb2.inventory(tmp_path / "inv.toml")
+    url = hook.url.replace("T0K3N", "N0-LEAK-T0K3N")
+    job = command_job(tmp_path, "quiet", QUICK, 29587, ', "{node_rank}"',
+                      f'[notify]\nwebhook = "{url}"\ncommand = ["true", "N0-LEAK-ARG"]\n')
+    (tmp_path / "sibling.toml").write_text(
+        'inventory = "inv.toml"\nscript = "quiet.py"\n'
+        '[notify]\nwebhook = "https://hooks.example/N0-LEAK-SIBLING"\n')
+    secrets = [b"N0-LEAK-T0K3N", b"N0-LEAK-ARG", b"N0-LEAK-SIBLING"]
+    r = cli("up", str(job), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("node1", "node2"):  # code, data, every run's directory
+        assert holding(tb2.host(name).home / "fleet", secrets) == [], name
+    assert f"not sent: {tmp_path / 'quiet.toml'}: it holds a [notify] (its webhook stays on " \
+        "this machine)" in r.stderr, r.stderr
+    assert "N0-LEAK" not in r.stderr + r.stdout
+    hook.next()  # told from this machine, as ever
+    detached = cli("up", "--detach", str(job), timeout=240)
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    assert ("warning: notify: a detached run sends no notification: its webhook stays on this "
+            "machine unless [notify] says `from_master = true`") in detached.stderr, \
+        detached.stderr
+    for name in ("node1", "node2"):
+        assert holding(tb2.host(name).home / "fleet", secrets) == [], name
+    shown = cli("show", run_id_of(r.stderr))
+    assert "N0-LEAK" not in shown.stdout + shown.stderr

@@ -19,7 +19,16 @@ from fleet.backends.hosts import logs as host_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.slurm.backend import refuse
 from fleet.errors import UsageError
-from fleet.run.logs import View, Viewed, final_line, merged, parse_since, parse_view, placed
+from fleet.run.logs import (
+    View,
+    Viewed,
+    final_line,
+    index_times,
+    merged,
+    parse_since,
+    parse_view,
+    placed,
+)
 from fleet.run.states import RunStatus
 
 SH = shutil.which("dash") or "sh"
@@ -108,6 +117,34 @@ def test_parse_view_refuses_a_view_cut_short(out: str) -> None:
         parse_view(out)
 
 
+@pytest.mark.parametrize(("stamps", "why"), [
+    (["100", "nan", "101"], "a time that is not one: 'nan'"),
+    (["inf"], "a time that is not one: 'inf'"),
+    (["-5"], "a time that is not one: '-5'"),
+    (["1e400"], "a time that is not one: '1e400'"),
+    (["12:00"], "a time that is not one: '12:00'"),
+    (["\x1b[31m"], "a time that is not one: '^[[31m'"),
+    (["100", "1e12"], "a time after the node's own clock: '1e12'"),
+    (["100", "104", "99.5"], "a time before an earlier line's: '99.5'"),
+])
+def test_a_time_index_that_is_not_fleets_is_set_aside(stamps: list[str], why: str) -> None:
+    """node.times lies in the run directory, where the job can write: a bad entry makes the
+    whole index untrusted, its lines untimed, never the node unreachable."""
+    assert index_times(stamps, 200.0) == ([None] * len(stamps), why)
+
+
+def test_a_clean_time_index_is_kept() -> None:
+    assert index_times(["100", "100", "203.5", "-", "-"], 200.0) == (
+        [100.0, 100.0, 203.5, None, None], "")
+
+
+def test_parse_view_sets_a_nan_index_aside() -> None:
+    v = parse_view("size=9 now=200\n100.5 a\nnan b\n- c\nend=9\n")
+    assert v == Viewed([(None, "a"), (None, "b"), (None, "c")], 200.0, 9,
+                       "a time that is not one: 'nan'")
+    assert placed(v, 1.0) == [(199.0, "a"), (199.0, "b"), (199.0, "c")]
+
+
 def test_placed_takes_the_clock_offset_off_and_dates_unstamped_lines_by_now() -> None:
     v = Viewed([(100.0, "a"), (None, "b")], 107.0, 4)
     assert placed(v, 2.5) == [(97.5, "a"), (104.5, "b")]
@@ -124,11 +161,11 @@ def test_merged_orders_by_time_a_tie_by_node_then_the_nodes_own_order() -> None:
     assert merged([n1, n2], 8) == merged([n1, n2], None)
 
 
-def test_a_time_that_is_not_a_number_is_refused() -> None:
-    for bad in ("nan", "inf", "-inf"):
-        with pytest.raises(ValueError):
-            parse_view(f"size=10 now=5.0\n{bad} line\nend=10\n")
-    with pytest.raises(ValueError):
+def test_a_lines_time_that_is_not_a_number_is_set_aside_the_nodes_own_refused() -> None:
+    for bad in ("nan", "inf", "-inf"):  # node.times: the job can write it
+        v = parse_view(f"size=10 now=5.0\n{bad} line\nend=10\n")
+        assert v.lines == [(None, "line")] and v.distrusted.startswith("a time that is not one")
+    with pytest.raises(ValueError):  # `date` on the node, not the job's
         parse_view("size=10 now=nan\nend=10\n")
 
 

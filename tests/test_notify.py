@@ -3,12 +3,24 @@ notice of each end, the webhook bodies, and the detached watcher's verdict from 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import ipaddress
 import json
+import socket
+import socketserver
+import ssl
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from fleet.config.job import load_job
 from fleet.config.notify import Format, Notify, redact
@@ -37,8 +49,11 @@ def test_job_notify_is_read(tmp_path: Path) -> None:
                                 'format = "ntfy"\ncommand = ["notify-send", "fleet"]\n'))
     assert j.notify == Notify("https://ntfy.sh/secret-topic", Format.NTFY,
                               ("notify-send", "fleet"), str(j.path))
-    assert j.notify.wanted
+    assert j.notify.wanted and not j.notify.from_master
     assert not load_job(job(tmp_path)).notify.wanted
+    asked = load_job(job(tmp_path, '[notify]\nwebhook = "https://h/x"\nfrom_master = true\n'))
+    assert asked.notify.from_master and asked.notify.view()["from_master"] is True
+    assert j.notify.view()["command"] == ["notify-send", "***"]  # an argument may be a token
 
 
 @pytest.mark.parametrize(("body", "key", "words"), [
@@ -48,6 +63,8 @@ def test_job_notify_is_read(tmp_path: Path) -> None:
     ('webhook = "https://h/x"\nformat = "teams"', "notify.format", "slack, ntfy, json"),
     ('format = "json"', "notify.format", "only used with webhook"),
     ("command = []", "notify.command", "must name a program"),
+    ("from_master = true", "notify.from_master", "only used with webhook"),
+    ('webhook = "https://h/x"\nfrom_master = "yes"', "notify.from_master", "must be"),
     ("command = \"notify-send\"", "notify.command", "list of strings"),
     ('webhok = "https://h/x"', "notify.webhok", "did you mean webhook"),
 ])
@@ -215,3 +232,127 @@ def test_watcher_request_matches_fleets(tmp_path: Path) -> None:
     body = json.loads(req.data)  # type: ignore[arg-type]
     assert body["text"] == "fleet: run r1 (j) failed after 1m 01s\nw\na"
     assert body["state"] == "failed" and body["failure"] == ["a"]
+
+
+class Trickle:
+    """A webhook on this machine that takes the request, then answers one byte every `gap`
+    seconds (with `tls`, over TLS with that (cert, key) pair): each socket operation gets its
+    byte in time, the answer never ends. `cut` is set once the client has gone."""
+
+    def __init__(self, addr: str = "127.0.0.1", gap: float = 0.2,
+                 tls: tuple[Path, Path] | None = None, ends_after: float = 30) -> None:
+        self.server = socket.create_server((addr, 0))
+        self.port = self.server.getsockname()[1]
+        self.url = f"{'https' if tls else 'http'}://{addr}:{self.port}/hooks/T0K3N"
+        self.gap, self.ends_after = gap, ends_after
+        self.context: ssl.SSLContext | None = None
+        if tls is not None:
+            self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.context.load_cert_chain(*tls)
+        self.asked = threading.Event()
+        self.asked_at: float | None = None  # time.monotonic() when the request was in
+        self.cut = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        end = time.monotonic() + self.ends_after  # bounded, so that a test that fails ends
+        try:
+            if self.context is not None:
+                conn = self.context.wrap_socket(conn, server_side=True)
+            conn.recv(65536)
+            self.asked_at = time.monotonic()
+            self.asked.set()
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"." * 10000:
+                if time.monotonic() > end:
+                    return
+                conn.sendall(bytes([byte]))
+                time.sleep(self.gap)
+        except OSError:
+            self.cut.set()
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that signs itself, and its key (PEM files)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleet test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_pem, key_pem = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return cert_pem, key_pem
+
+
+def hook_request(url: str) -> urllib.request.Request:
+    return notify.request(url, Format.SLACK, FAILED)
+
+
+def test_a_trickling_webhook_is_cut_at_the_bound_of_the_whole_send() -> None:
+    """urlopen's timeout is per socket operation: a byte every 0.2 s held it until the server
+    gave up. The whole send is bounded now, and its socket shut at the bound."""
+    hook = Trickle()
+    try:
+        t0 = time.monotonic()
+        why = notify_watch.post(hook_request(hook.url), 1.0)
+        took = time.monotonic() - t0
+        assert why == "it had not answered after 1s (a slow or stalled server)"
+        assert hook.asked.is_set() and took < 10, took  # the trickle would go on for 30 s
+        assert hook.cut.wait(5)  # the connection was shut, not left to the trickle
+    finally:
+        hook.close()
+
+
+def test_a_trickle_over_tls_is_cut_and_tls_stays_verified(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = self_signed(tmp_path)
+    hook = Trickle(tls=(cert, key))
+    try:
+        refused = notify_watch.post(hook_request(hook.url), 5.0)
+        assert refused is not None and "CERTIFICATE_VERIFY_FAILED" in refused, refused
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the system's trust, as OpenSSL reads it
+        t0 = time.monotonic()
+        why = notify_watch.post(hook_request(hook.url), 1.0)
+        assert why == "it had not answered after 1s (a slow or stalled server)", why
+        assert time.monotonic() - t0 < 10
+    finally:
+        hook.close()
+
+
+def test_a_webhooks_answers_in_words_of_its_own() -> None:
+    """A plain answer is taken at once; a refusal's reason is the server's text: printable."""
+    answers = iter([b"HTTP/1.1 204 No Content\r\n\r\n",
+                    b"HTTP/1.1 403 Go \x1b[31maway\r\nContent-Length: 0\r\n\r\n"])
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(65536)
+            self.request.sendall(next(answers))
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/x"
+        assert notify_watch.post(hook_request(url), 5.0) is None
+        assert notify_watch.post(hook_request(url), 5.0) == "it answered HTTP 403 Go ?[31maway"
+        server.shutdown()

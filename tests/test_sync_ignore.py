@@ -15,6 +15,8 @@ import pytest
 
 from fleet import manifest, manifest_view
 from fleet.backends.hosts import planview
+from fleet.config.job import load_job
+from fleet.config.notify import holds_notify
 from fleet.facts.probe import parse_packages, parse_probe
 from fleet.manifest_view import grouped, words_changed
 from fleet.nodeside import python_facts
@@ -270,3 +272,44 @@ def test_needed_names_the_jobs_files_an_ignore_file_leaves_out() -> None:
     assert ignore.needed(ignored, ("train.py", "conf/req.txt", "ok.py", "")) == [
         ("train.py", ".gitignore"), ("conf/req.txt", ".fleetignore")]
     assert ignore.needed((("confx/", ".gitignore"),), ("conf/req.txt",)) == []
+
+
+@pytest.mark.parametrize(("text", "holds"), [
+    ('script = "t.py"\n[notify]\nwebhook = "https://h/T0K3N"\n', True),
+    ('notify = { command = ["true"] }\n', True),
+    ('notify.webhook = "https://h/x"\n', True),
+    ('"\\u006eotify" = { webhook = "https://h/x" }\n', True),  # a quoted key, escaped
+    ("[notify]\n", False),  # empty: it turns word off, and holds nothing
+    ('script = "t.py"\n[env]\nNOTIFY = "1"\n', False),
+    ('[tool.x]\nnotify = "y"\n', False),  # not fleet's (not at the top)
+    ('[notify]\nwebhook = "https://h/x"\nbroken = \n', True),  # not TOML: judged by its lines
+    ('  [ notify ]\nwebhook = "https://h/x"\n=\n', True),
+    ('# notify = no\nx = \n', False),
+])
+def test_holds_notify(text: str, holds: bool) -> None:
+    assert holds_notify(text) is holds
+
+
+def test_a_toml_file_with_a_notify_is_never_synced(tmp_path: Path) -> None:
+    """The job file, a sibling job's and a fleet config file alike: their webhook would reach
+    every node (mode 644 in the code directory); .fleetignore cannot send them."""
+    root = tree(tmp_path / "w", {
+        "job.toml": 'script = "t.py"\n[notify]\nwebhook = "https://h/T0K3N"\n',
+        "jobs/other.TOML": 'notify = { webhook = "https://h/T0K3N" }\n',
+        "quiet.toml": 'script = "t.py"\n[notify]\n', "pyproject.toml": "[project]\n",
+        "notes.txt": "[notify]\nwebhook = 1\n", "t.py": "", ".fleetignore": "!job.toml\n"})
+    s = scan(root, (), ignore_files=True)
+    assert sorted(s.files) == [".fleetignore", "notes.txt", "pyproject.toml", "quiet.toml", "t.py"]
+    assert sorted(s.ignored) == [("job.toml", "[notify]"), ("jobs/other.TOML", "[notify]")]
+    assert ignore.counted(s.ignored) == [("[notify]", ["job.toml", "jobs/other.TOML"])]
+    assert sorted(scan(root, ()).files) == sorted([*s.files, "job.toml", "jobs/other.TOML"])
+
+
+def test_a_job_file_not_named_toml_with_a_notify_is_excluded(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text("")
+    (tmp_path / "inv.toml").write_text("")
+    job = tmp_path / "nightly"
+    job.write_text('inventory = "inv.toml"\nscript = "t.py"\n[notify]\nwebhook = "https://h/x"\n')
+    assert "/nightly" in load_job(job).exclude
+    job.write_text('inventory = "inv.toml"\nscript = "t.py"\n')
+    assert "/nightly" not in load_job(job).exclude

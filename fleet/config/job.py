@@ -221,6 +221,11 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         if data.is_relative_to(workdir.resolve()):
             # Synced on its own; "/" anchors the pattern at the workdir's root.
             exclude += ("/" + data.relative_to(workdir.resolve()).as_posix(),)
+    own = path.resolve()
+    if root.data.get("notify") and not own.name.lower().endswith(".toml") and \
+            own.is_relative_to(workdir.resolve()):
+        # Not synced, as a .toml file that holds a [notify] is not (transport.ignore).
+        exclude += ("/" + own.relative_to(workdir.resolve()).as_posix(),)
     start_timeout = float(root.take("start_timeout", float, 120.0))
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")

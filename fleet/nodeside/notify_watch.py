@@ -3,19 +3,25 @@ run's wrapper, it reads notify.json in the run directory (written by fleet, mode
 removes it at once (the URL then lives only in this process), waits until the wrapper has
 ended, then POSTs what this node knows: its own part's end (its exit code, fleet's stop record,
 the last traceback in its node.log), never the other nodes'. It is not in the run's environment,
-so a stop leaves it be; it ends at most TRIES posts after the run's end, each bounded by
-TIMEOUT_S, and writes what happened to notify.log. argv: the run directory, the wrapper's pid.
-Standard library only, Python 3.8+."""
+so a stop leaves it be; it ends at most TRIES posts after the run's end, each bounded whole by
+TIMEOUT_S (post: fleet's own attached runs send through it too), and writes what happened to
+notify.log. argv: the run directory, the wrapper's pid. Standard library only, Python 3.8+."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.client
 import json
 import os
+import socket
+import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 POLL_S = 1.0
@@ -119,16 +125,78 @@ def request(cfg: dict[str, Any], state: str, said: str, failure: list[str],
                                   headers={"Content-Type": "application/json"})
 
 
-def post(req: urllib.request.Request) -> str | None:
-    """None where the webhook took it, else why not."""
+class _Tracked(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """urllib's http and https handlers that keep each connection they make (its socket can
+    then be shut from another thread), TLS verified as urlopen's default does: the system's
+    certificates, the host name checked."""
+
+    def __init__(self) -> None:
+        urllib.request.HTTPHandler.__init__(self)
+        urllib.request.HTTPSHandler.__init__(self)
+        self.made: list[http.client.HTTPConnection] = []
+
+    def _keep(self, cls: Callable[..., http.client.HTTPConnection]) -> Any:
+        def make(host: str, **kw: Any) -> http.client.HTTPConnection:
+            conn = cls(host, **kw)
+            self.made.append(conn)
+            return conn
+        return make
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._keep(http.client.HTTPConnection), req)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._keep(http.client.HTTPSConnection), req,
+                            context=ssl.create_default_context())
+
+    def shut(self) -> None:
+        """Shut every socket made: a thread blocked on one wakes with an error."""
+        for conn in self.made:
+            sock = conn.sock
+            if sock is not None:
+                # The plain socket's shutdown: an SSL socket's own would drop its state too.
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _clean(text: object) -> str:
+    """A server's words as fleet writes them: printable, one line, 200 characters at most."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))[:200]
+
+
+def _answer(opener: urllib.request.OpenerDirector, req: urllib.request.Request,
+            within: float) -> str | None:
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+        with opener.open(req, timeout=within) as r:
             code = int(r.status)
     except urllib.error.HTTPError as e:
-        return f"it answered HTTP {e.code}"
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return f"it could not be reached ({getattr(e, 'reason', None) or e})"
+        e.close()
+        return f"it answered HTTP {e.code} {_clean(e.reason)}".rstrip()
+    except urllib.error.URLError as e:
+        return f"it could not be reached ({_clean(e.reason)})"
+    except Exception as e:  # noqa: BLE001 - a timeout, a refused or cut connection, bad HTTP
+        return f"it could not be reached ({_clean(e) or type(e).__name__})"
     return None if 200 <= code < 300 else f"it answered HTTP {code}"
+
+
+def post(req: urllib.request.Request, within: float = TIMEOUT_S) -> str | None:
+    """POST: None where the webhook took it, else why not (never the URL). The whole send (the
+    name's lookup, connecting, TLS, the request, the answer's head) ends within `within`
+    seconds: urlopen's own timeout bounds each socket operation alone, so a server that
+    trickles a byte every few seconds would hold it for ever. The send runs in a thread of
+    its own; at the deadline its sockets are shut, which ends it (one still in a name lookup,
+    which nothing can cut short, is left behind: a daemon, gone with this process)."""
+    tracked = _Tracked()
+    opener = urllib.request.build_opener(tracked)
+    said: list[str | None] = []
+    sender = threading.Thread(target=lambda: said.append(_answer(opener, req, within)),
+                              name="fleet-notify", daemon=True)
+    sender.start()
+    sender.join(within)
+    if said:
+        return said[0]
+    tracked.shut()
+    return f"it had not answered after {within:g}s (a slow or stalled server)"
 
 
 def main() -> None:

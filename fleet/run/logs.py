@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
+from fleet.console import printable
 from fleet.errors import FleetError, UsageError
 from fleet.facts.failure import RANK_PREFIX
 from fleet.run.states import RunStatus
@@ -151,30 +152,64 @@ def parse_since(text: str, now: float) -> float:
 @dataclass(frozen=True)
 class Viewed:
     """What fleet/nodeside/log_view.sh said of a node's log: its lines with when each was
-    written (the node's clock; None where its time index has not reached the line), the node's
-    time when asked, and the byte after the last whole line (a follower resumes there)."""
+    written (the node's clock; None where its time index has not reached the line, or was set
+    aside), the node's time when asked, the byte after the last whole line (a follower resumes
+    there), and why the time index was set aside ("" where it was not)."""
 
     lines: list[tuple[float | None, str]]
     now: float
     end: int
+    distrusted: str = ""
 
 
 def parse_view(out: str) -> Viewed:
     """log_view.sh's output (a login shell's noise before it is passed over); ValueError if it
-    did not say all of it."""
+    did not say all of it. The times come from node.times, which the job can write too: where
+    they are not a clean index (index_times), the node's lines are taken as untimed."""
     text = out.split("\n")
     first = next((i for i, line in enumerate(text) if line.startswith("size=")), None)
     last = next((i for i in range(len(text) - 1, -1, -1) if text[i].startswith("end=")), None)
     if first is None or last is None or last < first:
         raise ValueError("the log's view was cut short")
     head = dict(word.partition("=")[::2] for word in text[first].split())
-    lines: list[tuple[float | None, str]] = []
+    now = _finite(head.get("now", "0"))
+    stamps, said = [], []
     for line in text[first + 1:last]:
-        stamp, _, said = line.partition(" ")
+        stamp, _, words = line.partition(" ")
+        stamps.append(stamp)
         # Of a line redrawn with "\r" (a progress bar), its last state is the line.
-        said = said.removesuffix("\r").rsplit("\r", 1)[-1]
-        lines.append((None if stamp == "-" else _finite(stamp), said))
-    return Viewed(lines, _finite(head.get("now", "0")), int(text[last][4:]))
+        said.append(words.removesuffix("\r").rsplit("\r", 1)[-1])
+    times, why = index_times(stamps, now)
+    return Viewed(list(zip(times, said, strict=True)), now, int(text[last][4:]), why)
+
+
+FUTURE_S = 5.0  # a line's time may run this far past the node's own `now` (its clock's jitter)
+
+
+def index_times(stamps: list[str], now: float) -> tuple[list[float | None], str]:
+    """Each line's time from log_view.sh's stamps (`-`: the index has not reached the line),
+    with ""; or, where the stamps are not what fleet's own node.times gives (a time that is not
+    a finite number, one before the epoch or after the node's `now`, times that go back), no
+    times at all, with why in words."""
+    times: list[float | None] = []
+    last = 0.0
+    for stamp in stamps:
+        if stamp == "-":
+            times.append(None)
+            continue
+        try:
+            t = float(stamp)
+        except ValueError:
+            t = math.nan
+        shown = printable(stamp[:20])
+        why = ("a time that is not one" if not math.isfinite(t) or t < 0 else
+               "a time after the node's own clock" if t > now + FUTURE_S else
+               "a time before an earlier line's" if t < last else "")
+        if why:
+            return [None] * len(stamps), f"{why}: {shown!r}"
+        times.append(t)
+        last = t
+    return times, ""
 
 
 def _finite(word: str) -> float:

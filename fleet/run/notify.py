@@ -10,15 +10,15 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
 from fleet.config.notify import Format, Notify, redact
 from fleet.console import Console, Meaning, printable
 from fleet.errors import Interrupted, RunStopped
+from fleet.nodeside import notify_watch
 
-TIMEOUT_S = 10.0  # one webhook POST, or the local command, at most this long
+TIMEOUT_S = 10.0  # one webhook POST (all of it: connect, TLS, answer), or the local command
 TRACE_LINES = 30  # of the first failure's report, the message keeps at most this many lines
 
 
@@ -122,17 +122,9 @@ def request(url: str, fmt: Format, n: Notice) -> urllib.request.Request:
 
 
 def post(url: str, fmt: Format, n: Notice) -> str | None:
-    """POST the notice; None where the webhook took it, else why not (never the URL whole)."""
-    try:
-        with urllib.request.urlopen(request(url, fmt, n), timeout=TIMEOUT_S) as r:
-            code = int(r.status)
-    except urllib.error.HTTPError as e:
-        return f"it answered HTTP {e.code} {e.reason}"
-    except urllib.error.URLError as e:
-        return f"it could not be reached ({e.reason})"
-    except (OSError, ValueError) as e:  # a timeout while reading, a refused connection
-        return f"it could not be reached ({e or type(e).__name__})"
-    return None if 200 <= code < 300 else f"it answered HTTP {code}"
+    """POST the notice; None where the webhook took it, else why not (never the URL whole).
+    The whole send is bounded by TIMEOUT_S (the node-side watcher's post, shared)."""
+    return notify_watch.post(request(url, fmt, n), TIMEOUT_S)
 
 
 def env(n: Notice) -> dict[str, str]:

@@ -2,7 +2,8 @@
 work tree git's own answer (`git ls-files --ignored`: nested .gitignore files, .git/info/exclude
 and the user's global excludes, tracked files never ignored), elsewhere the .gitignore files
 read with pathspec's gitwildmatch; then the workdir's `.fleetignore`, same syntax, whose `!`
-lines also send a file .gitignore leaves out."""
+lines also send a file .gitignore leaves out. Whatever they say, a TOML file that holds a
+`[notify]` (a job file, a fleet config file) is never sent: its webhook stays on this machine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 
 from pathspec import GitIgnoreSpec
 
+from fleet.config.notify import holds_notify
+
 GITIGNORE, FLEETIGNORE = ".gitignore", ".fleetignore"
+NOTIFY = "[notify]"  # what leaves out a file that holds one (keeps_notify)
 
 
 def spec_of(text: str) -> GitIgnoreSpec:
@@ -99,6 +103,19 @@ def _read_spec(path: Path) -> GitIgnoreSpec | None:
         return None
 
 
+def keeps_notify(rel: str, path: str) -> bool:
+    """Whether the workdir's file `rel` (read at `path`) stays on this machine for the
+    `[notify]` it holds (a `.toml` file only: job files and fleet's config are; one that
+    cannot be read is left to the scan, which names it)."""
+    if not rel.lower().endswith(".toml"):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return holds_notify(f.read())
+    except OSError:
+        return False
+
+
 def ignores(root: Path) -> Ignores:
     """The rules for the workdir `root` (one git call where it is in a work tree)."""
     return Ignores(root, git_ignored(root), _read_spec(root / FLEETIGNORE))
@@ -118,8 +135,8 @@ def needed(ignored: tuple[tuple[str, str], ...], rels: tuple[str, ...]) -> list[
 
 
 def counted(ignored: tuple[tuple[str, str], ...]) -> list[tuple[str, list[str]]]:
-    """Ignored paths grouped by the file that ignores them: .gitignore's first."""
-    return [(why, names) for why in (GITIGNORE, FLEETIGNORE)
+    """Ignored paths grouped by the file (or table) that ignores them: .gitignore's first."""
+    return [(why, names) for why in (GITIGNORE, FLEETIGNORE, NOTIFY)
             if (names := [rel for rel, w in ignored if w == why])]
 
 

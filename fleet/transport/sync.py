@@ -18,7 +18,7 @@ from fleet.errors import WorkdirError
 from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
 from fleet.transport.base import Transport
-from fleet.transport.ignore import Ignores, ignores
+from fleet.transport.ignore import NOTIFY, Ignores, ignores, keeps_notify
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime in nanoseconds)
 NS = 10**9
@@ -61,7 +61,8 @@ class Scan:
 def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False) -> Scan:
     """The files of a directory fleet sends, by one rule per kind (README: "What is synced"):
     with `ignore_files` (a workdir), what .gitignore and .fleetignore leave out is not sent,
-    named in `ignored` (transport.ignore); regular files are sent; a link to a file or
+    nor a TOML file that holds a `[notify]` (its webhook is a secret), each named in
+    `ignored` (transport.ignore); regular files are sent; a link to a file or
     directory inside `root` is followed (its content is sent under the link's name); a link
     pointing outside `root`, a dangling link, a link back to a directory already walked (a
     loop), and special files (FIFOs, sockets, devices) are skipped, each named in `skipped`; a
@@ -127,6 +128,9 @@ def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False) -> Sc
                 if not left_out(rel, True):
                     walk(real, rel)
             elif stat.S_ISREG(st.st_mode) and left_out(rel, False):
+                continue
+            elif stat.S_ISREG(st.st_mode) and rules is not None and keeps_notify(rel, path):
+                ignored.append((rel, NOTIFY))
                 continue
             elif stat.S_ISREG(st.st_mode):
                 if not os.access(path, os.R_OK):

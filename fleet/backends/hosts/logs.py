@@ -87,12 +87,17 @@ def view_script(run_dir: str, since: float | None, tail: int | None) -> str:
 
 
 class _Seen:
-    """One node's lines as they were when asked (times on this machine's clock), and where its
-    follower resumes."""
+    """One node's lines as they were when asked (times on this machine's clock), where its
+    follower resumes, and what to say of its times under --merge or --since ("": nothing)."""
 
     def __init__(self, lines: list[tuple[float, Tagged]], end: int, pid: int | None,
-                 untimed: bool) -> None:
-        self.lines, self.end, self.pid, self.untimed = lines, end, pid, untimed
+                 note: str) -> None:
+        self.lines, self.end, self.pid, self.note = lines, end, pid, note
+
+
+UNTIMED = ("its log has no times (no node.times beside it: an earlier fleet started the run, or "
+           "the node's python could not keep them): --merge and --since take its lines as "
+           "written by now")
 
 
 def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], follow: bool,
@@ -108,12 +113,23 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
             if not r.ok:
                 raise RemoteCommandError(n.host.name, "read the run's log", r.code, r.err)
             seen = parse_view(r.out)
+            if seen.distrusted and since is not None:
+                # The node chose the lines by times it cannot vouch for: all of them, then.
+                r = t.run(view_script(run_dir, None, view.tail), timeout=300,
+                          what="read the run's log")
+                if not r.ok:
+                    raise RemoteCommandError(n.host.name, "read the run's log", r.code, r.err)
+                seen = parse_view(r.out)
             tag = _tagger(t, n, run_dir)
             lines = [(when, tag(line)) for when, line in placed(seen, t.clock_offset)]
             if not view.merge:
                 show(n.host.name, [tg for _, tg in lines])
-            untimed = bool(seen.lines) and all(when is None for when, _ in seen.lines)
-            return _Seen(lines, seen.end, st.pid if follow and not st.done else None, untimed)
+            note = (f"its log's time index (node.times, which the job can write too) is set "
+                    f"aside: {seen.distrusted}; --merge and --since take its lines as written "
+                    "by now" if seen.distrusted else
+                    UNTIMED if seen.lines and all(when is None for when, _ in seen.lines)
+                    else "")
+            return _Seen(lines, seen.end, st.pid if follow and not st.done else None, note)
 
     looked = each(((n.host.name, n) for n in nodes), look)
     seen = {name: r for name, r in looked.items() if isinstance(r, _Seen)}
@@ -123,10 +139,8 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
         for name, group in itertools.groupby(stream, key=lambda x: x[0]):
             show(name, [tg for _, tg in group])
     for name, s in seen.items():
-        if s.untimed and (view.merge or view.since is not None):
-            console.phase(name, "its log has no times (no node.times beside it: an earlier "
-                                "fleet started the run, or the node's python could not keep "
-                                "them): --merge and --since take its lines as written by now")
+        if s.note and (view.merge or view.since is not None):
+            console.phase(name, s.note)
 
     def go_on(n: NodeRecord) -> int:
         s = seen[n.host.name]

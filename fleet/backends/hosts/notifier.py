@@ -1,7 +1,8 @@
 """A detached run's `[notify]` on SSH hosts: the watcher (fleet/nodeside/notify_watch.py)
 started on the master beside the run, which tells the webhook of the master's end without
-fleet. What it cannot do is said, never left out: the local command runs on the laptop only,
-and the other nodes' ends are not watched."""
+fleet, where `from_master = true` lets the webhook go there. What it cannot do is said, never
+left out: the local command runs on the laptop only, and the other nodes' ends are not
+watched."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def start_watch(t: Transport, cfg: Notify, run_dir: str, pid: int, run_id: str, 
                "machine)" if cfg.command else "")
     if cfg.webhook is None:
         return f"warning: notify: a detached run sends no notification:{command}"
+    if not cfg.from_master:  # the webhook is a secret: it leaves this machine only when asked
+        return ("warning: notify: a detached run sends no notification: its webhook stays on "
+                "this machine unless [notify] says `from_master = true` (the master then holds "
+                f"it, to tell of the run's end){';' + command if command else ''}")
     try:
         t.write(f"{run_dir}/{CONFIG}", config(cfg, run_id, job, node, key), 0o600)
         t.run(watch_script(t.path(t.host.python), run_dir, pid), timeout=30,

@@ -50,10 +50,18 @@ def scan_sources(job: Job, console: Console) -> Sources:
     with console.waiting("reading the files to send"):
         code = scan(job.workdir, job.exclude, ignore_files=True)
         data = scan(job.data, ()) if job.data else None
-    if code.ignored:
-        console.info(f"not sent: {ignore.summary(code.ignored)} (`fleet plan` names them)")
+    kept = [rel for rel, why in code.ignored if why == ignore.NOTIFY]
+    others = tuple((rel, why) for rel, why in code.ignored if why != ignore.NOTIFY)
+    if others:
+        console.info(f"not sent: {ignore.summary(others)} (`fleet plan` names them)")
+    for rel in kept[:SKIPPED_SHOWN]:
+        console.info(f"not sent: {code.root / rel}: it holds a [notify] (its webhook stays on "
+                     "this machine)")
     for rel, why in ignore.needed(code.ignored, (job.script or "", *job.setup_inputs)):
         raise ConfigError(job.path, "script" if rel == job.script else "setup_inputs",
+                          f"{rel} holds a [notify], which is never synced (its webhook stays "
+                          "on this machine): move the [notify] to another file"
+                          if why == ignore.NOTIFY else
                           f"{rel} is left out of the sync by {job.workdir / why}; send it with "
                           f"a line `!{rel}` in {job.workdir / ignore.FLEETIGNORE}")
     for s in (code, data):
