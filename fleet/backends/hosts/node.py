@@ -28,11 +28,13 @@ PID_WAIT_TICKS = 500
 # ---- start --------------------------------------------------------------------------------
 def start_script(run_dir: str, run_id: str, python: str = "") -> str:
     """run.sh detached from this connection (own session, no tty); prints its pid. With the
-    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py)."""
+    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py), and
+    the run's processes are recorded by descent (fleet/nodeside/run_tree.py)."""
     if not python:
         return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
     return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
-                         loader("log_times.py"), python="log_times.py")
+                         loader("log_times.py"), loader("run_tree.py", 4),
+                         python=("log_times.py", "run_tree.py"))
 
 
 def parse_pid(out: str) -> int | None:

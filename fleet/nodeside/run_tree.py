@@ -1,0 +1,123 @@
+"""The run's processes by descent, recorded in the run directory's `procs` while they live: a
+process that sheds FLEET_RUN_ID and its session (`setsid env -u FLEET_RUN_ID ...`), or whose
+parent ends so that it is re-parented to PID 1, keeps no link to the run but this record. Every
+TICK_S the process tree is read; each process of this user whose parent is the wrapper or one
+recorded before (the same pid with the same start time: a pid may be reused) is appended as a
+line `<pid> <start>` (start time in clock ticks since boot, field 22 of /proc/PID/stat); the
+first line is the wrapper itself, whose start time is the run's (run_pids.sh checks every pid
+against it). It ends once no recorded process is alive. argv: the run directory, the wrapper's
+pid."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+TICK_S = 0.25
+COMPACT_AFTER = 10000  # lines appended before the record is rewritten with the living only
+
+
+def parse_stat(text: str) -> tuple[int, int, int] | None:
+    """(pid, parent pid, start time) from the text of /proc/PID/stat, None if it is not one.
+    The command name sits in parentheses and may hold anything, spaces, parentheses and
+    newlines included: the fields are those after its last `) `."""
+    head, sep, tail = text.rpartition(") ")
+    pid, paren, _ = head.partition(" (")
+    fields = tail.split()
+    if not sep or not paren or not pid.isdigit() or len(fields) < 20:
+        return None
+    ppid, start = fields[1], fields[19]
+    if not ppid.isdigit() or not start.isdigit():
+        return None
+    return int(pid), int(ppid), int(start)
+
+
+def parse_uid(status: str) -> int | None:
+    """The real uid from the text of /proc/PID/status."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            words = line.split()
+            return int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    return None
+
+
+def descendants(table: dict[int, tuple[int, int, int]], known: dict[int, int],
+                uid: int) -> dict[int, int]:
+    """The processes of `table` (pid -> (parent pid, start, uid)) owned by `uid` that descend
+    from a living process of `known` (pid -> start time), not in it yet: pid -> start."""
+    alive = {p for p, s in known.items() if p in table and table[p][1] == s}
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _, owner) in table.items():
+        if owner == uid and p != 1 and p not in known:
+            children.setdefault(ppid, []).append(p)
+    found: dict[int, int] = {}
+    todo = list(alive)
+    while todo:
+        for c in children.pop(todo.pop(), []):
+            found[c] = table[c][1]
+            todo.append(c)
+    return found
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None  # the process ended meanwhile
+
+
+def scan(proc: str = "/proc") -> dict[int, tuple[int, int, int]]:
+    """Every process now: pid -> (parent pid, start time, uid)."""
+    table: dict[int, tuple[int, int, int]] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        stat, status = read(f"{proc}/{name}/stat"), read(f"{proc}/{name}/status")
+        got = parse_stat(stat) if stat is not None else None
+        uid = parse_uid(status) if status is not None else None
+        if got is not None and uid is not None and got[0] == int(name):
+            table[got[0]] = (got[1], got[2], uid)
+    return table
+
+
+def main() -> None:
+    run_dir, wrapper = sys.argv[1], int(sys.argv[2])
+    uid = os.getuid()
+    table = scan()
+    if wrapper not in table:
+        return  # it ended already: nothing of it can be told apart any more
+    begun = table[wrapper][1]
+    known = {wrapper: begun}
+    path = os.path.join(run_dir, "procs")
+    out = open(path, "a", encoding="ascii")
+    out.write(f"{wrapper} {known[wrapper]}\n")
+    out.flush()
+    written = 1
+    while True:
+        new = descendants(table, known, uid)
+        if new:
+            out.write("".join(f"{p} {s}\n" for p, s in new.items()))
+            out.flush()
+            written += len(new)
+        known.update(new)
+        # Only the living are kept: a pid's next owner is not the run's.
+        known = {p: s for p, s in known.items() if p in table and table[p][1] == s}
+        if not known:
+            return
+        if written > COMPACT_AFTER:
+            # The wrapper's line stays first, ended or not: it names the run's start.
+            lines = [(wrapper, begun)] + [(p, s) for p, s in known.items() if p != wrapper]
+            with open(path + ".tmp", "w", encoding="ascii") as f:
+                f.write("".join(f"{p} {s}\n" for p, s in lines))
+            os.replace(path + ".tmp", path)
+            out.close()
+            out = open(path, "a", encoding="ascii")
+            written = len(lines)
+        time.sleep(TICK_S)
+        table = scan()
+
+
+if __name__ == "__main__":
+    main()
