@@ -82,6 +82,11 @@ def scan(proc: str = "/proc") -> dict[int, tuple[int, int, int]]:
     return table
 
 
+def write(path: str, procs: list[tuple[int, int]], mode: str = "a") -> None:
+    with open(path, mode, encoding="ascii") as f:
+        f.write("".join(f"{p} {s}\n" for p, s in procs))
+
+
 def main() -> None:
     run_dir, wrapper = sys.argv[1], int(sys.argv[2])
     uid = os.getuid()
@@ -91,15 +96,12 @@ def main() -> None:
     begun = table[wrapper][1]
     known = {wrapper: begun}
     path = os.path.join(run_dir, "procs")
-    out = open(path, "a", encoding="ascii")
-    out.write(f"{wrapper} {known[wrapper]}\n")
-    out.flush()
+    write(path, [(wrapper, begun)], "w")  # an earlier attempt's record names another wrapper
     written = 1
     while True:
         new = descendants(table, known, uid)
         if new:
-            out.write("".join(f"{p} {s}\n" for p, s in new.items()))
-            out.flush()
+            write(path, list(new.items()))
             written += len(new)
         known.update(new)
         # Only the living are kept: a pid's next owner is not the run's.
@@ -109,11 +111,8 @@ def main() -> None:
         if written > COMPACT_AFTER:
             # The wrapper's line stays first, ended or not: it names the run's start.
             lines = [(wrapper, begun)] + [(p, s) for p, s in known.items() if p != wrapper]
-            with open(path + ".tmp", "w", encoding="ascii") as f:
-                f.write("".join(f"{p} {s}\n" for p, s in lines))
+            write(path + ".tmp", lines, "w")
             os.replace(path + ".tmp", path)
-            out.close()
-            out = open(path, "a", encoding="ascii")
             written = len(lines)
         time.sleep(TICK_S)
         table = scan()
