@@ -113,7 +113,7 @@ def test_stop_ends_a_process_that_left_the_run_and_spares_others(cli: CLI, tb2: 
         # Inside node1, as root, started after the run, neither its descendant nor in its
         # session or environment: not the run's.
         bystander = subprocess.Popen(["nsenter", "-t", str(tb2.host("node1").init_pid), "-p",
-                                      "-m", "setsid", "sleep", "654"],
+                                      "-m", "-n", "setsid", "sleep", "654"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         run_id = next((cli.cwd / ".fleet" / "runs").iterdir()).name
         r = cli("stop", run_id, timeout=120)
