@@ -40,17 +40,24 @@ def test_uid_is_the_real_one() -> None:
 
 
 def test_descent_keeps_an_orphan_and_its_children_once_recorded() -> None:
-    table = {10: (1, 100, ME),      # the wrapper
-             11: (10, 101, ME),     # its child
-             12: (1, 102, ME),      # recorded before, re-parented to PID 1 since
-             13: (12, 103, ME),     # started by the orphan
-             14: (13, 104, OTHER),  # another user's (set-uid): not signalled by this user
-             15: (1, 105, ME),      # a stranger re-parented to PID 1, never recorded
-             16: (15, 106, ME)}
-    assert descendants(table, {10: 100, 12: 102}, ME) == {11: 101, 13: 103}
+    table = {10: (1, 100),    # the wrapper
+             11: (10, 101),   # its child
+             12: (1, 102),    # recorded before, re-parented to PID 1 since
+             13: (12, 103),   # started by the orphan
+             14: (13, 104),   # another user's (set-uid): not signalled by this user
+             15: (1, 105),    # a stranger re-parented to PID 1, never recorded
+             16: (15, 106)}
+    asked: list[int] = []
+
+    def owner(pid: int) -> int:
+        asked.append(pid)
+        return OTHER if pid == 14 else ME
+
+    assert descendants(table, {10: 100, 12: 102}, ME, owner) == {11: 101, 13: 103}
+    assert sorted(asked) == [11, 13, 14]  # only the candidates are read
     # A recorded pid now owned by another process (its start differs) leads nowhere.
-    assert descendants(table, {10: 100, 12: 99}, ME) == {11: 101}
-    assert descendants(table, {10: 99}, ME) == {}
+    assert descendants(table, {10: 100, 12: 99}, ME, owner) == {11: 101}
+    assert descendants(table, {10: 99}, ME, owner) == {}
 
 
 class Proc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 TICK_S = 0.25
 COMPACT_AFTER = 10000  # lines appended before the record is rewritten with the living only
@@ -42,21 +43,24 @@ def parse_uid(status: str) -> int | None:
     return None
 
 
-def descendants(table: dict[int, tuple[int, int, int]], known: dict[int, int],
-                uid: int) -> dict[int, int]:
-    """The processes of `table` (pid -> (parent pid, start, uid)) owned by `uid` that descend
-    from a living process of `known` (pid -> start time), not in it yet: pid -> start."""
+def descendants(table: dict[int, tuple[int, int]], known: dict[int, int], uid: int,
+                owner: Callable[[int], int | None]) -> dict[int, int]:
+    """The processes of `table` (pid -> (parent pid, start)) that `owner` (pid -> uid) says
+    are `uid`'s and that descend from a living process of `known` (pid -> start time), not in
+    it yet: pid -> start. Only those are asked about their owner: reading every process's
+    status each tick would cost a node more than the whole tree does."""
     alive = {p for p, s in known.items() if p in table and table[p][1] == s}
     children: dict[int, list[int]] = {}
-    for p, (ppid, _, owner) in table.items():
-        if owner == uid and p != 1 and p not in known:
+    for p, (ppid, _) in table.items():
+        if p != 1 and p not in known:
             children.setdefault(ppid, []).append(p)
     found: dict[int, int] = {}
     todo = list(alive)
     while todo:
         for c in children.pop(todo.pop(), []):
-            found[c] = table[c][1]
-            todo.append(c)
+            if owner(c) == uid:
+                found[c] = table[c][1]
+                todo.append(c)
     return found
 
 
@@ -68,17 +72,21 @@ def read(path: str) -> str | None:
         return None  # the process ended meanwhile
 
 
-def scan(proc: str = "/proc") -> dict[int, tuple[int, int, int]]:
-    """Every process now: pid -> (parent pid, start time, uid)."""
-    table: dict[int, tuple[int, int, int]] = {}
+def owner(pid: int, proc: str = "/proc") -> int | None:
+    status = read(f"{proc}/{pid}/status")
+    return parse_uid(status) if status is not None else None
+
+
+def scan(proc: str = "/proc") -> dict[int, tuple[int, int]]:
+    """Every process now: pid -> (parent pid, start time)."""
+    table: dict[int, tuple[int, int]] = {}
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
-        stat, status = read(f"{proc}/{name}/stat"), read(f"{proc}/{name}/status")
+        stat = read(f"{proc}/{name}/stat")
         got = parse_stat(stat) if stat is not None else None
-        uid = parse_uid(status) if status is not None else None
-        if got is not None and uid is not None and got[0] == int(name):
-            table[got[0]] = (got[1], got[2], uid)
+        if got is not None and got[0] == int(name):
+            table[got[0]] = (got[1], got[2])
     return table
 
 
@@ -99,7 +107,7 @@ def main() -> None:
     write(path, [(wrapper, begun)], "w")  # an earlier attempt's record names another wrapper
     written = 1
     while True:
-        new = descendants(table, known, uid)
+        new = descendants(table, known, uid, owner)
         if new:
             write(path, list(new.items()))
             written += len(new)
