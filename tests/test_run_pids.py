@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from fleet import nodeside
-from fleet.nodeside.run_tree import descendants, parse_stat, parse_uid
+from fleet.nodeside.run_tree import descendants, parse_stat, parse_uid, subtree
 
 SH = shutil.which("dash") or "sh"
 ME = os.getuid()
@@ -146,3 +146,15 @@ def test_never_before_the_run_nor_pid_1_nor_a_forged_line(tmp_path: Path) -> Non
     # A command name with a newline that would read as another process's stat line.
     proc.add(140, 100, 140, 5040, comm="x\n61 (y")
     assert run_pids(proc.root, run_dir) == {100, 140}
+
+
+def test_the_subtree_follows_children_files_only_down_from_its_roots(tmp_path: Path) -> None:
+    proc = Proc(tmp_path / "proc")
+    for pid, ppid, start in ((10, 1, 100), (11, 10, 101), (12, 11, 102), (20, 1, 200)):
+        proc.add(pid, ppid, pid, start)
+    kids = {10: "11 ", 11: "12 99 ", 12: "", 20: "21 "}  # 99 ended meanwhile: no stat
+    for pid, text in kids.items():
+        (proc.root / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (proc.root / str(pid) / "task" / str(pid) / "children").write_text(text)
+    assert subtree([10], str(proc.root)) == {10: (1, 100), 11: (10, 101), 12: (11, 102)}
+    assert subtree([30], str(proc.root)) == {}
