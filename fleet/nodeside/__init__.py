@@ -23,20 +23,17 @@ def text(name: str) -> str:
     return body
 
 
-def loader(name: str, fd: int = 3) -> str:
-    """What `python -c` runs: the program `name` read from file descriptor `fd` (the
-    here-document python_program and shell_program open there: 3, and 4 for a shell program's
-    second). The command line stays short, so that `ps` shows this and the program's arguments,
-    not the program; its stdin stays free."""
+def loader(name: str) -> str:
+    """What `python -c` runs: the program `name` read from file descriptor 3 (the here-document
+    python_program and shell_program open there). The command line stays short, so that `ps`
+    shows this and the program's arguments, not the program; its stdin stays free."""
     stem = "fleet-" + name.rsplit(".", 1)[0].replace("_", "-")
     return (f"import os,sys;sys.argv[0]={stem!r};"
-            f"exec(compile(os.fdopen({fd},encoding='utf-8').read(),{stem!r},'exec'))")
+            f"exec(compile(os.fdopen(3,encoding='utf-8').read(),{stem!r},'exec'))")
 
 
-def _code(*names: str) -> str:
-    """Here-documents on file descriptors 3, 4...: each program's text, in that order."""
-    opens = " ".join(f"{3 + i}<<'{PY_END}'" for i in range(len(names)))
-    return "\n".join([opens, *(f"{text(n)}\n{PY_END}" for n in names)])
+def _code(name: str) -> str:
+    return f"3<<'{PY_END}'\n{text(name)}\n{PY_END}"
 
 
 def python_program(interpreter: str, name: str, *args: object, flags: tuple[str, ...] = (),
@@ -50,7 +47,7 @@ def python_program(interpreter: str, name: str, *args: object, flags: tuple[str,
     return f"{parts}{' ' + redirect if redirect else ''} {_code(name)}"
 
 
-def shell_program(name: str, *args: object, python: str | tuple[str, ...] = "",
+def shell_program(name: str, *args: object, python: str = "",
                   uses: tuple[str, ...] = ()) -> str:
     """sh text that runs the shell program `name` with `args` (each quoted as one word, a
     fleet.shell.Raw word as it is: "$HOME"/fleet). It runs in the shell that carries it, as a
@@ -58,8 +55,6 @@ def shell_program(name: str, *args: object, python: str | tuple[str, ...] = "",
     that shell too: where more must follow, put it in a subshell. `set --` is a builtin: the
     arguments never show in a process's argv. `uses`: files of shell functions it calls,
     defined before it. With `python`, that Python program's text is open on file descriptor 3
-    for the interpreter the shell program starts with `-c` and loader(python) (an argument);
-    with several, the next on 4 (loader(name, 4)), and so on."""
+    for the interpreter the shell program starts with `-c` and loader(python) (an argument)."""
     body = "\n".join(["{", f"set -- {sh(*args)}", *map(text, uses), text(name), "}"])
-    names = (python,) if isinstance(python, str) else python
-    return f"{body} {_code(*names)}" if any(names) else body
+    return f"{body} {_code(python)}" if python else body

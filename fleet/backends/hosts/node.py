@@ -16,6 +16,7 @@ from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
+from fleet.render import TREE_FILE
 from fleet.run.states import NodeStatus
 from fleet.shell import quote, sh
 from fleet.transport import Received, Transport
@@ -33,8 +34,7 @@ def start_script(run_dir: str, run_id: str, python: str = "") -> str:
     if not python:
         return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
     return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
-                         loader("log_times.py"), loader("run_tree.py", 4),
-                         python=("log_times.py", "run_tree.py"))
+                         loader("log_times.py"), TREE_FILE, python="log_times.py")
 
 
 def parse_pid(out: str) -> int | None:
