@@ -19,6 +19,10 @@ SHIPPED = (_CHECKOUT if (_CHECKOUT / "run.sh.j2").is_file()
            else Path(fleet.templates.__file__).parent)
 NODESIDE = Path(fleet.nodeside.__file__).parent
 SITE_FILES = ("sitecustomize.py", "fleet_local_rank.py")
+# start.sh runs it beside the wrapper (the run's processes by descent). A file, not a
+# here-document: a text longer than a pipe holds would keep the start's connection open until
+# the program had read it.
+TREE_FILE = "run_tree.py"
 STOP_GRACE_S = 10
 
 
@@ -50,4 +54,5 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
         "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),
         "stop.sh": (env.get_template("stop.sh.j2").render(ctx), 0o700),
         **{f"{SITE}/{name}": ((NODESIDE / name).read_text(), 0o644) for name in SITE_FILES},
+        TREE_FILE: ((NODESIDE / TREE_FILE).read_text(), 0o644),
     })

@@ -10,7 +10,7 @@
 # flight recorder file's name is given in hex, and sizes are bounded.
 cd "$1" 2>/dev/null || { echo missing; exit 0; }
 [ -e exit_code ] && echo "=== ended $(head -n 1 exit_code | head -c 12 | tr -cd '0-9-')"
-mine=$(run_pids "$2")
+mine=$(run_pids "$2" .)
 sent=''
 # NCCL flight recorder (where the job asked for it): each rank dumps when its pipe is written
 # to. A pipe nobody reads would block the write: it runs aside, briefly.

@@ -1,7 +1,63 @@
-# run_pids ID: the processes of fleet run ID on this machine. torchrun starts each worker in its
-# own session, so process groups do not reach them: they are found by FLEET_RUN_ID in their
-# environment instead, with one grep over every process's environment (NUL-separated entries,
-# matched whole), the shell that asks left out.
+# run_pids ID DIR: the processes of fleet run ID on this machine, DIR its node's run directory.
+# A process is the run's by any link it cannot shed on its own: FLEET_RUN_ID=ID in its
+# environment (torchrun starts each worker in its own session, so sessions alone do not reach
+# them); the session fleet gave the wrapper (its pid); the record of the wrapper's descendants
+# that run_tree.py keeps while they live (pid and start time: a pid may be reused), which a
+# process that left both the environment and the session (`setsid env -u FLEET_RUN_ID ...`)
+# cannot leave; or a parent that is the run's. Each pid is checked before it is named: alive,
+# not PID 1 nor an unreaped zombie, not the shell that asks, owned by the user who asks, and
+# started no earlier than the wrapper (the record's first line). Without that line (no record:
+# its python could not run) only the environment and descent from it count. ${procfs:-/proc}
+# is where processes are read (a unit test's own). Every file there and in DIR is read as
+# data: the job can write DIR.
 run_pids() {
-  grep -lzxF -- "FLEET_RUN_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$"
+  rp_proc=${procfs:-/proc}
+  rp_w=$(head -c 16 "$2/pid" 2>/dev/null)
+  {
+    grep -lzxF -- "FLEET_RUN_ID=$1" "$rp_proc"/[0-9]*/environ 2>/dev/null |
+      sed -n 's|^.*/\([0-9][0-9]*\)/environ$|E \1|p'
+    head -c 1048576 "$2/procs" 2>/dev/null | sed -n 's/^\([0-9][0-9]*\) \([0-9][0-9]*\)$/R \1 \2/p'
+    grep -H '^Uid:' "$rp_proc"/[0-9]*/status 2>/dev/null |
+      sed -n 's|^.*/\([0-9][0-9]*\)/status:Uid:[[:space:]]*\([0-9][0-9]*\).*$|U \1 \2|p'
+    # Every line of every stat, behind its file's name: a command name may hold a newline.
+    grep -H '' "$rp_proc"/[0-9]*/stat 2>/dev/null | sed -n 's|^.*/\([0-9][0-9]*\)/stat:|S \1 |p'
+  } | awk -v w="$rp_w" -v me="$(id -u)" -v self="$$" '
+    $1 == "E" { env[$2] = 1; next }
+    $1 == "R" { if (!($2 in rec)) { rec[$2] = $3; if (first == "") first = $2 } next }
+    $1 == "U" { uid[$2] = $3; next }
+    $1 == "S" { p = $2; sub(/^S [0-9]+ /, ""); stat[p] = stat[p] $0 " "; next }
+    function ok(q) {
+      return (q in start) && q != 1 && q != self && (q in uid) && uid[q] == me &&
+             (floor == "" || start[q] >= floor)
+    }
+    END {
+      # The command name ends at the last ") ": the fields after it are numbers and a letter.
+      for (p in stat) {
+        t = stat[p]
+        if (substr(t, 1, length(p) + 2) != p " (") continue
+        sub(/^.*\) /, "", t)
+        if (split(t, f, " ") < 20 || f[2] !~ /^[0-9]+$/ || f[20] !~ /^[0-9]+$/) continue
+        if (f[1] == "Z" || f[1] == "X") continue  # ended: only its parent may reap it
+        ppid[p] = f[2]; sid[p] = f[4]; start[p] = f[20] + 0
+      }
+      # The run began when its wrapper did: the first recorded line, if it names the wrapper.
+      floor = ""
+      if (w ~ /^[0-9]+$/ && first == w) floor = rec[w] + 0
+      for (q in env) if (ok(q)) mine[q] = 1
+      if (floor != "") {
+        for (q in rec) if (ok(q) && start[q] == rec[q] + 0) mine[q] = 1
+        # The session of that number is the run one while the wrapper lives, and after it has
+        # ended while the session does (the number is not given to a new process until then);
+        # a process that has the number now and is not the wrapper may lead a session of its
+        # own: none counts then.
+        if (!(w in start) || start[w] == floor)
+          for (q in sid) if (sid[q] == w && ok(q)) mine[q] = 1
+      }
+      n = 1
+      while (n) {
+        n = 0
+        for (q in ppid) if (!(q in mine) && (ppid[q] in mine) && ok(q)) { mine[q] = 1; n = 1 }
+      }
+      for (q in mine) print q
+    }'
 }

@@ -2,7 +2,9 @@
 # then prints its pid once run.sh has recorded it.
 # $1: the run directory, $2: the run id, $3: how many times to look for the pid, 0.01 s apart;
 # $4 (optional): the node's python, which keeps node.log's time index beside it while the
-# wrapper lives (log_times.py, its text on file descriptor 3, started by `-c $5`).
+# wrapper lives (log_times.py, its text on file descriptor 3, started by `-c $5`), and records
+# the run's processes by descent while they live ($6, run_tree.py in the run directory): a
+# process that leaves the run's environment and session is still found by stop.sh.
 cd "$1" || exit 1
 [ -e stopped ] && { echo 'stopped before it started' >&2; exit 3; }
 # Appending: stop.sh's line lands whole between the job's, never overwritten by them.
@@ -13,8 +15,10 @@ while [ ! -s pid ] && [ "$i" -lt "$3" ]; do
   i=$((i + 1))
 done
 p=$(cat pid)
-# Not in the run's environment: stop.sh leaves it be, and it ends by itself after the wrapper.
+# Neither is in the run's environment nor descends from it: stop.sh leaves them be, and each
+# ends by itself after the wrapper (run_tree.py after the last process it recorded).
 if [ -n "$4" ] && [ -n "$p" ]; then
   setsid "$4" -I -S -c "$5" "$1" "$p" < /dev/null > /dev/null 2>&1 &
+  [ -f "${6:-}" ] && setsid "$4" -I -S "$6" "$1" "$p" < /dev/null > /dev/null 2>&1 3<&- &
 fi
 echo "$p"

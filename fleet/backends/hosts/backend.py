@@ -93,7 +93,8 @@ class HostsBackend(Backend):
                 bad += 1
                 console.phase(name, f"still alive after SIGKILL: {r}")
             else:
-                console.phase(name, "stopped (nothing of the run left)")
+                console.phase(name, "stopped (nothing of the run left that fleet can find: "
+                                    "by run id, session or descent)")
         if bad:
             raise NotEveryNode(f"run {rec.run_id} could not be stopped on {bad} node(s)")
         console.info(f"run {rec.run_id} stopped on every node")

@@ -16,6 +16,7 @@ from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
+from fleet.render import TREE_FILE
 from fleet.run.states import NodeStatus
 from fleet.shell import quote, sh
 from fleet.transport import Received, Transport
@@ -28,11 +29,12 @@ PID_WAIT_TICKS = 500
 # ---- start --------------------------------------------------------------------------------
 def start_script(run_dir: str, run_id: str, python: str = "") -> str:
     """run.sh detached from this connection (own session, no tty); prints its pid. With the
-    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py)."""
+    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py), and
+    the run's processes are recorded by descent (fleet/nodeside/run_tree.py)."""
     if not python:
         return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
     return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
-                         loader("log_times.py"), python="log_times.py")
+                         loader("log_times.py"), TREE_FILE, python="log_times.py")
 
 
 def parse_pid(out: str) -> int | None:

@@ -185,11 +185,15 @@ class HostsRun(Run):
         self.stopping = True
         faults.point(Phase.STOP.value)
         nodes = [n for n in self.plan.nodes if n.host.name not in (skip or set())]
+        # A node whose part has ended is stopped too (it answers, so it costs one command):
+        # what its part started may outlive it, and the run's stop ends that as well.
+        ended = [n for n in self.plan.nodes if n.host.name in (skip or set())
+                 and n.host.name in self.may_run and n.host.name not in self.lost]
         if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
         with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"):
-            problems = stop_nodes(self.session, nodes, self.console, by, self.key, self.links,
-                                  self.lost, self.plan.job.watchdog.unreachable_after)
+            problems = stop_nodes(self.session, nodes + ended, self.console, by, self.key,
+                                  self.links, self.lost, self.plan.job.watchdog.unreachable_after)
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 
