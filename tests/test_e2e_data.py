@@ -313,7 +313,8 @@ def test_the_same_engine_fetches_from_a_node_over_ssh(tb: Testbed, tmp_path: Pat
     here.mkdir()
     t = open_transport(inv.hosts[0])
     try:
-        got = fetch(t, inv.hosts[0].python, str(outputs), ["ckpt/last.pt", "metrics.json"], here)
+        got = fetch(t, inv.hosts[0].python, str(outputs),
+                        [Want("ckpt/last.pt", len(big)), Want("metrics.json", 14)], here)
     finally:
         t.close()
     assert (here / "ckpt" / "last.pt").read_bytes() == big
