@@ -17,6 +17,7 @@ from fleet.config.inventory import Host
 from fleet.errors import CommandTimedOut, TransportError
 from fleet.shell import quote
 from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
+from fleet.transport.budget import MAX_SESSIONS, Budget, Slot
 from fleet.transport.connection import open_client
 from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
@@ -27,9 +28,9 @@ PUT_CHUNK = 1 << 20  # bytes per SFTP write call: the unit of progress a stalled
 
 
 class _SSHPipe(Pipe):
-    def __init__(self, chan: paramiko.Channel) -> None:
+    def __init__(self, chan: paramiko.Channel, slot: Slot) -> None:
         super().__init__()
-        self.chan = chan
+        self.chan, self.slot = chan, slot
         threading.Thread(target=self._drain_err, daemon=True).start()
 
     def _drain_err(self) -> None:
@@ -52,10 +53,13 @@ class _SSHPipe(Pipe):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.chan.close()
+        self.slot.release()
 
     def status(self, timeout: float) -> int | None:
         if not self.chan.status_event.wait(timeout):
             return None
+        if self.chan.closed:  # both sides closed it: sshd no longer counts it
+            self.slot.release()
         return int(self.chan.recv_exit_status())
 
 
@@ -102,7 +106,11 @@ class SSHTransport(Transport):
         super().__init__(host)
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_slot: Slot | None = None
         self._lock = threading.Lock()
+        # Every session channel (a command, a stream, a pipe, SFTP) holds one of these while it
+        # is open: sshd refuses a connection's 11th ("Connect failed"); here it waits its turn.
+        self.sessions = Budget(MAX_SESSIONS)
 
     def connect(self, hello: bool = True) -> None:
         self._client = open_client(self.host)
@@ -115,25 +123,48 @@ class SSHTransport(Transport):
             raise TransportError(f"connection to {self.host.address} was lost")
         return t
 
-    def _session(self) -> paramiko.Channel:
-        chan = self._transport().open_session(timeout=10)
-        chan.exec_command(BOOT)
-        return chan
+    def _lost(self) -> str | None:
+        t = self._client.get_transport() if self._client else None
+        return None if t is not None and t.is_active() else \
+            f"connection to {self.host.address} was lost"
+
+    def _open(self) -> tuple[paramiko.Channel, Slot]:
+        """A session channel, once the connection's budget has room for it (see MAX_SESSIONS);
+        the slot goes back when the channel is closed."""
+        slot = self.sessions.take(self._lost)
+        try:
+            return self._transport().open_session(timeout=10), slot
+        except BaseException:
+            slot.release()
+            raise
+
+    def _session(self) -> tuple[paramiko.Channel, Slot]:
+        chan, slot = self._open()
+        try:
+            chan.exec_command(BOOT)
+        except BaseException:
+            chan.close()
+            slot.release()
+            raise
+        return chan, slot
 
     def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
         what = named(script, what)
         token = secrets.token_hex(8)
         out: list[bytes] = []
         err: list[bytes] = []
-        # One deadline for the whole command: sending, both streams to their end, the status.
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline: float | None = None
 
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        chan = None
+        chan = slot = None
         try:
-            chan = self._session()
+            chan, slot = self._session()
+            # One deadline for the whole command once it has its channel (a wait for a free
+            # one is this machine's queue, not the node's slowness): sending, both streams to
+            # their end, the status.
+            deadline = None if timeout is None else time.monotonic() + timeout
             chan.settimeout(timeout)  # for sending; the readers block until the stream ends
             # Both streams drain while the script is still being sent: a node that prints much
             # before it reads its input would otherwise stall both sides.
@@ -157,6 +188,8 @@ class SSHTransport(Transport):
         finally:
             if chan is not None:
                 chan.close()
+            if slot is not None:
+                slot.release()
         if code == -1:
             raise TransportError(f"lost connection to {self.host.address} during {what}")
         o, noise, started = unframe(b"".join(out).decode("utf-8", "replace"), token)
@@ -235,15 +268,21 @@ class SSHTransport(Transport):
         """paramiko's open_sftp with deadlines: a node that stopped answering fails the opening
         in seconds instead of paramiko's hour."""
         try:
-            chan = self._transport().open_session(timeout=10)
+            chan, slot = self._open()
         except paramiko.SSHException as e:
             if "Timeout" in str(e):
                 raise TimeoutError(str(e)) from e
             raise
-        chan.settimeout(self.STALL_S)  # the subsystem's start and its version answer
-        chan.invoke_subsystem("sftp")
-        sftp = paramiko.SFTPClient(chan)
+        try:
+            chan.settimeout(self.STALL_S)  # the subsystem's start and its version answer
+            chan.invoke_subsystem("sftp")
+            sftp = paramiko.SFTPClient(chan)
+        except BaseException:
+            chan.close()
+            slot.release()
+            raise
         chan.settimeout(None)  # from here each write's progress is watched (_Progress)
+        self._sftp_slot = slot  # held while the SFTP session is open
         return sftp
 
     def _abort(self) -> None:
@@ -257,24 +296,34 @@ class SSHTransport(Transport):
     def _drop_sftp(self, e: Exception) -> None:
         with self._lock:
             sftp, self._sftp = self._sftp, None
+            slot, self._sftp_slot = self._sftp_slot, None
             self.sftp_garbled = True
             self.sftp_problem = f"the sftp-server's output is garbled ({e})"
         with contextlib.suppress(Exception):
             if sftp is not None:
                 sftp.close()
+        if slot is not None:
+            slot.release()
 
     def pipe(self, script: str) -> Pipe:
         """The login shell runs only `/bin/sh -s`, which reads the script from the channel; the
         program it execs reads the rest. Nothing else is sent before the program speaks first,
         so the shell cannot have read any of it."""
         try:
-            chan = self._session()
-            chan.sendall(script.encode() + b"\n")
+            chan, slot = self._session()
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
-        return _SSHPipe(chan)
+        pipe = _SSHPipe(chan, slot)
+        try:
+            chan.sendall(script.encode() + b"\n")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            pipe.close()
+            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        return pipe
 
     def open_port(self, address: str, port: int) -> Stream:
+        # Not a session: sshd's MaxSessions counts shells, commands and subsystems only, and a
+        # forward bounds its own connections (forward.MAX_CONNECTIONS).
         return direct_tcpip(self._transport(), self.host, address, port)
 
     def sftp_available(self) -> bool:
@@ -284,8 +333,9 @@ class SSHTransport(Transport):
                stop: threading.Event | None = None, received: Received | None = None) -> int:
         token = secrets.token_hex(8)
         lines = Lines(token, on_lines, received)
+        slot = None
         try:
-            chan = self._session()
+            chan, slot = self._session()
             chan.sendall(frame(script, token, merge_stderr=True).encode())
             chan.shutdown_write()
             watcher = kill_on(stop, chan.close)
@@ -309,6 +359,11 @@ class SSHTransport(Transport):
             code = int(chan.recv_exit_status())
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        finally:
+            if slot is not None:
+                with contextlib.suppress(Exception):
+                    chan.close()
+                slot.release()
         if code == -1:
             raise TransportError(f"lost connection to {self.host.address} while streaming")
         return code
@@ -321,6 +376,9 @@ class SSHTransport(Transport):
             except Exception:  # noqa: S110 - closing a dead connection may fail; nothing to do
                 pass
         self._sftp = self._client = None
+        if self._sftp_slot is not None:
+            self._sftp_slot.release()
+            self._sftp_slot = None
 
 
 def _blocking(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
