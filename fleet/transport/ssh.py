@@ -24,6 +24,8 @@ from fleet.transport.framing import BOOT, Result, frame, unframe
 from fleet.transport.lines import Lines, Received
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
+# Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
+REFUSED_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
 PUT_CHUNK = 1 << 20  # bytes per SFTP write call: the unit of progress a stalled write is seen by
 
 
@@ -131,12 +133,26 @@ class SSHTransport(Transport):
     def _open(self) -> tuple[paramiko.Channel, Slot]:
         """A session channel, once the connection's budget has room for it (see MAX_SESSIONS);
         the slot goes back when the channel is closed."""
-        slot = self.sessions.take(self._lost)
-        try:
-            return self._transport().open_session(timeout=10), slot
-        except BaseException:
-            slot.release()
-            raise
+        for pause in (*REFUSED_PAUSES_S, None):
+            slot = self.sessions.take(self._lost)
+            try:
+                return self._transport().open_session(timeout=10), slot
+            except paramiko.ChannelException as e:
+                slot.release()
+                # sshd frees a closed session only once it has read the close: a close and the
+                # next open sent together meet a count one too high. Later it is free.
+                if e.code != paramiko.common.OPEN_FAILED_CONNECT_FAILED:
+                    raise
+                if pause is None:
+                    raise TransportError(
+                        f"{self.host.name}'s sshd refused a new session ({e.text}) for "
+                        f"{sum(REFUSED_PAUSES_S):.0f}s while fleet held at most {MAX_SESSIONS} "
+                        "on its connection: is its MaxSessions set below that?") from e
+                time.sleep(pause)
+            except BaseException:
+                slot.release()
+                raise
+        raise AssertionError("unreachable")  # the last pass returns or raises
 
     def _session(self) -> tuple[paramiko.Channel, Slot]:
         chan, slot = self._open()
