@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,11 @@ class NodeFiles:
     files: dict[str, tuple[str, int]]
 
 
+@functools.lru_cache(maxsize=8)
 def environment(override: Path | None = None) -> jinja2.Environment:
+    """One environment per templates directory for the process: each template is compiled once,
+    not once per node (at 64 nodes that was most of the rendering's CPU); jinja still reloads
+    a template whose file changed."""
     loaders: list[jinja2.BaseLoader] = []
     if override is not None:
         loaders.append(jinja2.FileSystemLoader(str(override)))
