@@ -1,5 +1,5 @@
 """64 hosts as an ordinary case (issue 35): `fleet up` with its default preflight, `status`,
-`exec`, `stop` and a fail-fast on 64 real sshd hosts with Debian's stock sshd_config
+`exec`, `gpus`, `stop` and a fail-fast on 64 real sshd hosts with Debian's stock sshd_config
 (MaxSessions 10, MaxStartups 10:30:100), a trivial job. Before the session budget, the
 preflight's 63 port checks at once on the master's one connection failed about half the workers
 with `ChannelException(2, 'Connect failed')`."""
@@ -51,7 +51,7 @@ def lost_links(text: str) -> None:
     assert "Connect failed" not in text and "lost connection" not in text, text
 
 
-def test_up_status_exec_stop_on_64_hosts(cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+def test_up_status_exec_gpus_stop_on_64_hosts(cli: CLI, tb: Testbed, tmp_path: Path) -> None:
     tb.inventory(tmp_path / "inv.toml")
     job = command_job(tmp_path, 29741, 'echo "up on $(hostname)"; exec sleep 600')
     up = cli("up", "--detach", str(job), timeout=400)
@@ -72,6 +72,12 @@ def test_up_status_exec_stop_on_64_hosts(cli: CLI, tb: Testbed, tmp_path: Path) 
     assert ex.returncode == 0, ex.stdout + ex.stderr
     assert f"fleet: {N} of {N} host(s) exited 0" in ex.stderr, ex.stderr
     assert sorted(re.findall(r"^node\d+$", ex.stdout, re.M)) == sorted(h.name for h in tb.hosts)
+
+    gpus = cli("gpus", str(tmp_path / "inv.toml"), timeout=300)
+    lost_links(gpus.stdout + gpus.stderr)
+    assert gpus.returncode == 0, gpus.stdout + gpus.stderr
+    assert len(re.findall(r"^node\d+\s+-\s+no nvidia-smi here", gpus.stdout, re.M)) == N, \
+        gpus.stdout
 
     stop = cli("stop", run_id, timeout=300)
     lost_links(stop.stdout + stop.stderr)

@@ -185,7 +185,7 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
     targets = [(addrs.get(n) or t.host.address, info) for n, t, (_, info, _) in listening]
     try:
         answers: list[tuple[bool, str]] | Exception = can_connect_each(tm, targets)
-    except Exception as e:  # the master is lost, or its python cannot test: every worker's
+    except Exception as e:  # the master lost, or its python unable to test: each check fails
         answers = e
     backs: dict[str, Check] = {}
     unreached: list[tuple[str, tuple[Transport, str]]] = []
