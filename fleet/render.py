@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ SHIPPED = (_CHECKOUT if (_CHECKOUT / "run.sh.j2").is_file()
 NODESIDE = Path(fleet.nodeside.__file__).parent
 SITE_FILES = ("sitecustomize.py", "fleet_local_rank.py")
 STOP_GRACE_S = 10
+_LOADING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,12 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
     env = environment(plan.job.templates)
     ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace,
            "machine_id": MACHINE_ID, "run_pids": fleet.nodeside.text("run_pids.sh")}
+    with _LOADING:  # every node's thread at once would each compile them: one does, once
+        env_sh, run_sh, stop_sh = (env.get_template(f"{name}.j2")
+                                   for name in ("env.sh", "run.sh", "stop.sh"))
     return NodeFiles({
-        "env.sh": (env.get_template("env.sh.j2").render(ctx), 0o600),
-        "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),
-        "stop.sh": (env.get_template("stop.sh.j2").render(ctx), 0o700),
+        "env.sh": (env_sh.render(ctx), 0o600),
+        "run.sh": (run_sh.render(ctx), 0o700),
+        "stop.sh": (stop_sh.render(ctx), 0o700),
         **{f"{SITE}/{name}": ((NODESIDE / name).read_text(), 0o644) for name in SITE_FILES},
     })
