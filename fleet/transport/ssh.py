@@ -18,6 +18,7 @@ from fleet.errors import CommandTimedOut, TransportError
 from fleet.shell import quote
 from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
 from fleet.transport.budget import MAX_SESSIONS, Budget, Slot
+from fleet.transport.channels import PUT_CHUNK, Progress, SSHPipe, blocking, drain
 from fleet.transport.connection import open_client
 from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
@@ -26,77 +27,6 @@ from fleet.transport.lines import Lines, Received
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 # Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
 REFUSED_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
-PUT_CHUNK = 1 << 20  # bytes per SFTP write call: the unit of progress a stalled write is seen by
-
-
-class _SSHPipe(Pipe):
-    def __init__(self, chan: paramiko.Channel, slot: Slot) -> None:
-        super().__init__()
-        self.chan, self.slot = chan, slot
-        threading.Thread(target=self._drain_err, daemon=True).start()
-
-    def _drain_err(self) -> None:
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            while chunk := self.chan.recv_stderr(CHUNK):
-                self._keep_err(chunk)
-
-    def send(self, data: bytes) -> None:
-        try:
-            self.chan.sendall(data)
-        except (paramiko.SSHException, EOFError) as e:
-            raise OSError(str(e) or "the connection closed") from e
-
-    def recv(self, n: int) -> bytes:
-        try:
-            return bytes(self.chan.recv(n))
-        except (paramiko.SSHException, EOFError):
-            return b""
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.chan.close()
-        self.slot.release()
-
-    def status(self, timeout: float) -> int | None:
-        if not self.chan.status_event.wait(timeout):
-            return None
-        if self.chan.closed:  # both sides closed it: sshd no longer counts it
-            self.slot.release()
-        return int(self.chan.recv_exit_status())
-
-
-class _Progress:
-    """A deadline that moves with progress: if nothing moved for `limit` seconds, `give_up` is
-    called (closing the connection, so that whatever waits on it fails at once) and `stalled`
-    says so. A transfer as long as it likes, as long as it goes on."""
-
-    def __init__(self, limit: float, give_up: Callable[[], None]) -> None:
-        self.limit, self.give_up = limit, give_up
-        self.last = time.monotonic()
-        self.count = 0
-        self.stalled = False
-        self.done = threading.Event()
-
-    def moved(self) -> None:
-        self.last = time.monotonic()
-        self.count += 1
-
-    def sent(self, total: int) -> str:
-        return f"{min(self.count * PUT_CHUNK, total)} of {total} bytes sent"
-
-    def _watch(self) -> None:
-        while not self.done.wait(min(1.0, self.limit / 4)):
-            if time.monotonic() - self.last > self.limit:
-                self.stalled = True
-                self.give_up()
-                return
-
-    def __enter__(self) -> _Progress:
-        threading.Thread(target=self._watch, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
 
 
 class SSHTransport(Transport):
@@ -184,9 +114,9 @@ class SSHTransport(Transport):
             chan.settimeout(timeout)  # for sending; the readers block until the stream ends
             # Both streams drain while the script is still being sent: a node that prints much
             # before it reads its input would otherwise stall both sides.
-            readers = [threading.Thread(target=_drain, args=(_blocking(chan.recv_stderr), err),
+            readers = [threading.Thread(target=drain, args=(blocking(chan.recv_stderr), err),
                                         daemon=True),
-                       threading.Thread(target=_drain, args=(_blocking(chan.recv), out),
+                       threading.Thread(target=drain, args=(blocking(chan.recv), out),
                                         daemon=True)]
             for th in readers:
                 th.start()
@@ -217,7 +147,7 @@ class SSHTransport(Transport):
         return Result(what, code, o, er, noise + enoise)
 
     def _put(self, path: str, data: bytes, mode: int) -> str:
-        progress = _Progress(self.STALL_S, self._abort)
+        progress = Progress(self.STALL_S, self._abort)
         sftp = None
         try:
             with progress:
@@ -297,7 +227,7 @@ class SSHTransport(Transport):
             chan.close()
             slot.release()
             raise
-        chan.settimeout(None)  # from here each write's progress is watched (_Progress)
+        chan.settimeout(None)  # from here each write's progress is watched (Progress)
         self._sftp_slot = slot  # held while the SFTP session is open
         return sftp
 
@@ -329,7 +259,7 @@ class SSHTransport(Transport):
             chan, slot = self._session()
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
-        pipe = _SSHPipe(chan, slot)
+        pipe = SSHPipe(chan, slot)
         try:
             chan.sendall(script.encode() + b"\n")
         except (paramiko.SSHException, OSError, EOFError) as e:
@@ -356,7 +286,7 @@ class SSHTransport(Transport):
             chan.shutdown_write()
             watcher = kill_on(stop, chan.close)
             noise: list[bytes] = []
-            threading.Thread(target=_drain, args=(chan.recv_stderr, noise), daemon=True).start()
+            threading.Thread(target=drain, args=(chan.recv_stderr, noise), daemon=True).start()
             chan.settimeout(TICK_S)  # a quiet stream still shows a progress state held back
             while True:
                 try:
@@ -395,27 +325,3 @@ class SSHTransport(Transport):
         if self._sftp_slot is not None:
             self._sftp_slot.release()
             self._sftp_slot = None
-
-
-def _blocking(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
-    """recv that waits through the channel's send timeout: a quiet command is not an ended one
-    (the caller's deadline decides when to give up)."""
-    def read(n: int) -> bytes:
-        while True:
-            try:
-                return recv(n)
-            except TimeoutError:
-                continue
-    return read
-
-
-def _drain(recv: Callable[[int], bytes], into: list[bytes]) -> None:
-    try:
-        while True:
-            chunk = recv(65536)
-            if not chunk:
-                return
-            into.append(chunk)
-    except (OSError, EOFError, paramiko.SSHException):
-        return
-
