@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ SITE_FILES = ("sitecustomize.py", "fleet_local_rank.py")
 # the program had read it.
 TREE_FILE = "run_tree.py"
 STOP_GRACE_S = 10
+_LOADING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,11 @@ class NodeFiles:
     files: dict[str, tuple[str, int]]
 
 
+@functools.lru_cache(maxsize=8)
 def environment(override: Path | None = None) -> jinja2.Environment:
+    """One environment per templates directory for the process: each template is compiled once,
+    not once per node (at 64 nodes that was most of the rendering's CPU); jinja still reloads
+    a template whose file changed."""
     loaders: list[jinja2.BaseLoader] = []
     if override is not None:
         loaders.append(jinja2.FileSystemLoader(str(override)))
@@ -49,10 +56,13 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
     env = environment(plan.job.templates)
     ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace,
            "machine_id": MACHINE_ID, "run_pids": fleet.nodeside.text("run_pids.sh")}
+    with _LOADING:  # every node's thread at once would each compile them: one does, once
+        env_sh, run_sh, stop_sh = (env.get_template(f"{name}.j2")
+                                   for name in ("env.sh", "run.sh", "stop.sh"))
     return NodeFiles({
-        "env.sh": (env.get_template("env.sh.j2").render(ctx), 0o600),
-        "run.sh": (env.get_template("run.sh.j2").render(ctx), 0o700),
-        "stop.sh": (env.get_template("stop.sh.j2").render(ctx), 0o700),
+        "env.sh": (env_sh.render(ctx), 0o600),
+        "run.sh": (run_sh.render(ctx), 0o700),
+        "stop.sh": (stop_sh.render(ctx), 0o700),
         **{f"{SITE}/{name}": ((NODESIDE / name).read_text(), 0o644) for name in SITE_FILES},
         TREE_FILE: ((NODESIDE / TREE_FILE).read_text(), 0o644),
     })

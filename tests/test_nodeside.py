@@ -21,8 +21,10 @@ from fleet import nodeside
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.ports import (
     LISTENER_MARK,
+    connect_each_script,
     connect_script,
     listener_script,
+    parse_connects,
     parse_listener,
 )
 from fleet.facts import failure, run_state
@@ -186,6 +188,29 @@ def test_connect_says_whether_a_port_opens() -> None:
         assert sh(connect_script(sys.executable, "127.0.0.1", port)).returncode == 0
     closed = sh(connect_script(sys.executable, "127.0.0.1", port))
     assert closed.returncode == 1 and "refused" in closed.stdout.lower()
+
+
+def test_connect_each_tries_every_target_in_one_command() -> None:
+    """The master's side of the port checks at 64 hosts: one command, one line per target."""
+    with socket.create_server(("127.0.0.1", 0)) as a, socket.create_server(("127.0.0.1", 0)) as b:
+        open_a, open_b = str(a.getsockname()[1]), str(b.getsockname()[1])
+        with socket.create_server(("127.0.0.1", 0)) as c:
+            closed = str(c.getsockname()[1])
+        r = sh(connect_each_script(sys.executable, [("127.0.0.1", open_a), ("127.0.0.1", closed),
+                                                    ("127.0.0.1", open_b), ("127.0.0.1", "x")]))
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = parse_connects(r.stdout, 4)
+    assert [ok for ok, _ in got] == [True, False, True, False], r.stdout
+    assert "refused" in got[1][1].lower() and got[3][1]
+
+
+def test_connect_answers_are_checked_against_the_targets_sent() -> None:
+    out = ("0 ok\n0 fail a second word for 0\n7 ok\n-1 ok\n²  ok\n2 fail \x1b[2Jno route\n"
+           "noise from an rc file\n3 maybe\n")
+    assert parse_connects(out, 4) == [
+        (True, ""), (False, "the connection test said nothing of it"),
+        (False, "^[[2Jno route"), (False, "the connection test said nothing of it")]
+    assert parse_connects("", 0) == []
 
 
 def test_a_listener_takes_its_connections_then_ends() -> None:

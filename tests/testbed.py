@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -70,6 +71,7 @@ NOISE_STDERR = "quota: 81% of /home used"
 NOISE_TITLE = re.compile("\x1b\\]0;lab: [^\x07]*\x07")  # a terminal title, no newline after it
 USER_ID = 4242  # uid and gid of the non-root login user (Testbed(user=...))
 # colleagues get USER_ID + 1, + 2, ... in order (Testbed(colleagues=...))
+PREPARE_AT_ONCE = 8  # hosts whose links and files are made at the same time
 FAKE_SMI_STATE = ".tb-nvidia-smi.json"  # in a host's private /tmp (see fake_nvidia_smi.py)
 
 # PID 1 of every host: starts its command (sshd -D) and reaps every child, orphans included,
@@ -277,8 +279,15 @@ class Testbed:
                 iface="eth0", veth=f"fl{self.tag}vb", user=self.user,
                 home=self.dir / ("home" if self.shared_home else "home-bastion"))
         self._write_noise()
+        init = self.dir / "init.py"
+        init.write_text(_INIT)
+        # Links, addresses, files and keys for many hosts at once (64 one by one took about 6 s
+        # of an idle machine's time), each host's launcher then started from this thread: its
+        # death signal follows the thread that started it (see _die_with_parent).
+        with ThreadPoolExecutor(PREPARE_AT_ONCE) as pool:
+            list(pool.map(lambda h: self._prepare_host(h, self.inner_bridge), self.hosts))
         for h in self.hosts:
-            self._make_host(h, self.inner_bridge)
+            self._launch_host(h)
         if self.bastion_host:
             b = self.bastion_host
             self._make_host(b, self.bridge)
@@ -388,6 +397,12 @@ class Testbed:
                                                          if s not in shells]) + "\n")
 
     def _make_host(self, h: TbHost, bridge: str) -> None:
+        self._prepare_host(h, bridge)
+        self._launch_host(h)
+
+    def _prepare_host(self, h: TbHost, bridge: str) -> None:
+        """Everything a host needs before its sshd starts: safe to run for several hosts at
+        once (list.append is atomic; every name and file is the host's own)."""
         _run("ip", "netns", "add", h.ns)
         self._netns.append(h.ns)
         if self.decoy:
@@ -406,13 +421,16 @@ class Testbed:
         _run("ip", "-n", h.ns, "link", "set", h.iface, "up")
         _run("ip", "-n", h.ns, "link", "set", "lo", "up")
         self._write_etc(h)
-        self._write_home(h)
         hostkey = self.dir / f"hostkey_{h.name}"
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(hostkey))
         h.host_key_pub = Path(f"{hostkey}.pub").read_text().split()[1]
         h.sshd_config = self.dir / f"sshd_{h.name}.conf"
         h.sshd_config.write_text(sshd_config(h.addr, hostkey, h.sftp))
         h.log = self.dir / f"sshd_{h.name}.log"
+
+    def _launch_host(self, h: TbHost) -> None:
+        assert h.log is not None
+        self._write_home(h)  # here, one host at a time: a shared home is written by each
         log = open(h.log, "wb")  # noqa: SIM115 - kept for the process, closed by close()
         self._logs.append(log)
         h.proc = subprocess.Popen(
@@ -452,8 +470,6 @@ class Testbed:
                 lines += [f"mkdir /root/{q(top)}",
                           f"mount --move {q(str(stash))} /root/{q(top)}"]
         init = self.dir / "init.py"
-        if not init.exists():
-            init.write_text(_INIT)
         lines.append(f"exec {q(sys.executable)} -I -S {q(str(init))} {SSHD} -D -e "
                      f"-f {q(str(h.sshd_config))}")
         return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 The pieces: the Transport interface (base), the banner-proof framing of what a script prints
 (framing) and of a stream's lines (lines), this machine as a node (local), and SSH (ssh, over
-the connection that connection opens). The rest of fleet takes what it needs from here.
+the connection that connection opens, its channels' pieces in channels, kept under sshd's limits
+by budget). The rest of fleet takes what it needs from here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import paramiko
 from fleet.config import hostkeys
 from fleet.config.inventory import Host
 from fleet.errors import TransportError
+from fleet.transport.budget import STARTUPS
 
 KEEPALIVE_S = 5
 
@@ -22,9 +23,13 @@ def open_client(host: Host) -> paramiko.SSHClient:
     TransportError with the reason and what to do."""
     conn = ssh_connection(host)
     try:
-        if conn.gateway is None:  # a direct connection: made here, tuned before any packet
-            conn.connect_kwargs["sock"] = _tcp(conn.host, conn.port, conn.connect_timeout)
-        conn.open()
+        # Set up at most MAX_STARTUPS at once per sshd, the jump host's included (every node's
+        # connection through it is one more login there): past sshd's MaxStartups it would
+        # drop some at random.
+        with STARTUPS.holding(_endpoints(conn)):
+            if conn.gateway is None:  # a direct connection: made here, tuned before any packet
+                conn.connect_kwargs["sock"] = _tcp(conn.host, conn.port, conn.connect_timeout)
+            conn.open()
     except hostkeys.UnknownHostKey as e:
         raise TransportError(
             f"unknown host key for {e.hostname} ({hostkeys.fingerprint(e.key)}); if that is "
@@ -48,6 +53,15 @@ def open_client(host: Host) -> paramiko.SSHClient:
     for t in (transport, _gateway_transport(conn)):
         _no_delay(t)
     return client
+
+
+def _endpoints(conn: Any) -> list[object]:
+    """Every sshd that opening `conn` logs into: its own, and its jump hosts' (ProxyJump)."""
+    out: list[object] = []
+    while conn is not None and hasattr(conn, "host"):
+        out.append((str(conn.host), int(conn.port)))
+        conn = getattr(conn, "gateway", None)
+    return out
 
 
 def _tcp(host: str, port: int, timeout: float | None) -> socket.socket:

@@ -17,80 +17,16 @@ from fleet.config.inventory import Host
 from fleet.errors import CommandTimedOut, TransportError
 from fleet.shell import quote
 from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
+from fleet.transport.budget import MAX_SESSIONS, Budget, Slot
+from fleet.transport.channels import PUT_CHUNK, Progress, SSHPipe, blocking, drain
 from fleet.transport.connection import open_client
 from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
 from fleet.transport.lines import Lines, Received
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
-PUT_CHUNK = 1 << 20  # bytes per SFTP write call: the unit of progress a stalled write is seen by
-
-
-class _SSHPipe(Pipe):
-    def __init__(self, chan: paramiko.Channel) -> None:
-        super().__init__()
-        self.chan = chan
-        threading.Thread(target=self._drain_err, daemon=True).start()
-
-    def _drain_err(self) -> None:
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            while chunk := self.chan.recv_stderr(CHUNK):
-                self._keep_err(chunk)
-
-    def send(self, data: bytes) -> None:
-        try:
-            self.chan.sendall(data)
-        except (paramiko.SSHException, EOFError) as e:
-            raise OSError(str(e) or "the connection closed") from e
-
-    def recv(self, n: int) -> bytes:
-        try:
-            return bytes(self.chan.recv(n))
-        except (paramiko.SSHException, EOFError):
-            return b""
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.chan.close()
-
-    def status(self, timeout: float) -> int | None:
-        if not self.chan.status_event.wait(timeout):
-            return None
-        return int(self.chan.recv_exit_status())
-
-
-class _Progress:
-    """A deadline that moves with progress: if nothing moved for `limit` seconds, `give_up` is
-    called (closing the connection, so that whatever waits on it fails at once) and `stalled`
-    says so. A transfer as long as it likes, as long as it goes on."""
-
-    def __init__(self, limit: float, give_up: Callable[[], None]) -> None:
-        self.limit, self.give_up = limit, give_up
-        self.last = time.monotonic()
-        self.count = 0
-        self.stalled = False
-        self.done = threading.Event()
-
-    def moved(self) -> None:
-        self.last = time.monotonic()
-        self.count += 1
-
-    def sent(self, total: int) -> str:
-        return f"{min(self.count * PUT_CHUNK, total)} of {total} bytes sent"
-
-    def _watch(self) -> None:
-        while not self.done.wait(min(1.0, self.limit / 4)):
-            if time.monotonic() - self.last > self.limit:
-                self.stalled = True
-                self.give_up()
-                return
-
-    def __enter__(self) -> _Progress:
-        threading.Thread(target=self._watch, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
+# Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
+REFUSED_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
 
 
 class SSHTransport(Transport):
@@ -102,7 +38,11 @@ class SSHTransport(Transport):
         super().__init__(host)
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_slot: Slot | None = None
         self._lock = threading.Lock()
+        # Every session channel (a command, a stream, a pipe, SFTP) holds one of these while it
+        # is open: sshd refuses a connection's 11th ("Connect failed"); here it waits its turn.
+        self.sessions = Budget(MAX_SESSIONS)
 
     def connect(self, hello: bool = True) -> None:
         self._client = open_client(self.host)
@@ -115,31 +55,68 @@ class SSHTransport(Transport):
             raise TransportError(f"connection to {self.host.address} was lost")
         return t
 
-    def _session(self) -> paramiko.Channel:
-        chan = self._transport().open_session(timeout=10)
-        chan.exec_command(BOOT)
-        return chan
+    def _lost(self) -> str | None:
+        t = self._client.get_transport() if self._client else None
+        return None if t is not None and t.is_active() else \
+            f"connection to {self.host.address} was lost"
+
+    def _open(self) -> tuple[paramiko.Channel, Slot]:
+        """A session channel, once the connection's budget has room for it (see MAX_SESSIONS);
+        the slot goes back when the channel is closed."""
+        for pause in (*REFUSED_PAUSES_S, None):
+            slot = self.sessions.take(self._lost)
+            try:
+                return self._transport().open_session(timeout=10), slot
+            except paramiko.ChannelException as e:
+                slot.release()
+                # sshd frees a closed session only once it has read the close: a close and the
+                # next open sent together meet a count one too high. Later it is free.
+                if e.code != paramiko.common.OPEN_FAILED_CONNECT_FAILED:
+                    raise
+                if pause is None:
+                    raise TransportError(
+                        f"{self.host.name}'s sshd refused a new session ({e.text}) for "
+                        f"{sum(REFUSED_PAUSES_S):.0f}s while fleet held at most {MAX_SESSIONS} "
+                        "on its connection: is its MaxSessions set below that?") from e
+                time.sleep(pause)
+            except BaseException:
+                slot.release()
+                raise
+        raise AssertionError("unreachable")  # the last pass returns or raises
+
+    def _session(self) -> tuple[paramiko.Channel, Slot]:
+        chan, slot = self._open()
+        try:
+            chan.exec_command(BOOT)
+        except BaseException:
+            chan.close()
+            slot.release()
+            raise
+        return chan, slot
 
     def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
         what = named(script, what)
         token = secrets.token_hex(8)
         out: list[bytes] = []
         err: list[bytes] = []
-        # One deadline for the whole command: sending, both streams to their end, the status.
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline: float | None = None
 
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        chan = None
+        chan = slot = None
         try:
-            chan = self._session()
+            chan, slot = self._session()
+            # One deadline for the whole command once it has its channel (a wait for a free
+            # one is this machine's queue, not the node's slowness): sending, both streams to
+            # their end, the status.
+            deadline = None if timeout is None else time.monotonic() + timeout
             chan.settimeout(timeout)  # for sending; the readers block until the stream ends
             # Both streams drain while the script is still being sent: a node that prints much
             # before it reads its input would otherwise stall both sides.
-            readers = [threading.Thread(target=_drain, args=(_blocking(chan.recv_stderr), err),
+            readers = [threading.Thread(target=drain, args=(blocking(chan.recv_stderr), err),
                                         daemon=True),
-                       threading.Thread(target=_drain, args=(_blocking(chan.recv), out),
+                       threading.Thread(target=drain, args=(blocking(chan.recv), out),
                                         daemon=True)]
             for th in readers:
                 th.start()
@@ -157,6 +134,8 @@ class SSHTransport(Transport):
         finally:
             if chan is not None:
                 chan.close()
+            if slot is not None:
+                slot.release()
         if code == -1:
             raise TransportError(f"lost connection to {self.host.address} during {what}")
         o, noise, started = unframe(b"".join(out).decode("utf-8", "replace"), token)
@@ -168,7 +147,7 @@ class SSHTransport(Transport):
         return Result(what, code, o, er, noise + enoise)
 
     def _put(self, path: str, data: bytes, mode: int) -> str:
-        progress = _Progress(self.STALL_S, self._abort)
+        progress = Progress(self.STALL_S, self._abort)
         sftp = None
         try:
             with progress:
@@ -235,15 +214,21 @@ class SSHTransport(Transport):
         """paramiko's open_sftp with deadlines: a node that stopped answering fails the opening
         in seconds instead of paramiko's hour."""
         try:
-            chan = self._transport().open_session(timeout=10)
+            chan, slot = self._open()
         except paramiko.SSHException as e:
             if "Timeout" in str(e):
                 raise TimeoutError(str(e)) from e
             raise
-        chan.settimeout(self.STALL_S)  # the subsystem's start and its version answer
-        chan.invoke_subsystem("sftp")
-        sftp = paramiko.SFTPClient(chan)
-        chan.settimeout(None)  # from here each write's progress is watched (_Progress)
+        try:
+            chan.settimeout(self.STALL_S)  # the subsystem's start and its version answer
+            chan.invoke_subsystem("sftp")
+            sftp = paramiko.SFTPClient(chan)
+        except BaseException:
+            chan.close()
+            slot.release()
+            raise
+        chan.settimeout(None)  # from here each write's progress is watched (Progress)
+        self._sftp_slot = slot  # held while the SFTP session is open
         return sftp
 
     def _abort(self) -> None:
@@ -257,24 +242,34 @@ class SSHTransport(Transport):
     def _drop_sftp(self, e: Exception) -> None:
         with self._lock:
             sftp, self._sftp = self._sftp, None
+            slot, self._sftp_slot = self._sftp_slot, None
             self.sftp_garbled = True
             self.sftp_problem = f"the sftp-server's output is garbled ({e})"
         with contextlib.suppress(Exception):
             if sftp is not None:
                 sftp.close()
+        if slot is not None:
+            slot.release()
 
     def pipe(self, script: str) -> Pipe:
         """The login shell runs only `/bin/sh -s`, which reads the script from the channel; the
         program it execs reads the rest. Nothing else is sent before the program speaks first,
         so the shell cannot have read any of it."""
         try:
-            chan = self._session()
-            chan.sendall(script.encode() + b"\n")
+            chan, slot = self._session()
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
-        return _SSHPipe(chan)
+        pipe = SSHPipe(chan, slot)
+        try:
+            chan.sendall(script.encode() + b"\n")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            pipe.close()
+            raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        return pipe
 
     def open_port(self, address: str, port: int) -> Stream:
+        # Not a session: sshd's MaxSessions counts shells, commands and subsystems only, and a
+        # forward bounds its own connections (forward.MAX_CONNECTIONS).
         return direct_tcpip(self._transport(), self.host, address, port)
 
     def sftp_available(self) -> bool:
@@ -284,13 +279,14 @@ class SSHTransport(Transport):
                stop: threading.Event | None = None, received: Received | None = None) -> int:
         token = secrets.token_hex(8)
         lines = Lines(token, on_lines, received)
+        slot = None
         try:
-            chan = self._session()
+            chan, slot = self._session()
             chan.sendall(frame(script, token, merge_stderr=True).encode())
             chan.shutdown_write()
             watcher = kill_on(stop, chan.close)
             noise: list[bytes] = []
-            threading.Thread(target=_drain, args=(chan.recv_stderr, noise), daemon=True).start()
+            threading.Thread(target=drain, args=(chan.recv_stderr, noise), daemon=True).start()
             chan.settimeout(TICK_S)  # a quiet stream still shows a progress state held back
             while True:
                 try:
@@ -309,6 +305,11 @@ class SSHTransport(Transport):
             code = int(chan.recv_exit_status())
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
+        finally:
+            if slot is not None:
+                with contextlib.suppress(Exception):
+                    chan.close()
+                slot.release()
         if code == -1:
             raise TransportError(f"lost connection to {self.host.address} while streaming")
         return code
@@ -321,27 +322,6 @@ class SSHTransport(Transport):
             except Exception:  # noqa: S110 - closing a dead connection may fail; nothing to do
                 pass
         self._sftp = self._client = None
-
-
-def _blocking(recv: Callable[[int], bytes]) -> Callable[[int], bytes]:
-    """recv that waits through the channel's send timeout: a quiet command is not an ended one
-    (the caller's deadline decides when to give up)."""
-    def read(n: int) -> bytes:
-        while True:
-            try:
-                return recv(n)
-            except TimeoutError:
-                continue
-    return read
-
-
-def _drain(recv: Callable[[int], bytes], into: list[bytes]) -> None:
-    try:
-        while True:
-            chunk = recv(65536)
-            if not chunk:
-                return
-            into.append(chunk)
-    except (OSError, EOFError, paramiko.SSHException):
-        return
-
+        if self._sftp_slot is not None:
+            self._sftp_slot.release()
+            self._sftp_slot = None

@@ -8,6 +8,7 @@ import threading
 
 from fleet.backends.checks import Check, Status
 from fleet.config.inventory import Host
+from fleet.console import printable
 from fleet.nodedata import number
 from fleet.nodeside import loader, python_program, shell_program
 from fleet.run import faults
@@ -23,6 +24,31 @@ def connect_script(python: str, addr: str, port: int | str) -> str:
     """Exits 0 if a TCP connection to addr:port opens from the node (IPv4 or IPv6)."""
     return python_program(quote(python), "connect.py", addr, str(port), flags=("-I", "-S"),
                           redirect="2>&1")
+
+
+def connect_each_script(python: str, targets: list[tuple[str, str]]) -> str:
+    """Tries a TCP connection to every (addr, port) at once from the node: one line per target
+    (see parse_connects)."""
+    return python_program(quote(python), "connect.py", "--each",
+                          *(w for addr, port in targets for w in (addr, port)),
+                          flags=("-I", "-S"), redirect="2>&1")
+
+
+def parse_connects(out: str, n: int) -> list[tuple[bool, str]]:
+    """connect.py --each's answer for n targets, in their order: (reached?, why not). The node's
+    word is checked: a line for no target, a second line for one, or anything else is
+    ignored, and a target with no line is not reached."""
+    got: dict[int, tuple[bool, str]] = {}
+    for line in out.splitlines():
+        index, _, said = line.strip().partition(" ")
+        i = number(index, n)
+        if i is None or i in got:
+            continue
+        if said == "ok":
+            got[i] = (True, "")
+        elif said.startswith("fail"):
+            got[i] = (False, printable(said[4:].strip()) or "failed")
+    return [got.get(i, (False, "the connection test said nothing of it")) for i in range(n)]
 
 
 def listener_script(python: str, port: int, expect: int, seconds: int = LISTEN_S) -> str:
@@ -107,6 +133,17 @@ def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
     return False, why
 
 
+def can_connect_each(t: Transport, targets: list[tuple[str, str]]) -> list[tuple[bool, str]]:
+    """can_connect for many targets in one command (one session, not one per target)."""
+    if not targets:
+        return []
+    r = t.run(connect_each_script(t.host.python, targets), timeout=30, what="connect test")
+    if not r.ok:
+        why = r.out.strip().splitlines()[-1] if r.out.strip() else f"exit {r.code}"
+        raise RuntimeError(f"cannot test the connections with {t.host.python}: {why}")
+    return parse_connects(r.out, len(targets))
+
+
 def port_checks(session: dict[str, Transport], master: Host, master_ip: str, port: int,
                 addrs: dict[str, str], listeners: Listeners | None = None) -> list[Check]:
     """The master's rendezvous port is free there and every worker reaches it over TCP; and the
@@ -132,34 +169,53 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
                      f"a firewall on the master or between the hosts blocks port {port}: allow "
                      f"TCP {port} (and the ephemeral ports Gloo/NCCL use) from the other nodes")
 
-    def back(t: Transport) -> Check:
-        good, info, lpid = listeners.start(t, 0, 1)
-        if not good:
-            return Check(t.host.name, "reached by master", Status.WARN,
-                         f"no test listener: {info}")
-        own = addrs.get(t.host.name) or t.host.address
-        ok2, why = can_connect(tm, own, info)
-        if not ok2:  # else it ended by itself, after that one connection
-            stop_listener(t, lpid)
-        if ok2:
-            return Check(t.host.name, "reached by master", Status.PASS,
-                         f"TCP {own}:{info} from master")
-        return Check(t.host.name, "reached by master", Status.FAIL,
-                     f"the master cannot open TCP to {own}:{info}: {why}",
-                     "a firewall on this node blocks incoming TCP from the other nodes; Gloo "
-                     "and NCCL connect on ephemeral ports, so allow TCP from the cluster subnet")
+    def worker(t: Transport) -> tuple[Check, tuple[bool, str, str]]:
+        return reach(t), listeners.start(t, 0, 1)
 
-    # Both directions for every worker, all at once. The master's listener ends by itself once
-    # every worker reached it; it is killed otherwise.
-    tests = {"reach master": reach, "reached by master": back}
-    results = each(((f"{what}/{n}", (what, t)) for what in tests for n, t in workers),
-                   lambda wt: tests[wt[0]](wt[1]))
-    if any(not isinstance(r := results[f"reach master/{n}"], Check) or r.status is not Status.PASS
+    # Each worker on its own connection: it reaches the master, then listens. The master then
+    # tries every worker's listener in one command: one session on its connection, where one
+    # per worker queued 63 deep at 64 hosts. The master's listener ends by itself once every
+    # worker reached it; it is killed otherwise.
+    firsts = each(workers, worker)
+    if any(not isinstance(r := firsts[n], tuple) or r[0].status is not Status.PASS
            for n, _ in workers):
         stop_listener(tm, pid)
-    for what in tests:
-        for n, _ in workers:
-            r = results[f"{what}/{n}"]
-            checks.append(r if isinstance(r, Check)
-                          else Check(n, "network", Status.FAIL, reason(r)))
+    listening = [(n, t, r[1]) for n, t in workers
+                 if isinstance(r := firsts[n], tuple) and r[1][0]]
+    targets = [(addrs.get(n) or t.host.address, info) for n, t, (_, info, _) in listening]
+    try:
+        answers: list[tuple[bool, str]] | Exception = can_connect_each(tm, targets)
+    except Exception as e:  # the master lost, or its python unable to test: each check fails
+        answers = e
+    backs: dict[str, Check] = {}
+    unreached: list[tuple[str, tuple[Transport, str]]] = []
+    for k, (n, t, (_, info, lpid)) in enumerate(listening):
+        own = targets[k][0]
+        if isinstance(answers, Exception):
+            backs[n] = Check(n, "network", Status.FAIL, reason(answers))
+            unreached.append((n, (t, lpid)))
+            continue
+        good, why = answers[k]
+        if good:  # its listener ended by itself, after that one connection
+            backs[n] = Check(n, "reached by master", Status.PASS, f"TCP {own}:{info} from master")
+            continue
+        unreached.append((n, (t, lpid)))
+        backs[n] = Check(n, "reached by master", Status.FAIL,
+                         f"the master cannot open TCP to {own}:{info}: {why}",
+                         "a firewall on this node blocks incoming TCP from the other nodes; Gloo "
+                         "and NCCL connect on ephemeral ports, so allow TCP from the cluster "
+                         "subnet")
+    each(unreached, lambda tp: stop_listener(*tp))
+    for n, _ in workers:
+        r = firsts[n]
+        checks.append(r[0] if isinstance(r, tuple) else Check(n, "network", Status.FAIL, reason(r)))
+    for n, _ in workers:
+        r = firsts[n]
+        if not isinstance(r, tuple):
+            continue
+        if n in backs:
+            checks.append(backs[n])
+        else:
+            checks.append(Check(n, "reached by master", Status.WARN,
+                                f"no test listener: {r[1][1]}"))
     return checks
