@@ -302,6 +302,7 @@ def test_the_same_engine_fetches_from_a_node_over_ssh(tb: Testbed, tmp_path: Pat
     from fleet.config.inventory import load_inventory
     from fleet.transport import open_transport
     from fleet.transport.transfer.pull import fetch
+    from fleet.transport.transfer.wanted import Want
 
     inv = load_inventory(tb.inventory(tmp_path / "inv.toml", hosts=["node1"]))
     outputs = tb.host("node1").home / "outputs-g"
@@ -314,7 +315,7 @@ def test_the_same_engine_fetches_from_a_node_over_ssh(tb: Testbed, tmp_path: Pat
     t = open_transport(inv.hosts[0])
     try:
         got = fetch(t, inv.hosts[0].python, str(outputs),
-                        [Want("ckpt/last.pt", len(big)), Want("metrics.json", 14)], here)
+                    [Want("ckpt/last.pt", len(big)), Want("metrics.json", 14)], here)
     finally:
         t.close()
     assert (here / "ckpt" / "last.pt").read_bytes() == big

@@ -59,5 +59,5 @@ run_pids() {
         for (q in ppid) if (!(q in mine) && (ppid[q] in mine) && ok(q)) { mine[q] = 1; n = 1 }
       }
       for (q in mine) print q
-    }'
+    }' | sort -n  # in the order they started (awk walks an array in no order)
 }
