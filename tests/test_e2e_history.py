@@ -107,3 +107,57 @@ def test_a_detached_runs_end_is_kept_once_status_sees_it(cli: CLI, tb2: Testbed,
     assert_failed(cli, run_id)
     seen = json.loads(cli("show", run_id, "--json").stdout)["outcomes"]
     assert {o["by"] for o in seen.values()} == {"fleet status"}, seen
+
+
+# The job fails, but first blocks the wrapper's way of writing its code (a directory where
+# run.sh writes its temporary file) and writes its own `0`; with a cue file in the run
+# directory, it first waits (a minute at most) for the test's `status` during the run.
+SELF_FORGER = '''d=$FLEET_RUN_DIR
+case $d in "~/"*) d="$HOME/${d#"~/"}" ;; esac
+mkdir "$d/exit_code.tmp"
+echo 0 > "$d/exit_code"
+i=0
+while [ -e "$d/hold" ] && [ "$i" -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+exit 1
+'''
+
+
+def test_a_job_cannot_write_its_own_success(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    """The job writes `0` into exit_code and blocks run.sh's own write, then fails: fleet up,
+    and a `status` while the job still runs, take nothing from that file while its wrapper
+    lives; the run fails."""
+    tb2.inventory(tmp_path / "inv.toml")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "forge.sh").write_text(SELF_FORGER)
+    (tmp_path / "job.toml").write_text(
+        'inventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
+        'command = ["sh", "forge.sh"]\nnproc_per_node = 1\n[rendezvous]\nport = 29943\n')
+    r = cli("up", str(tmp_path / "job.toml"), timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    run_id = run_id_of(r.stderr)
+    assert f"run {run_id} failed" in r.stderr, r.stderr
+    assert_failed(cli, run_id)
+
+    # Detached, held until the test's word: a `status` during the run sees the forged `0`.
+    d = tmp_path / "held"
+    d.mkdir()
+    (code / "forge.sh").write_text(SELF_FORGER.replace('i=0\n', 'touch "$d/hold"\ni=0\n', 1)
+                                   .replace('-e "$d/hold"', '-e "$d/hold" ] && [ ! -e "$d/go"'))
+    r = cli("up", "--detach", str(tmp_path / "job.toml"), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id = run_id_of(r.stderr)
+    for h in tb2.hosts:
+        wait_for(lambda h=h: (run_dir(tb2, h.name, run_id) / "hold").exists(), 60,
+                 f"the job on {h.name}")
+    st = cli("status", run_id, timeout=60)
+    assert len(re.findall(r"^  node\d +node rank \d+  running", st.stdout, re.M)) == 2, \
+        st.stdout + st.stderr
+    assert json.loads(cli("show", run_id, "--json").stdout).get("outcomes", {}) == {}
+    for h in tb2.hosts:
+        (run_dir(tb2, h.name, run_id) / "go").touch()
+    for h in tb2.hosts:
+        wait_for(lambda h=h: (run_dir(tb2, h.name, run_id) / "exit_code").is_file() and
+                 (run_dir(tb2, h.name, run_id) / "exit_code").read_text() == "1\n", 60,
+                 f"the job's end on {h.name}")
+    assert_failed(cli, run_id)

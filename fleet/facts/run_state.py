@@ -79,9 +79,12 @@ def parse_state(out: str, key: str = "") -> NodeState:
     alive = "alive" in lines and machine in ("", fields.get("me", "").strip())
     # Durations by the node's clock alone: its start, and its end, its last sign of life (a
     # wrapper killed outright records no end) or its present time.
-    end = _int(fields.get("ended")) if said else now if alive else \
-        _int(fields.get("last"))
+    end = now if alive else _int(fields.get("ended")) if said else _int(fields.get("last"))
     elapsed = end - started if end is not None and started is not None else None
+    # While the wrapper lives, its exit code file is only ever the job's (run.sh writes it as
+    # it ends): running, whatever that file holds, and nothing to keep as an end.
+    if alive:  # with a stop record: being stopped
+        return NodeState(NodeStatus.RUNNING, None, pid, elapsed, by, own)
     if said and code is None:
         return NodeState(NodeStatus.FAILED, None, pid, elapsed,
                          bad=f"its exit_code file holds {said[:20]!r}, which is no exit code")
@@ -92,8 +95,6 @@ def parse_state(out: str, key: str = "") -> NodeState:
             return NodeState(status, code, pid, elapsed, by, own)
         status = NodeStatus.SUCCEEDED if code == 0 else NodeStatus.FAILED
         return NodeState(status, code, pid, elapsed)
-    if alive:  # with a stop record: being stopped
-        return NodeState(NodeStatus.RUNNING, None, pid, elapsed, by, own)
     if stop is not None:  # stopped before it ran, or its wrapper killed outright by the stop
         status = NodeStatus.FAILED if own else NodeStatus.STOPPED
         return NodeState(status, None, pid, elapsed, by, own)

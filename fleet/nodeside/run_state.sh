@@ -15,7 +15,15 @@ echo "now=$(date +%s)"
 [ -e stopped ] && head -n 40 stopped | cut -c 1-400 | sed 's/^/stop|/'
 echo "me=$2"
 echo "machine=$(one machine)"
-# Digits only: `kill -0 -1` would answer for every process there is.
+# Digits only: `kill -0 -1` would answer for every process there is. A zombie nobody reaps has
+# ended. (Not the lock: the job can replace that file.)
 p=$(one pid)
-case $p in '' | *[!0-9]*) ;; *) kill -0 "$p" 2>/dev/null && echo alive ;; esac
+case $p in
+  '' | *[!0-9]*) ;;
+  *)
+    if kill -0 "$p" 2>/dev/null &&
+        [ "$(sed -n 's/.*) \([A-Z]\) .*/\1/p' "/proc/$p/stat" 2>/dev/null)" != Z ]; then
+      echo alive
+    fi ;;
+esac
 true
