@@ -245,6 +245,16 @@ def test_parse_state() -> None:
         NodeStatus.STARTING
 
 
+@pytest.mark.parametrize("said", ["0", "1", "junk"])
+def test_an_exit_code_means_nothing_while_the_wrapper_lives(said: str) -> None:
+    """run.sh writes exit_code as it ends: one there while it lives is the job's own. Running,
+    no code, no end to keep (a `status` during the run must not record an outcome)."""
+    st = run_state.parse_state(f"pid=41\ncode={said}\nstarted=100\nended=110\nnow=150\n"
+                               "alive\n")
+    assert (st.status, st.code, st.bad, st.elapsed, st.done) == (NodeStatus.RUNNING, None, "",
+                                                                  50, False)
+
+
 @pytest.mark.parametrize("said", ["256", "-1", "99999", "0x0", "1e0", "0 1", "²"])
 def test_an_exit_code_is_a_small_whole_number(said: str) -> None:
     """What run.sh writes is `$?`, 0-255; anything else in the file is no exit code (the job
@@ -278,6 +288,13 @@ def test_parse_stop_and_pid() -> None:
     assert remote.parse_stop("left=\n") == []
     assert remote.parse_stop("left=12 13\n") == [12, 13]
     assert remote.parse_stop("sh: stop.sh: No such file\n") is None
+
+
+def test_stop_says_whether_it_found_anything() -> None:
+    """stop.sh's `found=`: no only where it says so (a stop.sh of an older run does not)."""
+    assert remote.parse_found("found=yes\nleft=\n") is True
+    assert remote.parse_found("found=no\nleft=\n") is False
+    assert remote.parse_found("left=\n") is True
     assert remote.parse_pid("4242\n") == 4242 and remote.parse_pid("") is None
 
 
@@ -435,3 +452,15 @@ def test_probe_learns_home_shell_and_clock_where_a_hello_would(
 def test_parse_probe_home_shell_and_clock() -> None:
     f = parse_probe("home=/home/a b\nshell=/bin/tcsh\n" + probe_output() + "now=1700000000.5\n")
     assert (f.home, f.shell, f.node_time) == ("/home/a b", "/bin/tcsh", "1700000000.5")
+
+
+def test_a_stop_that_found_the_part_ended_already_is_no_stop() -> None:
+    """stop.sh found nothing of a part that had started and records no end (the node rebooted):
+    it ended by itself, killed outright, not by fleet's stop; one that never started was."""
+    base = "pid=41\ncode=\nstarted=100\nended=\nlast=130\nnow=999\n" \
+           "stop|fleet up, once n2 answered again\nstop|key=k1\n"
+    assert run_state.parse_state(base, "k1").status is NodeStatus.STOPPED
+    gone = run_state.parse_state(base + "stop|found=none\n", "k1")
+    assert (gone.status, gone.stopped_by) == (NodeStatus.FAILED, "")
+    never = run_state.parse_state(base.replace("pid=41", "pid=") + "stop|found=none\n", "k1")
+    assert never.status is NodeStatus.STOPPED

@@ -262,7 +262,7 @@ def test_state_dir_follows_xdg_wherever_fleet_runs(monkeypatch: pytest.MonkeyPat
 def test_stop_reason_reaches_stop_sh() -> None:
     t = FakeTransport("n1")
     assert remote.stop(t, "/w/runs/r/n1", "fail-fast: n2 failed",  # type: ignore[arg-type]
-                       "k1") == []
+                       "k1") == remote.Stopped([], True)
     assert "'fail-fast: n2 failed'" in t.scripts[0]
 
 

@@ -243,16 +243,18 @@ class Stopper:
 
     name = "fake"
 
-    def __init__(self, answers_from: dict[str, int]) -> None:
+    def __init__(self, answers_from: dict[str, int], gone: set[str] | None = None) -> None:
         self.answers_from = answers_from
+        self.gone = gone or set()  # nodes where stop.sh finds nothing of the run (rebooted)
         self.tries: dict[str, int] = {}
         self.by: list[str] = []
 
-    def stop_part(self, rec: object, node: str, by: str) -> None:
+    def stop_part(self, rec: object, node: str, by: str) -> bool:
         self.tries[node] = self.tries.get(node, 0) + 1
         self.by.append(by)
         if self.tries[node] < self.answers_from[node]:
             raise TransportError(f"cannot connect to {node}: refused")
+        return node not in self.gone
 
 
 def test_what_an_attempt_left_on_a_lost_node_is_stopped_once_it_answers_else_named(
@@ -281,3 +283,19 @@ def test_what_an_attempt_left_on_a_lost_node_is_stopped_once_it_answers_else_nam
     assert left.thread is not None
     left.thread.join(5)
     assert not left.thread.is_alive()
+
+
+def test_a_lost_part_that_had_ended_by_itself_is_not_called_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node answers again after a reboot: stop.sh finds nothing of the part to stop, and
+    fleet says it had already ended, not that it stopped it."""
+    monkeypatch.setattr(attempts, "LEFT_POLL_S", 3600.0)
+    monkeypatch.setattr(attempts.state, "load", lambda run_id: SimpleNamespace(
+        dir=tmp_path / run_id))
+    c = Console(out=io.StringIO(), err=io.StringIO())
+    left = attempts.Left(Stopper({"n2": 1}, gone={"n2"}), c, "r")  # type: ignore[arg-type]
+    left.add(attempts.Attempt(1, "r", ["n1", "n2"], 0.0, 1.0, "unknown", lost=["n2"]))
+    left.end()
+    err = c.err.getvalue()  # type: ignore[attr-defined]
+    assert "n2 answered again: attempt 1's part there had already ended\n" in err, err
+    assert "stopped" not in err, err

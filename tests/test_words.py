@@ -173,6 +173,24 @@ def test_stop_sh_on_a_node_that_had_not_failed(tmp_path: Path) -> None:
     assert (st.status, st.stopped_by, st.own_failure) == (NodeStatus.STOPPED, "fleet stop", "")
 
 
+def test_stop_sh_on_a_part_that_had_ended_by_itself(tmp_path: Path) -> None:
+    """The wrapper had started and is gone with no exit code (the node rebooted): stop.sh says
+    it found nothing, and the node's state is its own end (failed), not fleet's stop."""
+    run_id = f"words-gone-{os.getpid()}"
+    run_dir, script = _stop_sh(tmp_path, run_id)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run_dir / "pid").write_text(f"{dead.pid}\n")
+    (run_dir / "node.log").write_text("tick 1\n")
+    out = subprocess.run(["sh", str(script), "fleet up, once n1 answered again"], input="k1\n",
+                         capture_output=True, text=True, timeout=60).stdout
+    assert (remote.parse_stop(out), remote.parse_found(out)) == ([], False), out
+    state = subprocess.run(["sh", "-c", run_state.state_script(str(run_dir))],
+                           capture_output=True, text=True, timeout=30).stdout
+    st = run_state.parse_state(state, "k1")
+    assert (st.status, st.stopped_by) == (NodeStatus.FAILED, ""), state
+
+
 # ---- the stop's noise in the attached stream -----------------------------------------------------
 def test_after_a_confirmed_stop_lines_are_hidden_and_said_so_once() -> None:
     told: list[str] = []

@@ -202,10 +202,11 @@ class Backend(ABC):
     def cancel(self, rec: RunRecord, console: Console) -> None:
         """`fleet stop`: end the run everywhere, nothing of it left."""
 
-    def stop_part(self, rec: RunRecord, node: str, by: str) -> None:
+    def stop_part(self, rec: RunRecord, node: str, by: str) -> bool:
         """Stop what of a recorded run still runs on one of its nodes (one an attempt lost,
-        once it answers again), connected afresh; FleetError where it cannot. Only a backend
-        that restarts runs ([restart]) is asked."""
+        once it answers again), connected afresh; FleetError where it cannot. Returns whether
+        anything of the run was found there to stop (a node rebooted since: nothing). Only a
+        backend that restarts runs ([restart]) is asked."""
         raise UsageError(f"the {self.name} backend does not stop one node's part of a run")
 
     @abstractmethod

@@ -95,7 +95,9 @@ def parse_state(out: str, key: str = "") -> NodeState:
             return NodeState(status, code, pid, elapsed, by, own)
         status = NodeStatus.SUCCEEDED if code == 0 else NodeStatus.FAILED
         return NodeState(status, code, pid, elapsed)
-    if stop is not None:  # stopped before it ran, or its wrapper killed outright by the stop
+    # Stopped before it ran, or its wrapper killed outright by the stop; not a part that had
+    # started and was found ended already (a reboot): nothing was stopped there.
+    if stop is not None and (stop.found or pid is None):
         status = NodeStatus.FAILED if own else NodeStatus.STOPPED
         return NodeState(status, None, pid, elapsed, by, own)
     if pid is None:
@@ -113,6 +115,7 @@ class StopRecord:
     by: str
     genuine: bool
     own_failure: str = ""
+    found: bool = True  # the stop found a process of the run (`found=none`: it had ended)
 
 
 # torchrun's own log lines (a worker's carry its `[defaultN]:` prefix), as torch 2.14 words
@@ -159,7 +162,8 @@ def parse_stop_record(lines: list[str], key: str) -> StopRecord:
                 how = (f"been killed by {_signal_name(status & 0x7F)}" if status & 0x7F else
                        f"exited {status >> 8}")
                 ended = ended or f"its process {words[0]} had {how}"
-    return StopRecord(by or "stopped", genuine, signalled or failed or ended or closing)
+    return StopRecord(by or "stopped", genuine, signalled or failed or ended or closing,
+                      "found=none" not in lines[1:])
 
 
 def state(t: Transport, run_dir: str, key: str) -> NodeState:

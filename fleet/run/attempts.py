@@ -223,14 +223,17 @@ class Left:
                     return  # the run's end tries once more itself
                 try:
                     rec = state.load(run_id)
-                    self.backend.stop_part(rec, node, f"fleet up, once {node} answered again "
-                                                      f"(attempt {number} had lost it)")
+                    found = self.backend.stop_part(
+                        rec, node, f"fleet up, once {node} answered again (attempt {number} "
+                                   "had lost it)")
                 except Exception:  # noqa: BLE001 - not reached yet: tried again, named at the end
                     continue
                 del self.parts[(run_id, node)]
                 seen = outcomes.ended(rec.dir).get(node)
-                self.console.info(f"{node} answered again: attempt {number}'s part there was "
-                                  "stopped" + (f" ({seen.describe()})" if seen else ""))
+                # "stopped" only where stop.sh found something of the part to stop.
+                done = "was stopped" if found else "had already ended"
+                self.console.info(f"{node} answered again: attempt {number}'s part there {done}"
+                                  + (f" ({seen.describe()})" if seen else ""))
 
     def end(self) -> None:
         """At the run's end: one last try, then what could not be stopped is named."""

@@ -89,9 +89,9 @@ class HostsBackend(Backend):
                 console.phase(name, f"could not stop: {reason(r)}; the run may still be "
                                     f"running there: run `fleet stop {rec.run_id}` again once "
                                     "it answers")
-            elif r:
+            elif r.left:
                 bad += 1
-                console.phase(name, f"still alive after SIGKILL: {r}")
+                console.phase(name, f"still alive after SIGKILL: {r.left}")
             else:
                 console.phase(name, "stopped (nothing of the run left that fleet can find: "
                                     "by run id, session or descent)")
@@ -99,12 +99,13 @@ class HostsBackend(Backend):
             raise NotEveryNode(f"run {rec.run_id} could not be stopped on {bad} node(s)")
         console.info(f"run {rec.run_id} stopped on every node")
 
-    def stop_part(self, rec: RunRecord, node: str, by: str) -> None:
+    def stop_part(self, rec: RunRecord, node: str, by: str) -> bool:
         r = recorded.stop_recorded(rec, by, only={node})[node]
         if isinstance(r, Exception):
             raise r
-        if r:
-            raise NotEveryNode(f"{node}: still alive after SIGKILL: {r}")
+        if r.left:
+            raise NotEveryNode(f"{node}: still alive after SIGKILL: {r.left}")
+        return r.found
 
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
              rank: int | None, view: View) -> int:

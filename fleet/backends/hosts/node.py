@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 from fleet.backends.hosts.ports import connect_script
 from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
@@ -127,6 +128,21 @@ def remove(t: Transport, run_dir: str) -> str:
 MARK_WAIT_S = 10.0  # how long a node's stop waits for the others' records before it signals
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """What stop.sh did on a node: the run's pids still alive after it (none, normally), and
+    whether it found any process of the run to stop at all."""
+
+    left: list[int]
+    found: bool = True
+
+
+def parse_found(out: str) -> bool:
+    """Whether stop.sh found a process of the run to stop; one that does not say (of a run
+    started before stop.sh said it) is taken to have found one, as fleet said before."""
+    return "found=no" not in [line.strip() for line in out.splitlines()]
+
+
 def parse_stop(out: str) -> list[int] | None:
     """The pids still alive after stop.sh, or None if it did not get as far as saying."""
     if "left=" not in out:
@@ -146,7 +162,7 @@ def stop_script(run_dir: str, by: str, key: str, mark: bool = False) -> str:
         f"{sh('sh', f'{run_dir}/stop.sh', *args)}; exit $?; fi",
         f"[ ! -d {d} ] || grep -qxF {quote('key=' + key)} {d}/stopped 2>/dev/null || "
         f"printf '%s\\n' {quote(by)} {quote('key=' + key)} > {d}/stopped",
-        "echo marked" if mark else "echo left=",
+        "echo marked" if mark else "echo found=no; echo left=",
     ])
 
 
@@ -158,27 +174,27 @@ def mark(t: Transport, run_dir: str, by: str, key: str) -> None:
         raise RemoteCommandError(t.host.name, "stop.sh mark", r.code, r.out + r.err)
 
 
-def stop(t: Transport, run_dir: str, by: str, key: str) -> list[int]:
-    """Stop the run on the node; returns the pids of the run still alive after it (none,
-    normally)."""
+def stop(t: Transport, run_dir: str, by: str, key: str) -> Stopped:
+    """Stop the run on the node: the pids of the run still alive after it (none, normally),
+    and whether there was anything to stop."""
     r = t.run(stop_script(run_dir, by, key), timeout=60, what="stop.sh")
     left = parse_stop(r.out)
     if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
-    return left
+    return Stopped(left, parse_found(r.out))
 
 
 Target = Callable[[], AbstractContextManager[tuple[Transport, str, str]]]
 
 
-def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, list[int] | Exception]:
+def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopped | Exception]:
     """Stop the run on several nodes, each target giving (transport, run dir, stop key). Every
     node's stop is recorded before any node is signalled: a node records whether its own part
     had already failed, and the stop of another node (its peers gone) must not decide that.
     A node that cannot be marked holds the others back MARK_WAIT_S at most."""
     gate = threading.Barrier(max(1, len(targets)))
 
-    def one(target: Target) -> list[int]:
+    def one(target: Target) -> Stopped:
         arrived = [False]
 
         def arrive() -> None:

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from fleet.backends.hosts.node import stop_together
+from fleet.backends.hosts.node import Stopped, stop_together
 from fleet.errors import FleetError
 from fleet.facts import run_state
 from fleet.run import outcomes
@@ -33,7 +33,7 @@ def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R],
 
 
 def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None
-                  ) -> dict[str, list[int] | Exception]:
+                  ) -> dict[str, Stopped | Exception]:
     """Stop a recorded run on every node (or those named in `only`), connected afresh (see
     node.stop_together). Each node's state once its stop is done is history from then: kept in
     the run's record (fleet.run.outcomes)."""

@@ -43,15 +43,15 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
         links[n.host.name], n, by, key(n.host.name), why[n.host.name], retry_for, console)))
     problems = failures(results)
     for name, r in results.items():
-        if isinstance(r, list) and r:
-            problems[name] = f"processes still alive after SIGKILL: {r}"
+        if isinstance(r, remote.Stopped) and r.left:
+            problems[name] = f"processes still alive after SIGKILL: {r.left}"
     for name, problem in problems.items():
         console.phase(name, f"stop failed: {problem}")
     return problems
 
 
 def stop_afresh(link: Link, node: NodePlan, by: str, key: str, why: str, retry_for: float,
-                console: Console) -> list[int]:
+                console: Console) -> remote.Stopped:
     """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
     link is given up then)."""
     name = node.host.name
