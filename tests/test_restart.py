@@ -299,3 +299,35 @@ def test_a_lost_part_that_had_ended_by_itself_is_not_called_stopped(
     err = c.err.getvalue()  # type: ignore[attr-defined]
     assert "n2 answered again: attempt 1's part there had already ended\n" in err, err
     assert "stopped" not in err, err
+
+
+class Asker:
+    """A backend that says which nodes of which attempt `ps` asks (their part still runs)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, set[str]]] = []
+
+    def parts_left(self, rec: SimpleNamespace, nodes: set[str]) -> list[str]:
+        self.asked.append((rec.run_id, nodes))
+        return [f"  {n}  running" for n in sorted(nodes)]
+
+
+def test_ps_asks_only_the_lost_nodes_whose_end_fleet_has_not_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `ps` and `status` asks of an earlier attempt only the nodes it lost that fleet has
+    not seen end since (its record says which); never the nodes it stopped or saw end, nor any
+    node of an attempt that lost none: a host gone from the lab costs nothing after."""
+    from fleet.cli.run_commands import _not_over
+    backend = Asker()
+    monkeypatch.setattr("fleet.cli.run_commands.backends.for_record", lambda rec: backend)
+    every = [SimpleNamespace(run_id=r, dir=tmp_path / r) for r in ("r", "r-a2", "r-a3", "r-a4")]
+    for rec in every:
+        rec.dir.mkdir()
+    items = [attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, "unknown", lost=["n2", "n3"]),
+             attempts.Attempt(2, "r-a2", ["n1", "n4", "n3"], 2.0, 3.0, "failed"),
+             attempts.Attempt(3, "r-a3", ["n1", "n4", "n5"], 4.0, 5.0, "unknown", lost=["n5"]),
+             attempts.Attempt(4, "r-a4", ["n1", "n4", "n6"], 6.0, 7.0, "succeeded")]
+    # n5's part was stopped once it answered again: its end is kept.
+    attempts.outcomes.note(every[2].dir, NodeOutcome("n5", 2, NodeStatus.STOPPED, 143), "fleet up")
+    assert _not_over(every, items) == [(1, ["  n2  running", "  n3  running"])]  # type: ignore[arg-type]
+    assert backend.asked == [("r", {"n2", "n3"})]

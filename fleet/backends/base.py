@@ -209,6 +209,12 @@ class Backend(ABC):
         backend that restarts runs ([restart]) is asked."""
         raise UsageError(f"the {self.name} backend does not stop one node's part of a run")
 
+    def parts_left(self, rec: RunRecord, nodes: set[str]) -> list[str]:
+        """`status` rows for these nodes of a recorded run (those an attempt lost and fleet
+        could not stop since), asked of them alone; none where their parts are over. Only a
+        backend that restarts runs ([restart]) is asked."""
+        raise UsageError(f"the {self.name} backend does not ask one node's part of a run")
+
     @abstractmethod
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
              rank: int | None, view: View) -> int:

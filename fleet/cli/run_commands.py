@@ -74,7 +74,7 @@ def status(run_id: RunArg = None) -> None:
     if found:
         echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
         echo("\n".join(attempts.lines(*found)))
-        for number, rows in _not_over(every):
+        for number, rows in _not_over(every, found[1]):
             echo(f"  attempt {number}/{found[0] + 1} ({every[number - 1].run_id}) is not over "
                  f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
             echo("\n".join(f"  {row}" for row in rows))
@@ -110,7 +110,7 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
                 return said
             left = "".join(f"; attempt {number} may still run on "
                            f"{', '.join(row.split()[0] for row in rows)}"
-                           for number, rows in _not_over(every))
+                           for number, rows in _not_over(every, found[1]))
             return f"{said} ({attempts.headline(*found, len(every))}){left}"
         except FleetError as e:
             return f"unknown ({reason(e)})"
@@ -124,19 +124,23 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
 
 
-def _not_over(every: list[state.RunRecord]) -> list[tuple[int, list[str]]]:
-    """Earlier attempts that fleet did not see end on every node (one it lost, and could not
-    stop since), where those nodes do not say it ended either: each one's number and its rows
-    for those nodes (asked of them now)."""
+def _not_over(every: list[state.RunRecord], items: list[attempts.Attempt]
+              ) -> list[tuple[int, list[str]]]:
+    """Earlier attempts that lost a node (their record says which) whose end fleet has not seen
+    since (its stop keeps that end), where that node does not say it ended either: each one's
+    number and its rows for those nodes. Only those nodes are asked: every `ps` would otherwise
+    connect to every node of every earlier attempt (a host gone from the lab, a timeout each)."""
+    records = {rec.run_id: rec for rec in every[:-1]}
     found = []
-    for number, rec in enumerate(every[:-1], 1):
-        open_ = {n.host.name for n in rec.nodes} - set(outcomes.ended(rec.dir))
-        if not open_:
+    for a in items:
+        rec = records.get(a.run_id)
+        if rec is None or not a.lost:
             continue
-        final, lines = backends.for_record(rec).describe(rec)
-        if not final.is_terminal:
-            found.append((number, [row for row in lines[1:]
-                                   if row.split() and row.split()[0] in open_]))
+        open_ = set(a.lost) - set(outcomes.ended(rec.dir))
+        if open_:
+            rows = backends.for_record(rec).parts_left(rec, open_)
+            if rows:
+                found.append((a.number, rows))
     return found
 
 

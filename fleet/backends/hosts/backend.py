@@ -61,18 +61,15 @@ class HostsBackend(Backend):
                 f"it runs; `fleet rm {rec.run_id}` removes what it left on the nodes"]
         results = node_outcomes(rec)
         final = overall(status(r) for r in results.values())
-        lines = [f"{head}{final.value}"]
-        for n in rec.nodes:
-            r = results[n.host.name]
-            where = f"  {n.host.name:<16} {n.ranks()}"
-            if isinstance(r, Exception):
-                lines.append(f"{where}  unreachable (may still be running): {reason(r)}")
-                continue
-            if r.status is NodeStatus.MISSING:
-                lines.append(f"{where}  missing (no run directory there)")
-                continue
-            lines.append(f"{where}  {node_words(r)}")
-        return final, lines
+        return final, [f"{head}{final.value}"] + [node_row(n, results[n.host.name])
+                                                  for n in rec.nodes]
+
+    def parts_left(self, rec: RunRecord, nodes: set[str]) -> list[str]:
+        # Only these nodes are asked: the others' ends are kept, or fleet stopped them.
+        results = node_outcomes(rec, nodes)
+        if overall(status(r) for r in results.values()).is_terminal:
+            return []
+        return [node_row(n, results[n.host.name]) for n in rec.nodes if n.host.name in results]
 
     def state_word(self, rec: RunRecord) -> str:
         if rec.never_started():
@@ -186,16 +183,21 @@ class HostsBackend(Backend):
                                   progress)
 
 
-def node_outcomes(rec: RunRecord) -> dict[str, NodeOutcome | Exception]:
-    """How each node's part ended as fleet saw it (the run's record); only the nodes whose end
-    fleet did not see are asked, and an end they say is kept from then on."""
+def node_outcomes(rec: RunRecord, only: set[str] | None = None
+                  ) -> dict[str, NodeOutcome | Exception]:
+    """How each node's part ended as fleet saw it (the run's record), of every node or those in
+    `only`; only the nodes whose end fleet did not see are asked, and an end they say is kept
+    from then on."""
     known = outcomes.ended(rec.dir)
+    names = {n.host.name for n in rec.nodes} if only is None else only
     asked = recorded.on_nodes(
         rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)),
-        only={n.host.name for n in rec.nodes} - set(known))
+        only=names - set(known))
     found: dict[str, NodeOutcome | Exception] = {}
     for n in rec.nodes:
         name = n.host.name
+        if name not in names:
+            continue
         r = known.get(name) or asked[name]
         if isinstance(r, run_state.NodeState):
             r = r.outcome(name, n.node_rank)
@@ -203,6 +205,16 @@ def node_outcomes(rec: RunRecord) -> dict[str, NodeOutcome | Exception]:
                 r = outcomes.note(rec.dir, r, "fleet status")
         found[name] = r
     return found
+
+
+def node_row(n: NodeRecord, r: NodeOutcome | Exception) -> str:
+    """A node's row in `fleet status`: its name, ranks and state."""
+    where = f"  {n.host.name:<16} {n.ranks()}"
+    if isinstance(r, Exception):
+        return f"{where}  unreachable (may still be running): {reason(r)}"
+    if r.status is NodeStatus.MISSING:
+        return f"{where}  missing (no run directory there)"
+    return f"{where}  {node_words(r)}"
 
 
 def node_words(r: NodeOutcome) -> str:
