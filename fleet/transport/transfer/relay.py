@@ -224,12 +224,14 @@ class Transfer:
             for m in self.moves:
                 lf = m.local
                 if m.writers:
-                    word({"file": [m.root, lf.rel, lf.size, lf.mode, lf.mtime_ns]})
+                    blocks = None if m.blocks is None else list(m.blocks)
+                    word({"file": [m.root, lf.rel, lf.size, lf.mode, lf.mtime_ns, blocks,
+                                   list(m.writers)]})
                     try:
                         sha = self.shas[(m.root, lf.rel)] = ferry.send_file(
                             write, m.root, lf.rel, str(lf.path), lf.size, lf.mtime_ns, lf.mode,
-                            None if m.blocks is None else list(m.blocks), list(m.writers),
-                            list(lf.blocks) if lf.blocks else None, lf.sha)
+                            blocks, list(m.writers), list(lf.blocks) if lf.blocks else None,
+                            lf.sha)
                         word({"sha": [m.root, lf.rel, sha]})
                     except ferry.Changed:
                         changed.append(str(lf.path))
@@ -338,12 +340,18 @@ class Transfer:
 
     def _check_tampered(self) -> None:
         """RelayTampered naming each node that passed on what another found altered (its own
-        words, shown, never obeyed)."""
+        words, shown, never obeyed). Only the first node of a chain to find it names the one
+        before it: what reached those after it was already altered, so whether the node
+        between altered it too cannot be told, and it is not accused."""
         bad: dict[str, str] = {}
+        found = {n for n, s in self.states.items() if s.error is not None
+                 and s.error.get("tampered")}
         for n, s in self.states.items():
-            if s.error is None or not s.error.get("tampered"):
+            if n not in found or s.error is None:
                 continue
             by = relayer(self.routes, n)
+            if by in found:
+                continue
             what = printable(str(s.error.get("msg") or ""))
             if by is None:  # fed from here: not relayed, so not a relaying node's doing
                 continue
