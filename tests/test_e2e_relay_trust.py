@@ -119,6 +119,23 @@ def accept_from(server, key, deadline):
 """
 
 
+# node1 compromised: it stops passing the stream on to node2 (so it says, truly, that it waits
+# to), as if node2 took nothing
+STOPS = """
+_real_link_to = link_to
+class _Stopped:
+    def __init__(self, s):
+        self.s = s
+    def send(self, data):
+        time.sleep(3600)
+        return 0
+    def __getattr__(self, name):
+        return getattr(self.s, name)
+def link_to(addr, port, key):
+    return _Stopped(_real_link_to(addr, port, key))
+"""
+
+
 @pytest.fixture(scope="module")
 def tb() -> Iterator[Testbed]:
     _need_testbed()
@@ -257,4 +274,25 @@ def test_modes_set_by_fleets_own_word_reach_every_relayed_node(
         assert stat.S_IMODE(got["tool.sh"].st_mode) == 0o775, host
         assert got["shard0.bin"].st_mtime_ns == want.st_mtime_ns, host
         assert stat.S_IMODE(got["shard0.bin"].st_mode) == stat.S_IMODE(want.st_mode), host
+    assert_clean(tb)
+
+
+def test_a_relaying_node_that_stops_passing_data_on_does_not_get_the_next_one_blamed(
+        cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+    """node1 says it waits on node2; node2, over its own connection, says nothing from node1
+    waits unread in its socket: node1's word alone blames no node, both ends are named."""
+    inventory(tb, tmp_path, "~/fleet-trust-e")
+    make_data(tmp_path / "data", [9])  # over transfer.BUNDLE_MAX: relayed
+    attacked(tb, "node1", STOPS)
+    try:
+        r = cli("up", str(job(tmp_path, 29857)), timeout=150)
+    finally:
+        attacked(tb, "node1", None)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out
+    for host in ("node1", "node2"):
+        assert re.search(rf"^\s+{host}: the relay link node1 -> node2 stalled: node1 says it "
+                         r"waited 20s to pass data on to node2; node2 placed none", r.stderr,
+                         re.M), out
+    assert "takes nothing:" not in r.stderr, out
     assert_clean(tb)

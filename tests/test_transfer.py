@@ -25,7 +25,7 @@ from typing import cast
 
 import pytest
 
-from fleet.errors import RelayTampered, TransportError, WorkdirError
+from fleet.errors import HostError, RelayTampered, TransportError, WorkdirError
 from fleet.nodeside import ferry
 from fleet.transport.base import Pipe, Transport
 from fleet.transport.transfer import plan, progress, pull, push, relay, report
@@ -926,6 +926,7 @@ def test_chains_all_broken_is_one_chain_a_node() -> None:
     ({"at": 0}, None),
     ({"at": 123456789}, None),
     ({"waiting": 0}, None), ({"waiting": 21.5}, None),
+    ({"unread": 0}, None), ({"unread": 212992}, None),
     ({"ok": [0, "d/f.bin", SHA]}, None),
     ({"ok": [1, "f", ""]}, None),  # a touch
     ({"gave_up": [0, "f"]}, None),
@@ -948,6 +949,7 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
     b'{"at": -1}', b'{"at": 1.5}', b'{"at": "1"}',
     b'{"waiting": -1}', b'{"waiting": NaN}', b'{"waiting": Infinity}', b'{"waiting": true}',
     b'{"waiting": "5"}', b'{"waiting": 1e12}',
+    b'{"unread": -1}', b'{"unread": 1.5}', b'{"unread": true}', b'{"unread": "5"}',
     b'{"ok": [true, "f", ""]}',  # a bool is not a root index
     b'{"ok": [0, "f"]}', b'{"ok": [0, "f", "abc"]}', b'{"ok": ["0", "f", ""]}',
     b'{"ok": [0, 5, ""]}', b'{"ok": {"root": 0}}',
@@ -1532,3 +1534,55 @@ def test_only_the_first_node_of_a_chain_to_find_tampering_names_the_one_before_i
         tr._check_tampered()
     assert list(e.value.failures) == ["node1"]
     assert "what it relayed to node2 does not match" in e.value.failures["node1"]
+
+
+def stalled_transfer() -> relay.Transfer:
+    """node1 -> node2 -> node3, node1 having waited to pass data on to node2, which placed none."""
+    from fleet.console import Console
+    names = ["node1", "node2", "node3"]
+    tr = relay.Transfer([relay.Target(n, NO_TRANSPORT, "python3", n, ("/x",)) for n in names],
+                        [], Console(out=io.StringIO(), err=io.StringIO()))
+    tr.routes = [names]
+    tr.deaf, tr.cause = ("node1", "node2"), "node2"
+    return tr
+
+
+def test_a_relaying_nodes_word_alone_that_the_next_takes_nothing_names_both_ends() -> None:
+    tr = stalled_transfer()
+    with pytest.raises(HostError) as e:
+        tr._check()
+    failures = e.value.failures
+    assert sorted(failures) == ["node1", "node2"]
+    assert failures["node1"] == failures["node2"]
+    assert failures["node2"].startswith("the relay link node1 -> node2 stalled: node1 says it "
+                                        "waited 20s to pass data on to node2; node2 placed none")
+
+
+def test_the_next_nodes_own_word_of_data_unread_confirms_it_takes_nothing() -> None:
+    tr = stalled_transfer()
+    tr.states["node2"].unread = 2 << 20
+    with pytest.raises(HostError) as e:
+        tr._check()
+    failures = e.value.failures
+    assert list(failures) == ["node2"]
+    assert failures["node2"].startswith("takes nothing: node1 waited 20s to pass it data and it "
+                                        "placed none meanwhile, with 2.0 MiB from node1 unread")
+
+
+@pytest.mark.parametrize("unread", [0, 4096])
+def test_a_node_that_says_it_could_not_pass_data_on_blames_the_next_only_if_it_confirms(
+        unread: int) -> None:
+    tr = stalled_transfer()
+    tr.deaf, tr.cause = None, "node1"
+    tr.states["node1"].error = {"msg": "passing the data on failed: timed out", "relay": "out"}
+    tr.states["node2"].unread = unread
+    with pytest.raises(HostError) as e:
+        tr._check()
+    failures = e.value.failures
+    if unread:
+        assert list(failures) == ["node2"]
+        assert failures["node2"].startswith("takes nothing from node1, which could not pass")
+    else:
+        assert sorted(failures) == ["node1", "node2"]
+        assert failures["node1"].startswith("the relay link node1 -> node2 stalled: node1 says "
+                                            "it could not pass the data on (passing the data")

@@ -296,14 +296,22 @@ class Transfer:
         self._check_tampered()
         problems: dict[str, Exception] = {}
         deaf = self.deaf[1] if self.deaf else None
+        if self.deaf:
+            a, b = self.deaf
+            if self.states[b].unread:  # b's own word: the data reached it, and it does not read
+                problems[b] = TransportError(
+                    f"takes nothing: {a} waited {TAKES_S:.0f}s to pass it data and it placed "
+                    f"none meanwhile, with {human(self.states[b].unread)} from {a} unread in its "
+                    "socket (as it says): it stopped reading. What arrived is kept: the next "
+                    "`fleet up` sends only the rest")
+            else:
+                problems[a] = problems[b] = self._stalled(
+                    a, b, f"{a} says it waited {TAKES_S:.0f}s to pass data on to {b}; {b} "
+                    "placed none meanwhile and holds none unread from it")
         for n, s in self.states.items():
-            if n == deaf and self.deaf:
-                problems[n] = TransportError(
-                    f"takes nothing: {self.deaf[0]} waited {TAKES_S:.0f}s to pass it data and "
-                    "it placed none meanwhile (it stopped reading, or the link between them "
-                    "carries nothing). What arrived is kept: the next `fleet up` sends only "
-                    "the rest")
-            elif s.error is not None and not s.error.get("relay"):
+            if n == deaf:
+                continue
+            if s.error is not None and not s.error.get("relay"):
                 problems[n] = FleetError(problem_text(s.error))
             elif n == self.cause and self.stuck:
                 problems[n] = TransportError(
@@ -321,16 +329,34 @@ class Transfer:
                     (f": {printable(err[0])}" if err else "") + ")")
         for n, s in self.states.items():  # "could not pass it on": the next node's doing
             nxt = self._next(n)
-            if s.error is not None and s.error.get("relay") == "out" and nxt is not None:
+            if s.error is None or s.error.get("relay") != "out" or nxt is None:
+                continue
+            why = printable(str(s.error.get("msg") or ""))
+            if self.states[nxt].unread:  # its own word: what reached it waits unread
                 problems.setdefault(nxt, TransportError(
-                    f"takes nothing from {n}, which could not pass the data on: "
-                    f"{printable(str(s.error.get('msg') or ''))}"))
+                    f"takes nothing from {n}, which could not pass the data on ({why}), with "
+                    f"{human(self.states[nxt].unread)} from it unread in its socket (as it "
+                    "says)"))
+            else:
+                stalled = self._stalled(n, nxt, f"{n} says it could not pass the data on ({why})"
+                                        f"; {nxt} holds none unread from it")
+                problems.setdefault(n, stalled)
+                problems.setdefault(nxt, stalled)
         if not problems:
             for n, s in self.states.items():
                 if s.error is not None:
                     problems[n] = FleetError(problem_text(s.error))
         if problems:
             raise host_error("sending data", problems)
+
+    @staticmethod
+    def _stalled(a: str, b: str, said: str) -> TransportError:
+        """The relay link a -> b carried nothing, and only a says why: a's word alone blames
+        no node (a compromised a would blame an innocent b), so both ends are named."""
+        return TransportError(
+            f"the relay link {a} -> {b} stalled: {said}. {a} stopped passing it on, {b} "
+            "stopped reading, or the link between them carries nothing: check both. What "
+            "arrived is kept: the next `fleet up` sends only the rest")
 
     def _next(self, name: str) -> str | None:
         for route in self.routes:
