@@ -1257,7 +1257,8 @@ def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = Tru
     node = Node(root)
     word = ferry.Word(io.BytesIO())
     word.shas.update(shas)
-    word.heads.update({k: ferry.Head(*h, None, [0]) for k, h in (heads or {}).items()})
+    for (root, rel), h in (heads or {}).items():
+        word.take({"file": [root, rel, *h, None, [0]]})
     word.ended = ended
     node.recv.word = word
     return node
@@ -1586,3 +1587,25 @@ def test_a_node_that_says_it_could_not_pass_data_on_blames_the_next_only_if_it_c
         assert sorted(failures) == ["node1", "node2"]
         assert failures["node1"].startswith("the relay link node1 -> node2 stalled: node1 says "
                                             "it could not pass the data on (passing the data")
+
+
+def test_a_relayed_file_is_only_ever_the_next_one_fleet_announced() -> None:
+    """In stream order: a frame for a file fleet did not announce next is tampering as soon as
+    fleet's word says it went past the one announced (not after WORD_S); one fleet gave up
+    before its first frame ("skip") is passed over."""
+    word = ferry.Word(io.BytesIO())
+    frame = {"size": 3, "mode": 0o644, "mtime": MTIME, "blocks": None, "for": [0]}
+    for rel in ("a", "b", "c"):
+        word.take({"file": [0, rel, 3, 0o644, MTIME, None, [0]]})
+    word.take({"skip": [0, "a"]})
+    assert word.check(0, "b", frame).size == 3
+    t0 = time.monotonic()
+    with pytest.raises(ferry.Tampered, match="b: relayed, but fleet sends no such file next"):
+        word.check(0, "b", frame)  # b again (a replay): c is next
+    assert time.monotonic() - t0 < 1
+    word.take({"sha": [0, "c", "ab" * 32]})
+    assert word.check(0, "c", frame).size == 3
+    word.take({"file": [0, "d", 3, 0o644, MTIME, None, [0]]})
+    word.take({"sha": [0, "d", "ab" * 32]})  # d went, so e (never announced) is not next
+    with pytest.raises(ferry.Tampered, match="e: relayed, but fleet sends no such file next"):
+        word.check(0, "e", frame)

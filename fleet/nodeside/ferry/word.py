@@ -43,6 +43,11 @@ class Word:
         self.cond = threading.Condition()
         self.shas: dict[tuple[int, str], str] = {}
         self.heads: dict[tuple[int, str], Head] = {}
+        # The files fleet announced and has not yet sent past or given up (each with its line's
+        # number): the stream brings them in this order, so a relayed file is only ever the
+        # first of them.
+        self.pending: list[tuple[tuple[int, str], int]] = []
+        self.lines = 0
         self.touch: list[Json] = []
         self.ended = False
 
@@ -55,6 +60,7 @@ class Word:
     def take(self, obj: Json) -> None:
         """One line of fleet's word."""
         with self.cond:
+            self.lines += 1
             if "sha" in obj:
                 root, rel, sha = obj["sha"]
                 self.shas[(int(root), str(rel))] = str(sha)
@@ -64,6 +70,10 @@ class Word:
                     int(size), int(mode), int(mtime),
                     None if blocks is None else [int(i) for i in blocks],
                     [int(i) for i in writers])
+                self.pending.append(((int(root), str(rel)), self.lines))
+            elif "skip" in obj:  # fleet gave it up before its first frame (changed, unreadable)
+                root, rel = obj["skip"]
+                self.pending = [p for p in self.pending if p[0] != (int(root), str(rel))]
             elif "touch" in obj:
                 self.touch.append(obj["touch"])
             elif "end" in obj:
@@ -71,10 +81,22 @@ class Word:
             self.cond.notify_all()
 
     def head(self, root: int, rel: str) -> Head | None:
-        """fleet's word on a file it sends; None: fleet sends no such file."""
+        """fleet's word on the file a relayed frame begins, in stream order: None where it is
+        not the next file fleet sends. Where the next one fleet announced is another, any line
+        of fleet's after that announcement but its "skip" says fleet sent that other one: the
+        frame is not fleet's, at once (not after WORD_S)."""
+        key = (root, rel)
+
+        def told() -> bool:
+            if self.ended or (self.pending and self.pending[0][0] == key):
+                return True
+            return bool(self.pending) and self.lines > self.pending[0][1]
         with self.cond:
-            self.cond.wait_for(lambda: (root, rel) in self.heads or self.ended, WORD_S)
-            return self.heads.get((root, rel))
+            self.cond.wait_for(told, WORD_S)
+            if not self.pending or self.pending[0][0] != key:
+                return None
+            self.pending.pop(0)
+            return self.heads.get(key)
 
     def check(self, root: int, rel: str, frame: Json) -> Head:
         """fleet's word on a relayed file, the frame that began it (F) checked against it: what
@@ -82,7 +104,7 @@ class Word:
         time, blocks or writers), or fleet sends no such file."""
         said = self.head(root, rel)
         if said is None:
-            raise Tampered(f"{rel}: relayed, but fleet sends no such file")
+            raise Tampered(f"{rel}: relayed, but fleet sends no such file next")
         got = (frame.get("size"), frame.get("mode"), frame.get("mtime"), frame.get("blocks"),
                frame.get("for"))
         if not _same(list(got), list(said)):

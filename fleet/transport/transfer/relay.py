@@ -212,7 +212,10 @@ class Transfer:
             for r in relayed:
                 r.send(obj)
 
+        frames = [0]
+
         def write(data: bytes) -> None:
+            frames[0] += 1
             for h in heads:
                 if self.states[h.name].ended:
                     raise OSError(f"{h.name} stopped reading")
@@ -227,16 +230,18 @@ class Transfer:
                     blocks = None if m.blocks is None else list(m.blocks)
                     word({"file": [m.root, lf.rel, lf.size, lf.mode, lf.mtime_ns, blocks,
                                    list(m.writers)]})
+                    began = frames[0]
                     try:
                         sha = self.shas[(m.root, lf.rel)] = ferry.send_file(
                             write, m.root, lf.rel, str(lf.path), lf.size, lf.mtime_ns, lf.mode,
                             blocks, list(m.writers), list(lf.blocks) if lf.blocks else None,
                             lf.sha)
                         word({"sha": [m.root, lf.rel, sha]})
-                    except ferry.Changed:
-                        changed.append(str(lf.path))
-                    except ferry.Unreadable as e:
-                        changed.append(f"{lf.path} ({e})")
+                    except (ferry.Changed, ferry.Unreadable) as e:
+                        changed.append(str(lf.path) if isinstance(e, ferry.Changed)
+                                       else f"{lf.path} ({e})")
+                        if frames[0] == began:  # not one frame of it sent: the next is another
+                            word({"skip": [m.root, lf.rel]})
                 if m.touchers:
                     touch = {"root": m.root, "path": lf.rel, "mtime": lf.mtime_ns,
                              "mode": lf.mode, "for": list(m.touchers)}
