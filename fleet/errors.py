@@ -109,8 +109,8 @@ class HostsUnreachable(HostError):
 
 class RelayTampered(HostError):
     """A node passed data on to another that does not match what fleet sent (a file's bytes,
-    name, size, mode or time): the relaying node is compromised or faulty; nothing of it was
-    applied, and nothing was started."""
+    name, size, mode, time, blocks or writers): the relaying node is compromised or faulty;
+    nothing of it was applied, and nothing was started."""
 
     exit_code = ExitCode.TAMPERED
 

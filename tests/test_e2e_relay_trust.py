@@ -40,7 +40,8 @@ else:
 """
 
 # node1 compromised: what it passes on to the next node goes through `alter(kind, payload)`
-# (the frames parsed back out of whatever it is asked to send, however it is asked)
+# (the frames parsed back out of whatever it is asked to send, however it is asked; None drops
+# the frame)
 REWRITE = """
 _real_link_to = link_to
 class _Rewriting:
@@ -56,7 +57,8 @@ class _Rewriting:
                 break
             payload = alter(kind, self.buf[HEAD.size:HEAD.size + n])
             self.buf = self.buf[HEAD.size + n:]
-            self.s.sendall(HEAD.pack(kind, len(payload)) + payload)
+            if payload is not None:  # None: the frame is dropped
+                self.s.sendall(HEAD.pack(kind, len(payload)) + payload)
         return len(data)
     def __getattr__(self, name):
         return getattr(self.s, name)
@@ -80,6 +82,27 @@ def alter(kind, payload):
     return payload
 """
 
+# node2 (the relay's second node, 1) left out of every file's writers: it would skip them all
+NOT_NODE2 = REWRITE + """
+def alter(kind, payload):
+    if kind == b"F":
+        h = json.loads(payload)
+        h["for"] = [i for i in h["for"] if i != 1]
+        payload = json.dumps(h).encode()
+    return payload
+"""
+
+# every file announced as a delta of no block (none of its bytes sent): node2 would build it
+# from an old file it does not have
+NO_BLOCKS = REWRITE + """
+def alter(kind, payload):
+    if kind == b"F":
+        h = json.loads(payload)
+        h["blocks"] = []
+        payload = json.dumps(h).encode()
+    return None if kind == b"D" else payload
+"""
+
 # node2 takes nothing from node1 (the relay link it accepted is never read) and says it is alive
 DEAF = """
 _real_accept_from = accept_from
@@ -93,6 +116,23 @@ class _Deaf(socket.socket):
 def accept_from(server, key, deadline):
     c = _real_accept_from(server, key, deadline)
     return _Deaf(c.family, c.type, c.proto, fileno=c.detach())
+"""
+
+
+# node1 compromised: it stops passing the stream on to node2 (so it says, truly, that it waits
+# to), as if node2 took nothing
+STOPS = """
+_real_link_to = link_to
+class _Stopped:
+    def __init__(self, s):
+        self.s = s
+    def send(self, data):
+        time.sleep(3600)
+        return 0
+    def __getattr__(self, name):
+        return getattr(self.s, name)
+def link_to(addr, port, key):
+    return _Stopped(_real_link_to(addr, port, key))
 """
 
 
@@ -169,6 +209,33 @@ def test_a_relaying_node_that_alters_the_bytes_is_named_as_tampering(
     assert_clean(tb)
 
 
+@pytest.mark.parametrize(("attack", "said", "port"), [
+    (NOT_NODE2, r"writers \[0, 2\]; fleet sent .*writers \[0, 1, 2\]", 29855),
+    (NO_BLOCKS, r"blocks \[\], .*; fleet sent .*blocks all", 29856)], ids=["writers", "blocks"])
+def test_a_relaying_node_that_rewrites_which_blocks_or_writers_is_named_as_tampering(
+        cli: CLI, tb: Testbed, tmp_path: Path, attack: str, said: str, port: int) -> None:
+    """fleet's word names each file's blocks and writers too: a node left out of a file by the
+    node before it is not blamed for not having it, and a file said to be a delta of nothing is
+    not "cannot write" on the next node."""
+    workdir = f"~/fleet-trust-{port}"
+    inventory(tb, tmp_path, workdir)
+    make_data(tmp_path / "data", [9])  # over transfer.BUNDLE_MAX: relayed
+    attacked(tb, "node1", attack)
+    try:
+        r = cli("up", str(job(tmp_path, port)), timeout=180)
+    finally:
+        attacked(tb, "node1", None)
+    out = r.stdout + r.stderr
+    assert r.returncode == 7, out
+    assert re.search(r"node1: what it relayed to node2 does not match what fleet sent \(.*"
+                     + said, r.stderr), out
+    assert not re.search(r"^\s+node(2|3):", r.stderr, re.M), out  # only node1 is blamed
+    assert "nothing was started" in r.stderr, out
+    for host in ("node2", "node3"):  # nothing of it written, no partial file left
+        assert not [p for p in files_under(tb, host, workdir) if "shard" in p.name], host
+    assert_clean(tb)
+
+
 def test_a_relayed_node_that_stops_reading_is_named_promptly(
         cli: CLI, tb: Testbed, tmp_path: Path) -> None:
     inventory(tb, tmp_path, "~/fleet-trust-c")
@@ -207,4 +274,25 @@ def test_modes_set_by_fleets_own_word_reach_every_relayed_node(
         assert stat.S_IMODE(got["tool.sh"].st_mode) == 0o775, host
         assert got["shard0.bin"].st_mtime_ns == want.st_mtime_ns, host
         assert stat.S_IMODE(got["shard0.bin"].st_mode) == stat.S_IMODE(want.st_mode), host
+    assert_clean(tb)
+
+
+def test_a_relaying_node_that_stops_passing_data_on_does_not_get_the_next_one_blamed(
+        cli: CLI, tb: Testbed, tmp_path: Path) -> None:
+    """node1 says it waits on node2; node2, over its own connection, says nothing from node1
+    waits unread in its socket: node1's word alone blames no node, both ends are named."""
+    inventory(tb, tmp_path, "~/fleet-trust-e")
+    make_data(tmp_path / "data", [9])  # over transfer.BUNDLE_MAX: relayed
+    attacked(tb, "node1", STOPS)
+    try:
+        r = cli("up", str(job(tmp_path, 29857)), timeout=150)
+    finally:
+        attacked(tb, "node1", None)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out
+    for host in ("node1", "node2"):
+        assert re.search(rf"^\s+{host}: the relay link node1 -> node2 stalled: node1 says it "
+                         r"waited 20s to pass data on to node2; node2 placed none", r.stderr,
+                         re.M), out
+    assert "takes nothing:" not in r.stderr, out
     assert_clean(tb)

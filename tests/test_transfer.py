@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from fleet.errors import TransportError, WorkdirError
+from fleet.errors import HostError, RelayTampered, TransportError, WorkdirError
 from fleet.nodeside import ferry
 from fleet.transport.base import Pipe, Transport
-from fleet.transport.transfer import plan, progress, pull, push, report
+from fleet.transport.transfer import plan, progress, pull, push, relay, report
 from fleet.transport.transfer.plan import Held, Local, Move, Moved, Need
 from fleet.transport.transfer.wanted import Want
 
@@ -925,6 +926,7 @@ def test_chains_all_broken_is_one_chain_a_node() -> None:
     ({"at": 0}, None),
     ({"at": 123456789}, None),
     ({"waiting": 0}, None), ({"waiting": 21.5}, None),
+    ({"unread": 0}, None), ({"unread": 212992}, None),
     ({"ok": [0, "d/f.bin", SHA]}, None),
     ({"ok": [1, "f", ""]}, None),  # a touch
     ({"gave_up": [0, "f"]}, None),
@@ -947,6 +949,7 @@ def test_parse_report_takes_each_valid_shape(obj: dict[str, object],
     b'{"at": -1}', b'{"at": 1.5}', b'{"at": "1"}',
     b'{"waiting": -1}', b'{"waiting": NaN}', b'{"waiting": Infinity}', b'{"waiting": true}',
     b'{"waiting": "5"}', b'{"waiting": 1e12}',
+    b'{"unread": -1}', b'{"unread": 1.5}', b'{"unread": true}', b'{"unread": "5"}',
     b'{"ok": [true, "f", ""]}',  # a bool is not a root index
     b'{"ok": [0, "f"]}', b'{"ok": [0, "f", "abc"]}', b'{"ok": ["0", "f", ""]}',
     b'{"ok": [0, 5, ""]}', b'{"ok": {"root": 0}}',
@@ -1249,10 +1252,13 @@ def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -
 # ---- a relayed stream is another node's data: fleet's own word decides ---------------------------
 def relayed_node(root: Path, shas: dict[tuple[int, str], str], ended: bool = True,
                  heads: dict[tuple[int, str], tuple[int, int, int]] | None = None) -> Node:
+    """A node the stream reaches through another, and fleet's word to it: each head's size,
+    mode and time, every block sent, written by this node (0) alone."""
     node = Node(root)
     word = ferry.Word(io.BytesIO())
     word.shas.update(shas)
-    word.heads.update(heads or {})
+    for (root, rel), h in (heads or {}).items():
+        word.take({"file": [root, rel, *h, None, [0]]})
     word.ended = ended
     node.recv.word = word
     return node
@@ -1331,14 +1337,44 @@ def test_no_file_is_ever_given_a_set_id_or_sticky_bit_or_write_for_others(tmp_pa
 
 def test_the_word_takes_each_line_fleet_says() -> None:
     word = ferry.Word(io.BytesIO())
-    for line in ({"file": [0, "a", 3, 0o644, MTIME]}, {"sha": [0, "a", "ab" * 32]},
+    for line in ({"file": [0, "a", 3, 0o644, MTIME, [0], [0, 2]]}, {"sha": [0, "a", "ab" * 32]},
                  {"touch": {"root": 1, "path": "b"}}, {"end": True}):
         word.take(line)
-    assert word.heads == {(0, "a"): (3, 0o644, MTIME)}
+    assert word.heads == {(0, "a"): (3, 0o644, MTIME, [0], [0, 2])}
     assert word.shas == {(0, "a"): "ab" * 32}
     assert word.touches() == [{"root": 1, "path": "b"}]
     assert word.head(0, "other") is None  # fleet has ended: no such file, at once
-    assert word.check(0, "a", 3, 0o644, MTIME) == 0o644
+    frame = {"size": 3, "mode": 0o644, "mtime": MTIME, "blocks": [0], "for": [0, 2]}
+    assert word.check(0, "a", frame) == (3, 0o644, MTIME, [0], [0, 2])
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("blocks", None), ("blocks", []), ("blocks", [0, 1]), ("blocks", [True]),
+    ("for", [0]), ("for", [2, 0]), ("for", [0, 2, 1]), ("for", None), ("for", [0, 2.0])])
+def test_a_relayed_header_with_other_blocks_or_writers_than_fleets_word_is_tampering(
+        key: str, value: object) -> None:
+    """Which blocks come and which nodes write the file are fleet's word too: a node left out
+    of a file by the node before it, or a new file said to be a delta of nothing, is tampering
+    (not a file skipped, or "cannot write")."""
+    word = ferry.Word(io.BytesIO())
+    word.take({"file": [0, "a", 3, 0o644, MTIME, [0], [0, 2]]})
+    frame = {"size": 3, "mode": 0o644, "mtime": MTIME, "blocks": [0], "for": [0, 2], key: value}
+    with pytest.raises(ferry.Tampered, match=r"a: relayed as size 3, .*; fleet sent size 3, "
+                                             r"mode 0o644, time \d+, blocks \[0\], writers "
+                                             r"\[0, 2\]$"):
+        word.check(0, "a", frame)
+
+
+def test_a_relayed_node_left_out_of_a_files_writers_refuses_it_and_writes_nothing(
+        tmp_path: Path) -> None:
+    node = relayed_node(tmp_path / "dst", {(0, "model.py"): sha(b"pwned\n")},
+                        heads={(0, "model.py"): (6, 0o755, 0)})
+    frames = (ferry.meta(b"F", {"root": 0, "path": "model.py", "size": 6, "mode": 0o755,
+                                "mtime": 0, "blocks": None, "for": [1]})
+              + ferry.frame(b"D", b"pwned\n") + end(b"pwned\n"))
+    with pytest.raises(ferry.Tampered, match="writers \\[1\\]; fleet sent .*writers \\[0\\]"):
+        node.feed(frames)
+    assert not list((tmp_path / "dst").rglob("*"))
 
 
 def test_a_relayed_touch_is_not_obeyed(tmp_path: Path) -> None:
@@ -1480,3 +1516,96 @@ def test_no_time_left_is_guessed_from_the_first_bytes() -> None:
     assert bar.text(bar.t0 + 0.3).endswith("in place, 6.7 KiB/s, time left: estimating")
     states["node1"].at = 48 << 20
     assert bar.text(bar.t0 + 4).endswith("in place, 12.0 MiB/s, 4s left")
+
+
+NO_TRANSPORT = cast(Transport, None)  # a Transfer whose receivers are never started
+
+
+def test_only_the_first_node_of_a_chain_to_find_tampering_names_the_one_before_it() -> None:
+    """node2 passes node1's altered frames on unchanged, and node3 finds them altered too:
+    node1 is named, never node2 (the node before a node that found tampering itself)."""
+    from fleet.console import Console
+    names = ["node1", "node2", "node3", "node4"]
+    tr = relay.Transfer([relay.Target(n, NO_TRANSPORT, "python3", n, ("/x",)) for n in names],
+                        [], Console(out=io.StringIO(), err=io.StringIO()))
+    tr.routes = [["node1", "node2", "node3"], ["node4"]]
+    for n in ("node2", "node3", "node4"):  # node4 is fed from here: no relaying node to name
+        tr.states[n].error = {"msg": "main.py: relayed as ...", "tampered": True}
+    with pytest.raises(RelayTampered) as e:
+        tr._check_tampered()
+    assert list(e.value.failures) == ["node1"]
+    assert "what it relayed to node2 does not match" in e.value.failures["node1"]
+
+
+def stalled_transfer() -> relay.Transfer:
+    """node1 -> node2 -> node3, node1 having waited to pass data on to node2, which placed none."""
+    from fleet.console import Console
+    names = ["node1", "node2", "node3"]
+    tr = relay.Transfer([relay.Target(n, NO_TRANSPORT, "python3", n, ("/x",)) for n in names],
+                        [], Console(out=io.StringIO(), err=io.StringIO()))
+    tr.routes = [names]
+    tr.deaf, tr.cause = ("node1", "node2"), "node2"
+    return tr
+
+
+def test_a_relaying_nodes_word_alone_that_the_next_takes_nothing_names_both_ends() -> None:
+    tr = stalled_transfer()
+    with pytest.raises(HostError) as e:
+        tr._check()
+    failures = e.value.failures
+    assert sorted(failures) == ["node1", "node2"]
+    assert failures["node1"] == failures["node2"]
+    assert failures["node2"].startswith("the relay link node1 -> node2 stalled: node1 says it "
+                                        "waited 20s to pass data on to node2; node2 placed none")
+
+
+def test_the_next_nodes_own_word_of_data_unread_confirms_it_takes_nothing() -> None:
+    tr = stalled_transfer()
+    tr.states["node2"].unread = 2 << 20
+    with pytest.raises(HostError) as e:
+        tr._check()
+    failures = e.value.failures
+    assert list(failures) == ["node2"]
+    assert failures["node2"].startswith("takes nothing: node1 waited 20s to pass it data and it "
+                                        "placed none meanwhile, with 2.0 MiB from node1 unread")
+
+
+@pytest.mark.parametrize("unread", [0, 4096])
+def test_a_node_that_says_it_could_not_pass_data_on_blames_the_next_only_if_it_confirms(
+        unread: int) -> None:
+    tr = stalled_transfer()
+    tr.deaf, tr.cause = None, "node1"
+    tr.states["node1"].error = {"msg": "passing the data on failed: timed out", "relay": "out"}
+    tr.states["node2"].unread = unread
+    with pytest.raises(HostError) as e:
+        tr._check()
+    failures = e.value.failures
+    if unread:
+        assert list(failures) == ["node2"]
+        assert failures["node2"].startswith("takes nothing from node1, which could not pass")
+    else:
+        assert sorted(failures) == ["node1", "node2"]
+        assert failures["node1"].startswith("the relay link node1 -> node2 stalled: node1 says "
+                                            "it could not pass the data on (passing the data")
+
+
+def test_a_relayed_file_is_only_ever_the_next_one_fleet_announced() -> None:
+    """In stream order: a frame for a file fleet did not announce next is tampering as soon as
+    fleet's word says it went past the one announced (not after WORD_S); one fleet gave up
+    before its first frame ("skip") is passed over."""
+    word = ferry.Word(io.BytesIO())
+    frame = {"size": 3, "mode": 0o644, "mtime": MTIME, "blocks": None, "for": [0]}
+    for rel in ("a", "b", "c"):
+        word.take({"file": [0, rel, 3, 0o644, MTIME, None, [0]]})
+    word.take({"skip": [0, "a"]})
+    assert word.check(0, "b", frame).size == 3
+    t0 = time.monotonic()
+    with pytest.raises(ferry.Tampered, match="b: relayed, but fleet sends no such file next"):
+        word.check(0, "b", frame)  # b again (a replay): c is next
+    assert time.monotonic() - t0 < 1
+    word.take({"sha": [0, "c", "ab" * 32]})
+    assert word.check(0, "c", frame).size == 3
+    word.take({"file": [0, "d", 3, 0o644, MTIME, None, [0]]})
+    word.take({"sha": [0, "d", "ab" * 32]})  # d went, so e (never announced) is not next
+    with pytest.raises(ferry.Tampered, match="e: relayed, but fleet sends no such file next"):
+        word.check(0, "e", frame)

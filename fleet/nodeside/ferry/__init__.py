@@ -84,13 +84,13 @@ from fleet.nodeside.ferry.send import (
     cmd_send,
     send_file,
 )
-from fleet.nodeside.ferry.word import Tampered, Word
+from fleet.nodeside.ferry.word import Head, Tampered, Word
 
 # What fleet.transport.transfer and the tests use (mypy --strict re-exports only what is listed)
 __all__ = [
     "AHEAD", "BLOCK", "LIST_MAX", "CONNECT_S", "DIGEST_HEX", "HEAD", "MAX_META", "MODE_MASK",
-    "PART", "STALL_S", "Bad", "Changed", "Forward", "Json", "Linked", "Receiver", "Tampered",
-    "Unreadable", "Word", "_exactly", "_problem",
+    "PART", "STALL_S", "Bad", "Changed", "Forward", "Head", "Json", "Linked", "Receiver",
+    "Tampered", "Unreadable", "Word", "_exactly", "_problem",
     "accept_from", "block_len", "blocks_of", "cmd_hash", "cmd_list", "cmd_recv", "cmd_send",
     "digest", "forget_bytecode", "frame", "hash_file", "kept_from", "link_to", "main", "meta",
     "part_name", "part_of", "read_frame", "safe_rel", "send_file", "target",

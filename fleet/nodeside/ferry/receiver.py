@@ -94,9 +94,11 @@ class Receiver:
             raise Bad(f"bad blocks for {rel}")
         if not 0 <= mtime < MTIME_MAX:
             raise Bad(f"bad time for {rel}")
+        readers = _readers(h, rel)
         if self.word is not None:  # relayed: what is applied is fleet's word, not the frame's
-            mode = self.word.check(h["root"], rel, size, mode, mtime)
-        mine = self.me in _readers(h, rel) and not self.broken
+            said = self.word.check(h["root"], rel, h)
+            mode, blocks, readers = said.mode, said.blocks, said.writers
+        mine = self.me in readers and not self.broken
         # From a node (strict): readable by you, too
         mode = (mode & 0o755) | 0o600 if self.strict else mode & MODE_MASK
         st: Json = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
@@ -9,7 +10,9 @@ import os
 import secrets
 import select
 import socket
+import struct
 import sys
+import termios
 import threading
 import time
 from typing import IO
@@ -154,6 +157,7 @@ def cmd_recv(argv: list[str]) -> int:
         fwd.close()
         fwd = None
     word: Word | None = None
+    link: socket.socket | None = None  # the link from the node before, where it feeds this one
     if go.get("source") == "socket":
         word = Word(stdin)
         threading.Thread(target=word.listen, daemon=True).start()
@@ -164,6 +168,7 @@ def cmd_recv(argv: list[str]) -> int:
                               "relay": "in"}})
             return 2
         src: IO[bytes] = got[0].makefile("rb")
+        link = got[0]
     else:
         src = stdin
     if server is not None:
@@ -174,6 +179,10 @@ def cmd_recv(argv: list[str]) -> int:
         while True:
             time.sleep(REPORT_S)
             report({"at": recv.placed})
+            if link is not None:
+                unread = _unread(link)
+                if unread is not None:
+                    report({"unread": unread})
             out = fwd
             if out is not None:
                 report({"waiting": round(out.waiting(), 1)})
@@ -218,6 +227,16 @@ def cmd_recv(argv: list[str]) -> int:
     report({"done": {"files": recv.files, "bytes": recv.placed,
                      "failed": recv.failed is not None}})
     return 1 if recv.failed else 0
+
+
+def _unread(s: socket.socket) -> int | None:
+    """Bytes that reached this node from the one before it and wait unread in the socket: this
+    node's own word that the stream reaches it and it does not take it (a relaying node's word
+    that it waits on this one proves nothing of the kind). None: closed, or not to be told."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0" * 4))[0])
+    except (OSError, ValueError):
+        return None
 
 
 def _exit_when_unread() -> None:

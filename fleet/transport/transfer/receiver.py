@@ -72,6 +72,8 @@ class Receiver:
                 s.at = r["at"]  # type: ignore[assignment]
             elif "waiting" in r:
                 s.waiting = float(r["waiting"])  # type: ignore[arg-type]
+            elif "unread" in r:
+                s.unread = r["unread"]  # type: ignore[assignment]
             elif "ok" in r:
                 ok: list[object] = r["ok"]  # type: ignore[assignment]
                 s.ok[(int(ok[0]), str(ok[1]))] = str(ok[2])  # type: ignore[call-overload]

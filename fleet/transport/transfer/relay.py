@@ -212,7 +212,10 @@ class Transfer:
             for r in relayed:
                 r.send(obj)
 
+        frames = [0]
+
         def write(data: bytes) -> None:
+            frames[0] += 1
             for h in heads:
                 if self.states[h.name].ended:
                     raise OSError(f"{h.name} stopped reading")
@@ -224,17 +227,21 @@ class Transfer:
             for m in self.moves:
                 lf = m.local
                 if m.writers:
-                    word({"file": [m.root, lf.rel, lf.size, lf.mode, lf.mtime_ns]})
+                    blocks = None if m.blocks is None else list(m.blocks)
+                    word({"file": [m.root, lf.rel, lf.size, lf.mode, lf.mtime_ns, blocks,
+                                   list(m.writers)]})
+                    began = frames[0]
                     try:
                         sha = self.shas[(m.root, lf.rel)] = ferry.send_file(
                             write, m.root, lf.rel, str(lf.path), lf.size, lf.mtime_ns, lf.mode,
-                            None if m.blocks is None else list(m.blocks), list(m.writers),
-                            list(lf.blocks) if lf.blocks else None, lf.sha)
+                            blocks, list(m.writers), list(lf.blocks) if lf.blocks else None,
+                            lf.sha)
                         word({"sha": [m.root, lf.rel, sha]})
-                    except ferry.Changed:
-                        changed.append(str(lf.path))
-                    except ferry.Unreadable as e:
-                        changed.append(f"{lf.path} ({e})")
+                    except (ferry.Changed, ferry.Unreadable) as e:
+                        changed.append(str(lf.path) if isinstance(e, ferry.Changed)
+                                       else f"{lf.path} ({e})")
+                        if frames[0] == began:  # not one frame of it sent: the next is another
+                            word({"skip": [m.root, lf.rel]})
                 if m.touchers:
                     touch = {"root": m.root, "path": lf.rel, "mtime": lf.mtime_ns,
                              "mode": lf.mode, "for": list(m.touchers)}
@@ -294,14 +301,22 @@ class Transfer:
         self._check_tampered()
         problems: dict[str, Exception] = {}
         deaf = self.deaf[1] if self.deaf else None
+        if self.deaf:
+            a, b = self.deaf
+            if self.states[b].unread:  # b's own word: the data reached it, and it does not read
+                problems[b] = TransportError(
+                    f"takes nothing: {a} waited {TAKES_S:.0f}s to pass it data and it placed "
+                    f"none meanwhile, with {human(self.states[b].unread)} from {a} unread in its "
+                    "socket (as it says): it stopped reading. What arrived is kept: the next "
+                    "`fleet up` sends only the rest")
+            else:
+                problems[a] = problems[b] = self._stalled(
+                    a, b, f"{a} says it waited {TAKES_S:.0f}s to pass data on to {b}; {b} "
+                    "placed none meanwhile and holds none unread from it")
         for n, s in self.states.items():
-            if n == deaf and self.deaf:
-                problems[n] = TransportError(
-                    f"takes nothing: {self.deaf[0]} waited {TAKES_S:.0f}s to pass it data and "
-                    "it placed none meanwhile (it stopped reading, or the link between them "
-                    "carries nothing). What arrived is kept: the next `fleet up` sends only "
-                    "the rest")
-            elif s.error is not None and not s.error.get("relay"):
+            if n == deaf:
+                continue
+            if s.error is not None and not s.error.get("relay"):
                 problems[n] = FleetError(problem_text(s.error))
             elif n == self.cause and self.stuck:
                 problems[n] = TransportError(
@@ -319,16 +334,34 @@ class Transfer:
                     (f": {printable(err[0])}" if err else "") + ")")
         for n, s in self.states.items():  # "could not pass it on": the next node's doing
             nxt = self._next(n)
-            if s.error is not None and s.error.get("relay") == "out" and nxt is not None:
+            if s.error is None or s.error.get("relay") != "out" or nxt is None:
+                continue
+            why = printable(str(s.error.get("msg") or ""))
+            if self.states[nxt].unread:  # its own word: what reached it waits unread
                 problems.setdefault(nxt, TransportError(
-                    f"takes nothing from {n}, which could not pass the data on: "
-                    f"{printable(str(s.error.get('msg') or ''))}"))
+                    f"takes nothing from {n}, which could not pass the data on ({why}), with "
+                    f"{human(self.states[nxt].unread)} from it unread in its socket (as it "
+                    "says)"))
+            else:
+                stalled = self._stalled(n, nxt, f"{n} says it could not pass the data on ({why})"
+                                        f"; {nxt} holds none unread from it")
+                problems.setdefault(n, stalled)
+                problems.setdefault(nxt, stalled)
         if not problems:
             for n, s in self.states.items():
                 if s.error is not None:
                     problems[n] = FleetError(problem_text(s.error))
         if problems:
             raise host_error("sending data", problems)
+
+    @staticmethod
+    def _stalled(a: str, b: str, said: str) -> TransportError:
+        """The relay link a -> b carried nothing, and only a says why: a's word alone blames
+        no node (a compromised a would blame an innocent b), so both ends are named."""
+        return TransportError(
+            f"the relay link {a} -> {b} stalled: {said}. {a} stopped passing it on, {b} "
+            "stopped reading, or the link between them carries nothing: check both. What "
+            "arrived is kept: the next `fleet up` sends only the rest")
 
     def _next(self, name: str) -> str | None:
         for route in self.routes:
@@ -338,12 +371,18 @@ class Transfer:
 
     def _check_tampered(self) -> None:
         """RelayTampered naming each node that passed on what another found altered (its own
-        words, shown, never obeyed)."""
+        words, shown, never obeyed). Only the first node of a chain to find it names the one
+        before it: what reached those after it was already altered, so whether the node
+        between altered it too cannot be told, and it is not accused."""
         bad: dict[str, str] = {}
+        found = {n for n, s in self.states.items() if s.error is not None
+                 and s.error.get("tampered")}
         for n, s in self.states.items():
-            if s.error is None or not s.error.get("tampered"):
+            if n not in found or s.error is None:
                 continue
             by = relayer(self.routes, n)
+            if by in found:
+                continue
             what = printable(str(s.error.get("msg") or ""))
             if by is None:  # fed from here: not relayed, so not a relaying node's doing
                 continue

@@ -33,6 +33,7 @@ class NodeState:
     last: float = field(default_factory=time.monotonic)  # when it last said anything
     moved: float = field(default_factory=time.monotonic)  # when its bytes in place last grew
     waiting: float = 0.0  # seconds what it passes on to the next node has moved no byte, as said
+    unread: int = 0  # bytes from the node before it waiting unread in its socket, as it says
 
 
 def parse_report(line: bytes) -> dict[str, object] | None:
@@ -52,6 +53,7 @@ def parse_report(line: bytes) -> dict[str, object] | None:
         "port": lambda v: _int(v) and 0 <= v < 65536,  # type: ignore[operator]
         "linked": lambda v: isinstance(v, bool),
         "at": lambda v: _int(v) and v >= 0,  # type: ignore[operator]
+        "unread": lambda v: _int(v) and v >= 0,  # type: ignore[operator]
         "waiting": lambda v: (isinstance(v, int | float) and not isinstance(v, bool)
                               and 0 <= v < 1e9),
         "ok": lambda v: (isinstance(v, list) and len(v) == 3 and isinstance(v[0], int)
