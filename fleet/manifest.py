@@ -49,11 +49,11 @@ def git_info(workdir: Path) -> dict[str, Any]:
 
 
 def file_hashes(root: Path, exclude: tuple[str, ...], cache: Path | None = None,
-                ignore_files: bool = False) -> dict[str, str]:
+                ignore_files: bool = False, never: tuple[str, ...] = ()) -> dict[str, str]:
     """sha256 of every file fleet syncs from root as it is now (transport.sync.scan's rules), each
     hashed once per content where `cache` keeps them (see received)."""
     memo = _load_cache(cache)
-    files = scan(root, exclude, ignore_files).files
+    files = scan(root, exclude, ignore_files, never).files
     out = {rel: _hash(path, memo) for rel, path in sorted(files.items())}
     _save_cache(cache, memo)
     return out
@@ -191,8 +191,9 @@ def record(plan: Plan, setup_hashes: dict[str, str], record_dir: Path,
         data_files = (received(sources.data, data_dests, sources.sent, cache)
                       if sources.data is not None else None)
     else:
-        code_files = file_hashes(job.workdir, job.exclude, ignore_files=True)
-        data_files = file_hashes(job.data, ()) if job.data else None
+        code_files = file_hashes(job.workdir, job.exclude, ignore_files=True,
+                                 never=job.unsent)
+        data_files = file_hashes(job.data, (), never=job.unsent) if job.data else None
     m = build(plan, setup_hashes, git_info(job.workdir), code_files, data_files)
     (record_dir / "manifest.json").write_text(dumps(m))
     return m

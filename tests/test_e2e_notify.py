@@ -219,8 +219,8 @@ def test_no_secret_of_a_notify_reaches_a_node(cli: CLI, tb2: Testbed, tmp_path: 
                                              hook: Hook) -> None:
     """Issue 35, defect 9: the job file sat in its synced workdir, so its webhook's token
     reached every node in job.toml (mode 644). No file of the job's [notify] (nor a sibling
-    job's) is synced now, and a detached run's master gets the webhook only where the job asks
-    for it (`from_master = true`)."""
+    job's, nor a link to one, nor one in the data directory) is synced now, and a detached
+    run's master gets the webhook only where the job asks for it (`from_master = true`)."""
     tb2.inventory(tmp_path / "inv.toml")
     url = hook.url.replace("T0K3N", "N0-LEAK-T0K3N")
     job = command_job(tmp_path, "quiet", QUICK, 29587, ', "{node_rank}"',
@@ -228,7 +228,14 @@ def test_no_secret_of_a_notify_reaches_a_node(cli: CLI, tb2: Testbed, tmp_path: 
     (tmp_path / "sibling.toml").write_text(
         'inventory = "inv.toml"\nscript = "quiet.py"\n'
         '[notify]\nwebhook = "https://hooks.example/N0-LEAK-SIBLING"\n')
-    secrets = [b"N0-LEAK-T0K3N", b"N0-LEAK-ARG", b"N0-LEAK-SIBLING"]
+    # review LOW 9: a link named like a glob to the job file (followed, sent under its own
+    # name), and a [notify] in the data directory (scanned with no [notify] check)
+    (tmp_path / "alias[1]*.cfg").symlink_to("quiet.toml")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "hook.toml").write_text(
+        '[notify]\nwebhook = "https://hooks.example/N0-LEAK-DATA"\n')
+    job.write_text(job.read_text().replace("[rendezvous]", 'data = "data"\n[rendezvous]', 1))
+    secrets = [b"N0-LEAK-T0K3N", b"N0-LEAK-ARG", b"N0-LEAK-SIBLING", b"N0-LEAK-DATA"]
     r = cli("up", str(job), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("node1", "node2"):  # code, data, every run's directory

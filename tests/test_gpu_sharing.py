@@ -23,7 +23,7 @@ from fleet.cli.job_commands import wait_seconds
 from fleet.config.job import load_job
 from fleet.console import Console
 from fleet.errors import UsageError
-from fleet.facts.gpus import parse_gpus
+from fleet.facts.gpus import GPU_SCRIPT, parse_gpus
 from fleet.facts.leases import (
     LEASE_DIR,
     MAX_LEASE_S,
@@ -311,7 +311,29 @@ def test_lease_program_reads_past_empty_files_and_refuses_a_flood(tmp_path: Path
     assert not (d / "0-000000000000.lease").exists()
     for i in range(MAX_NAMES):
         (d / f"2-{i:012x}.lease").touch()
-    assert f"holds over {MAX_NAMES} *.lease files:" in str(lease(d, "take", "1")["error"])
+    assert f"holds over {MAX_NAMES} names:" in str(lease(d, "take", "1")["error"])
+
+
+def test_every_name_counts_toward_the_bound(tmp_path: Path) -> None:
+    """Review LOW 11: only *.lease names counted, so ten million other names were walked
+    under the lock (the program) or globbed whole before the count began (the listing).
+    Both stop at MAX_NAMES names of any kind now."""
+    d = tmp_path / "leases"
+    d.mkdir(mode=0o1777)
+    os.chmod(d, 0o1777)
+    (d / "4243-000000000000.lease").write_text(json.dumps({"gpus": [0], "until": NOW}))
+    for i in range(MAX_NAMES):
+        (d / f"junk-{i}").touch()
+    assert f"holds over {MAX_NAMES} names:" in str(lease(d, "take", "1")["error"])
+    listed = subprocess.run(["sh", "-c", GPU_SCRIPT.replace(LEASE_DIR, str(d))],
+                            capture_output=True, text=True, timeout=120).stdout
+    assert "=== leases cut names" in listed and parse_gpus(listed).unknown == \
+        f"{LEASE_DIR} holds over {MAX_NAMES} names"
+    (d / "junk-0").unlink()
+    listed = subprocess.run(["sh", "-c", GPU_SCRIPT.replace(LEASE_DIR, str(d))],
+                            capture_output=True, text=True, timeout=120).stdout
+    assert "=== leases cut" not in listed and f"\t{json.dumps({'gpus': [0], 'until': NOW})}" \
+        in listed, listed[-500:]
 
 
 def test_lease_program_ends_a_lease_a_week_after_its_ctime_whatever_its_mtime(
@@ -337,7 +359,7 @@ def test_leases_not_all_read_are_unknown_and_in_the_way() -> None:
     assert cut.unknown == (f"{LEASE_DIR} holds over {MAX_RECORDS} *.lease files that are not "
                            "empty (not leases: 2 of alice, 1 of bob)")
     assert parse_gpus(f"{head}=== leases cut names\n").unknown == \
-        f"{LEASE_DIR} holds over {MAX_NAMES} *.lease files"
+        f"{LEASE_DIR} holds over {MAX_NAMES} names"
     assert "is a link or no directory" in parse_gpus(f"{head}=== leases bad\n").unknown
     assert parse_gpus(f"{head}=== leases odd\n").unknown == "its lease directory is unreadable"
     assert parse_gpus(OUT).unknown == ""

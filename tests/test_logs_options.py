@@ -20,6 +20,8 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.slurm.backend import refuse
 from fleet.errors import UsageError
 from fleet.run.logs import (
+    BACKSTEP_S,
+    DISTRUSTED_TAIL,
     View,
     Viewed,
     final_line,
@@ -28,6 +30,7 @@ from fleet.run.logs import (
     parse_since,
     parse_view,
     placed,
+    reread_tail,
 )
 from fleet.run.states import RunStatus
 
@@ -136,6 +139,22 @@ def test_a_time_index_that_is_not_fleets_is_set_aside(stamps: list[str], why: st
 def test_a_clean_time_index_is_kept() -> None:
     assert index_times(["100", "100", "203.5", "-", "-"], 200.0) == (
         [100.0, 100.0, 203.5, None, None], "")
+
+
+def test_a_small_step_back_of_the_nodes_clock_is_taken_in_order() -> None:
+    """Review LOW 12: an NTP correction steps fleet's own node.times back; under BACKSTEP_S
+    it keeps the index (the line takes the earlier line's time), beyond it sets it aside."""
+    assert index_times(["100", "101.5", "100.2", "103"], 200.0) == (
+        [100.0, 101.5, 101.5, 103.0], "")
+    assert index_times(["104", str(104 - BACKSTEP_S)], 200.0)[1] == ""
+    assert index_times(["104", "101.9"], 200.0)[1] == "a time before an earlier line's: '101.9'"
+
+
+def test_a_set_aside_index_is_read_again_bounded() -> None:
+    """--since on a node whose index is set aside reads only its last lines again, not the
+    whole log; a --tail the user gave is that bound."""
+    assert reread_tail(None) == DISTRUSTED_TAIL
+    assert reread_tail(50) == 50
 
 
 def test_parse_view_sets_a_nan_index_aside() -> None:

@@ -3,6 +3,7 @@ notice of each end, the webhook bodies, and the detached watcher's verdict from 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import ipaddress
@@ -322,6 +323,41 @@ def test_a_trickling_webhook_is_cut_at_the_bound_of_the_whole_send() -> None:
         assert hook.cut.wait(5)  # the connection was shut, not left to the trickle
     finally:
         hook.close()
+
+
+def test_a_send_given_up_while_connecting_sends_nothing(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Review LOW 10: a connection still inside connect() when the bound passed had no socket
+    to shut; it sent its request once connected, after post() had said "had not answered",
+    and the watcher's retry told the webhook twice. Now it is closed unused."""
+    server = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+    heard = threading.Event()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            conn.settimeout(10)
+            with conn:
+                got.append(conn.recv(65536))
+        heard.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    real = socket.create_connection
+
+    def slow(*args: object, **kw: object) -> socket.socket:
+        time.sleep(1.0)  # a connect that outlasts the 0.2 s bound
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "create_connection", slow)
+    try:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/hooks/T0K3N"
+        why = notify_watch.post(hook_request(url), 0.2)
+        assert why == "it had not answered after 0.2s (a slow or stalled server)"
+        assert heard.wait(10)
+        assert got == [b""], "the request was sent after the send was given up"
+    finally:
+        server.close()
 
 
 def test_a_trickle_over_tls_is_cut_and_tls_stays_verified(tmp_path: Path,

@@ -19,8 +19,15 @@ from fleet.manifest import pulled_of, record_pulled
 from fleet.manifest_view import show
 from fleet.nodeside import ferry
 from fleet.transport.transfer.plan import Held
-from fleet.transport.transfer.pull import links_in
-from fleet.transport.transfer.wanted import Bound, Overrun, Want, parse_listing, wants
+from fleet.transport.transfer.pull import links_in, parts_here
+from fleet.transport.transfer.wanted import (
+    Bound,
+    Overrun,
+    Want,
+    parse_listing,
+    too_big,
+    wants,
+)
 
 D = "a" * ferry.DIGEST_HEX
 E = "b" * ferry.DIGEST_HEX
@@ -162,6 +169,34 @@ def test_bound_calls_an_overrun_what_it_is(frames: list[tuple[bytes, bytes]],
     with pytest.raises(Overrun, match=re.escape(words)):
         for kind, payload in frames:
             b.check(kind, payload)
+
+
+def test_bound_costs_nothing_for_a_huge_listed_size() -> None:
+    """A node that lists a 1 PiB file does not make the laptop build a list of 2^30 blocks
+    (the bound walks a range), and each block costs the same wherever it is in the file."""
+    size = 1 << 50
+    b = Bound([Want("huge", size)])
+    b.check(b"F", head("huge", size))
+    for _ in range(3):
+        b.check(b"D", b"x" * 7)
+    assert b.next == 3 and len(b.blocks) == ferry.blocks_of(size)
+
+
+def test_a_listed_size_beyond_the_free_space_is_refused_by_name() -> None:
+    big = Want("huge", 1 << 50)
+    assert too_big([Want("a", 13), big], {}, 1 << 30) == [
+        "huge is listed at 1024.0 TiB, more than the 1.0 GiB free here"]
+    # what a partial file here already holds is not needed again
+    assert too_big([Want("a", 100)], {"a": 60}, 50) == []
+    assert too_big([Want("a", 30), Want("b", 30)], {}, 50) == [
+        "the 2 files to fetch are listed at 60 bytes in all, more than the 50 bytes free here"]
+
+
+def test_parts_here_are_regular_files_only(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ferry.part_name("x")).write_bytes(b"1234")
+    (tmp_path / ferry.part_name("y")).mkdir()
+    assert parts_here(tmp_path, ["d/x", "y", "z"]) == {"d/x": 4}
 
 
 @pytest.mark.parametrize("frames,words", [

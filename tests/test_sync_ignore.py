@@ -302,14 +302,43 @@ def test_a_toml_file_with_a_notify_is_never_synced(tmp_path: Path) -> None:
     assert sorted(s.files) == [".fleetignore", "notes.txt", "pyproject.toml", "quiet.toml", "t.py"]
     assert sorted(s.ignored) == [("job.toml", "[notify]"), ("jobs/other.TOML", "[notify]")]
     assert ignore.counted(s.ignored) == [("[notify]", ["job.toml", "jobs/other.TOML"])]
-    assert sorted(scan(root, ()).files) == sorted([*s.files, "job.toml", "jobs/other.TOML"])
+    # nor from a directory synced without ignore files (the data)
+    assert scan(root, ()).files == s.files
 
 
-def test_a_job_file_not_named_toml_with_a_notify_is_excluded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["nightly", "job[1].cfg", "j*b?.cfg", "!job#.cfg"])
+def test_a_job_file_not_named_toml_with_a_notify_is_never_synced(tmp_path: Path,
+                                                                 name: str) -> None:
+    """By its real path: neither a name a pattern would read as a glob nor a link to it sends
+    it, from the workdir or from the data directory."""
     (tmp_path / "t.py").write_text("")
     (tmp_path / "inv.toml").write_text("")
-    job = tmp_path / "nightly"
-    job.write_text('inventory = "inv.toml"\nscript = "t.py"\n[notify]\nwebhook = "https://h/x"\n')
-    assert "/nightly" in load_job(job).exclude
-    job.write_text('inventory = "inv.toml"\nscript = "t.py"\n')
-    assert "/nightly" not in load_job(job).exclude
+    job = tmp_path / name
+    job.write_text('name = "j"\ninventory = "inv.toml"\nscript = "t.py"\n'
+                   '[notify]\nwebhook = "https://h/x"\n')
+    (tmp_path / "alias").symlink_to(name)
+    loaded = load_job(job)
+    assert loaded.unsent == (str(job.resolve()),)
+    code = scan(loaded.workdir, loaded.exclude, ignore_files=True, never=loaded.unsent)
+    assert sorted(code.files) == ["inv.toml", "t.py"]
+    assert sorted(code.ignored) == sorted([("alias", "[notify]"), (name, "[notify]")])
+    d = scan(tmp_path, (), never=loaded.unsent)  # as the data is scanned: no ignore files
+    assert sorted(d.files) == ["inv.toml", "t.py"]
+    job.write_text('name = "j"\ninventory = "inv.toml"\nscript = "t.py"\n')
+    assert load_job(job).unsent == ()
+
+
+def test_the_data_directory_sends_no_toml_file_with_a_notify(tmp_path: Path) -> None:
+    data = tree(tmp_path / "data", {"hook.toml": '[notify]\nwebhook = "https://h/T0K3N"\n',
+                                    "ok.toml": "x = 1\n"})
+    (data / "alias").symlink_to("hook.toml")
+    (data / "ok-alias").symlink_to("ok.toml")
+    d = scan(data, ())
+    assert sorted(d.files) == ["ok-alias", "ok.toml"]
+    assert sorted(d.ignored) == [("alias", "[notify]"), ("hook.toml", "[notify]")]
+
+
+def test_a_link_to_a_toml_file_with_a_notify_is_judged_by_its_target(tmp_path: Path) -> None:
+    root = tree(tmp_path / "w", {"sibling.toml": '[notify]\nwebhook = "https://h/T0K3N"\n'})
+    (root / "alias.cfg").symlink_to("sibling.toml")
+    assert scan(root, (), ignore_files=True).files == {}

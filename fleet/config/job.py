@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 import re
 import string
 from dataclasses import dataclass, field
@@ -102,6 +103,9 @@ class Job:
     # What `fleet pull` takes by default: paths under the job's directory on the nodes.
     outputs: tuple[str, ...] = ()
     forward: tuple[PortSpec, ...] = ()  # the master's ports reachable here while fleet is attached
+    # Real paths never synced, whatever name or link reaches them: the job file, where it
+    # holds a [notify] (its webhook stays on this machine).
+    unsent: tuple[str, ...] = ()
 
     @property
     def slot(self) -> str:
@@ -221,11 +225,9 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         if data.is_relative_to(workdir.resolve()):
             # Synced on its own; "/" anchors the pattern at the workdir's root.
             exclude += ("/" + data.relative_to(workdir.resolve()).as_posix(),)
-    own = path.resolve()
-    if root.data.get("notify") and not own.name.lower().endswith(".toml") and \
-            own.is_relative_to(workdir.resolve()):
-        # Not synced, as a .toml file that holds a [notify] is not (transport.ignore).
-        exclude += ("/" + own.relative_to(workdir.resolve()).as_posix(),)
+    # Not synced, by its real path (a link to it, or a name a pattern would read as a glob,
+    # is no way round), as a .toml file that holds a [notify] is not (transport.ignore).
+    unsent = (os.path.realpath(path),) if root.data.get("notify") else ()
     start_timeout = float(root.take("start_timeout", float, 120.0))
     if start_timeout <= 0:
         raise root.error("start_timeout", "must be positive")
@@ -239,7 +241,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
                setup_inputs=setup_inputs, python=python, notify=notify,
-               outputs=outputs, forward=forward)
+               outputs=outputs, forward=forward, unsent=unsent)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

@@ -16,8 +16,9 @@ from fleet.transport import Transport
 # nvidia-smi does not say who owns a compute process, how old it is or what it runs: ps does;
 # a process's fleet run is in its environment, which only its owner (or root) may read.
 # Lease files: regular files only (never a link), each read up to 4 KiB. Anyone may write
-# there: an empty file costs a name only, and past MAX_NAMES names or MAX_RECORDS records the
-# listing stops and says so (`=== leases cut ...`), a directory that is a link or no directory
+# there: any name, an empty file's too, costs a name only, listed unsorted and cut at
+# MAX_NAMES (a glob would expand them all first); past MAX_NAMES names or MAX_RECORDS records
+# the listing stops and says so (`=== leases cut ...`), a directory that is a link or no directory
 # too (`=== leases bad`): the host's leases are then unknown, which `up` treats as in the way.
 GPU_SCRIPT = "\n".join([
     'echo "me=$(id -un)"',
@@ -28,8 +29,10 @@ GPU_SCRIPT = "\n".join([
     "echo '=== leases'",
     f"D={LEASE_DIR}; n=0; k=0",
     'if [ -L "$D" ] || { [ -e "$D" ] && [ ! -d "$D" ]; }; then echo "=== leases bad"; else',
-    'for f in "$D"/*.lease; do',
+    f'ls -f "$D" 2>/dev/null | head -n {MAX_NAMES + 3} | while IFS= read -r b; do',
+    '  case "$b" in .|..) continue;; esac',
     f"  n=$((n + 1)); [ $n -le {MAX_NAMES} ] || {{ echo '=== leases cut names'; break; }}",
+    '  case "$b" in .*) continue;; *.lease) f="$D/$b";; *) continue;; esac',
     '  [ -f "$f" ] && [ ! -L "$f" ] && [ -s "$f" ] || continue',
     f"  k=$((k + 1)); [ $k -le {MAX_RECORDS} ] || {{ echo '=== leases cut records'; break; }}",
     # its owner's name, uid and last status change (ctime, which its owner cannot set); the
@@ -183,7 +186,7 @@ def parse_gpus(out: str) -> GpuFacts:
 _UNKNOWN = {
     "bad": f"{LEASE_DIR} is a link or no directory (root can remove it; fleet reserve makes it "
            "again)",
-    "cut names": f"{LEASE_DIR} holds over {MAX_NAMES} *.lease files",
+    "cut names": f"{LEASE_DIR} holds over {MAX_NAMES} names",
     "cut records": f"{LEASE_DIR} holds over {MAX_RECORDS} *.lease files that are not empty",
 }
 

@@ -22,7 +22,7 @@ LEASE_DIR = "/var/tmp/fleet-leases"
 NOTE_MAX = 200
 MAX_LEASE_S = 7 * 86400  # as lease.py: the longest lease, from its file's ctime
 # As lease.py and fleet.facts.gpus's listing: past these, a host's leases are unknown.
-MAX_NAMES = 10000  # *.lease names, an empty file among them
+MAX_NAMES = 10000  # names of any kind, an empty *.lease file among them
 MAX_RECORDS = 500  # *.lease files that are not empty, 4 KiB of each read
 _OWNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
 _TEXT = re.compile(r"[^\x20-\x7e]")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -25,8 +26,9 @@ from typing import Any, NoReturn
 
 LOCK_WAIT_S = 5.0  # fleet's own reserve holds the lock for well under a second
 # What a directory anyone may write to can hold before fleet stops reading it and says so:
-# *.lease names (an empty file is skipped at the cost of a name), and records read (4 KiB
-# each). As fleet.facts.gpus's listing: past either, the leases are unknown, never "none".
+# names of any kind (an empty *.lease file is skipped at the cost of a name), and records
+# read (4 KiB each). As fleet.facts.gpus's listing: past either, the leases are unknown,
+# never "none".
 MAX_NAMES = 10000
 MAX_RECORDS = 500
 # A lease ends within a week of its file's last status change (ctime: the kernel sets it on
@@ -154,17 +156,18 @@ class Flooded(Exception):
 def leases(path: str) -> list[tuple[str, int, dict[str, Any]]]:
     """Every lease here that fleet reads too (regular files named *.lease, no dot file, no
     link): (file name, owner uid, the lease, its owner named). Flooded past MAX_NAMES names
-    or MAX_RECORDS records (empty files cost only a name), whoever's they are."""
+    of any kind (so that no pile of other names is walked under the lock) or MAX_RECORDS
+    records (empty files cost only a name), whoever's they are."""
     out = []
     names = records = 0
     with os.scandir(path) as entries:
         for entry in entries:
+            names += 1
+            if names > MAX_NAMES:
+                raise Flooded(f"over {MAX_NAMES} names")
             name = entry.name
             if not name.endswith(".lease") or name.startswith("."):
                 continue
-            names += 1
-            if names > MAX_NAMES:
-                raise Flooded(f"over {MAX_NAMES} *.lease files")
             try:
                 # An empty file or anything but a file costs no open (checked again once open)
                 if not entry.is_file(follow_symlinks=False) or \
@@ -217,7 +220,9 @@ def tidy(path: str, every: list[tuple[str, int, dict[str, Any]]], now: float) ->
     for name, uid, said in every:
         if uid == me and said["until"] <= now:
             os.unlink(os.path.join(path, name))
-    for name in os.listdir(path):
+    with os.scandir(path) as entries:  # bounded, as leases() found it a moment ago
+        names = [e.name for e in itertools.islice(entries, MAX_NAMES)]
+    for name in names:
         if name.startswith(f".tmp-{me}-"):
             full = os.path.join(path, name)
             if os.lstat(full).st_mtime < now - 60:

@@ -21,7 +21,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 POLL_S = 1.0
@@ -125,19 +124,44 @@ def request(cfg: dict[str, Any], state: str, said: str, failure: list[str],
                                   headers={"Content-Type": "application/json"})
 
 
+class _GivenUp(OSError):
+    """The send was given up at its deadline: nothing more of it may leave this machine."""
+
+
+def _guarded(cls: type[http.client.HTTPConnection], gone: threading.Event
+             ) -> type[http.client.HTTPConnection]:
+    """cls whose connect() shuts what it made where the send was given up meanwhile: a
+    socket still being connected when shut() ran was not there to be shut, and a request
+    sent on it after post() said "had not answered" would be told twice (the retry)."""
+
+    class Guarded(cls):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            if gone.is_set():
+                raise _GivenUp("the send was given up")
+            super().connect()
+            if gone.is_set():
+                self.close()
+                raise _GivenUp("the send was given up")
+
+    return Guarded
+
+
 class _Tracked(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
     """urllib's http and https handlers that keep each connection they make (its socket can
     then be shut from another thread), TLS verified as urlopen's default does: the system's
-    certificates, the host name checked."""
+    certificates, the host name checked. Once shut, no connection of theirs sends anything."""
 
     def __init__(self) -> None:
         urllib.request.HTTPHandler.__init__(self)
         urllib.request.HTTPSHandler.__init__(self)
         self.made: list[http.client.HTTPConnection] = []
+        self.gone = threading.Event()
 
-    def _keep(self, cls: Callable[..., http.client.HTTPConnection]) -> Any:
+    def _keep(self, cls: type[http.client.HTTPConnection]) -> Any:
+        guarded = _guarded(cls, self.gone)
+
         def make(host: str, **kw: Any) -> http.client.HTTPConnection:
-            conn = cls(host, **kw)
+            conn = guarded(host, **kw)
             self.made.append(conn)
             return conn
         return make
@@ -150,8 +174,10 @@ class _Tracked(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
                             context=ssl.create_default_context())
 
     def shut(self) -> None:
-        """Shut every socket made: a thread blocked on one wakes with an error."""
-        for conn in self.made:
+        """Shut every socket made: a thread blocked on one wakes with an error; one still
+        connecting finds `gone` set once connected, and closes it unused."""
+        self.gone.set()
+        for conn in list(self.made):
             sock = conn.sock
             if sock is not None:
                 # The plain socket's shutdown: an SSL socket's own would drop its state too.

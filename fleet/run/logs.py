@@ -184,13 +184,24 @@ def parse_view(out: str) -> Viewed:
 
 
 FUTURE_S = 5.0  # a line's time may run this far past the node's own `now` (its clock's jitter)
+# A line's time may fall this far before an earlier line's: fleet's own node.times steps back
+# so when NTP corrects the node's clock. It is taken as the earlier line's (the node's order).
+BACKSTEP_S = 2.0
+# Where the index is set aside under --since, the node's lines are read again without it: only
+# this many of its last, unless --tail says how many (a long log is not fetched whole).
+DISTRUSTED_TAIL = 1000
+
+
+def reread_tail(tail: int | None) -> int:
+    """How many of a node's last lines `--since` reads where its time index is set aside."""
+    return DISTRUSTED_TAIL if tail is None else tail
 
 
 def index_times(stamps: list[str], now: float) -> tuple[list[float | None], str]:
     """Each line's time from log_view.sh's stamps (`-`: the index has not reached the line),
     with ""; or, where the stamps are not what fleet's own node.times gives (a time that is not
-    a finite number, one before the epoch or after the node's `now`, times that go back), no
-    times at all, with why in words."""
+    a finite number, one before the epoch or after the node's `now`, times that go back more
+    than BACKSTEP_S), no times at all, with why in words."""
     times: list[float | None] = []
     last = 0.0
     for stamp in stamps:
@@ -204,11 +215,11 @@ def index_times(stamps: list[str], now: float) -> tuple[list[float | None], str]
         shown = printable(stamp[:20])
         why = ("a time that is not one" if not math.isfinite(t) or t < 0 else
                "a time after the node's own clock" if t > now + FUTURE_S else
-               "a time before an earlier line's" if t < last else "")
+               "a time before an earlier line's" if t < last - BACKSTEP_S else "")
         if why:
             return [None] * len(stamps), f"{why}: {shown!r}"
-        times.append(t)
-        last = t
+        last = max(t, last)
+        times.append(last)
     return times, ""
 
 

@@ -58,16 +58,18 @@ class Scan:
     ignored: tuple[tuple[str, str], ...] = ()  # (path, the file that leaves it out); dirs end in /
 
 
-def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False) -> Scan:
+def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False,
+         never: tuple[str, ...] = ()) -> Scan:
     """The files of a directory fleet sends, by one rule per kind (README: "What is synced"):
-    with `ignore_files` (a workdir), what .gitignore and .fleetignore leave out is not sent,
-    nor a TOML file that holds a `[notify]` (its webhook is a secret), each named in
-    `ignored` (transport.ignore); regular files are sent; a link to a file or
-    directory inside `root` is followed (its content is sent under the link's name); a link
-    pointing outside `root`, a dangling link, a link back to a directory already walked (a
-    loop), and special files (FIFOs, sockets, devices) are skipped, each named in `skipped`; a
-    sparse file is sent whole (named in `sparse`); a file that cannot be read stops everything
-    before any host is touched (WorkdirError)."""
+    with `ignore_files` (a workdir), what .gitignore and .fleetignore leave out is not sent;
+    from any directory, neither is a TOML file that holds a `[notify]` (its webhook is a
+    secret; a link is judged by its target too), nor a file whose real path is in `never`
+    (the job file), each named in `ignored` (transport.ignore); regular files are sent; a
+    link to a file or directory inside `root` is followed (its content is sent under the
+    link's name); a link pointing outside `root`, a dangling link, a link back to a
+    directory already walked (a loop), and special files (FIFOs, sockets, devices) are
+    skipped, each named in `skipped`; a sparse file is sent whole (named in `sparse`); a file
+    that cannot be read stops everything before any host is touched (WorkdirError)."""
     top = os.path.realpath(root)
     files: dict[str, Path] = {}
     meta: Manifest = {}
@@ -129,7 +131,9 @@ def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False) -> Sc
                     walk(real, rel)
             elif stat.S_ISREG(st.st_mode) and left_out(rel, False):
                 continue
-            elif stat.S_ISREG(st.st_mode) and rules is not None and keeps_notify(rel, path):
+            elif stat.S_ISREG(st.st_mode) and (
+                    path in never or keeps_notify(rel, path)  # path: real already
+                    or (link and keeps_notify(os.path.basename(path), path))):
                 ignored.append((rel, NOTIFY))
                 continue
             elif stat.S_ISREG(st.st_mode):

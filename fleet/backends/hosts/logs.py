@@ -16,7 +16,7 @@ from fleet.console import Console
 from fleet.errors import RemoteCommandError
 from fleet.facts import run_state
 from fleet.nodeside import shell_program
-from fleet.run.logs import Tagged, Tagger, View, merged, parse_view, placed
+from fleet.run.logs import Tagged, Tagger, View, merged, parse_view, placed, reread_tail
 from fleet.run.record import NodeRecord, RunRecord
 from fleet.run.states import NodeStatus
 from fleet.transport import Received, Transport, open_transport
@@ -113,9 +113,13 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
             if not r.ok:
                 raise RemoteCommandError(n.host.name, "read the run's log", r.code, r.err)
             seen = parse_view(r.out)
+            cut = ""
             if seen.distrusted and since is not None:
-                # The node chose the lines by times it cannot vouch for: all of them, then.
-                r = t.run(view_script(run_dir, None, view.tail), timeout=300,
+                # The node chose the lines by times it cannot vouch for: its last lines, then
+                # (bounded: one bad stamp does not fetch a long log whole).
+                cut = (f" (at most its last {reread_tail(None)} lines)" if view.tail is None
+                       else "")
+                r = t.run(view_script(run_dir, None, reread_tail(view.tail)), timeout=300,
                           what="read the run's log")
                 if not r.ok:
                     raise RemoteCommandError(n.host.name, "read the run's log", r.code, r.err)
@@ -126,7 +130,7 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
                 show(n.host.name, [tg for _, tg in lines])
             note = (f"its log's time index (node.times, which the job can write too) is set "
                     f"aside: {seen.distrusted}; --merge and --since take its lines as written "
-                    "by now" if seen.distrusted else
+                    f"by now{cut}" if seen.distrusted else
                     UNTIMED if seen.lines and all(when is None for when, _ in seen.lines)
                     else "")
             return _Seen(lines, seen.end, st.pid if follow and not st.done else None, note)

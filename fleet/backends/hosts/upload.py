@@ -48,8 +48,8 @@ class Sources:
 def scan_sources(job: Job, console: Console) -> Sources:
     """The job's workdir and data as fleet sends them; what is skipped, and why, said once."""
     with console.waiting("reading the files to send"):
-        code = scan(job.workdir, job.exclude, ignore_files=True)
-        data = scan(job.data, ()) if job.data else None
+        code = scan(job.workdir, job.exclude, ignore_files=True, never=job.unsent)
+        data = scan(job.data, (), never=job.unsent) if job.data else None
     kept = [rel for rel, why in code.ignored if why == ignore.NOTIFY]
     others = tuple((rel, why) for rel, why in code.ignored if why != ignore.NOTIFY)
     if others:

@@ -56,7 +56,8 @@ def record_slurm(job: Job, cluster: Cluster, run_id: str, job_id: str, script: s
     """Build a Slurm run's manifest at submission from this machine's files, and keep it in
     the run's local record (the caller writes it beside the script too)."""
     m = build_slurm(job, cluster, run_id, job_id, script, env, command, git_info(job.workdir),
-                    file_hashes(job.workdir, job.exclude, ignore_files=True),
-                    file_hashes(job.data, ()) if job.data else None)
+                    file_hashes(job.workdir, job.exclude, ignore_files=True,
+                                 never=job.unsent),
+                    file_hashes(job.data, (), never=job.unsent) if job.data else None)
     (record_dir / "manifest.json").write_text(dumps(m))
     return m

@@ -109,13 +109,13 @@ class SlurmRun(Run):
     def schedule(self, options: Options) -> None:
         t, rec, job, console = self.t, self.rec, self.job, self.console
         s = self.script
-        code = scan(job.workdir, job.exclude, ignore_files=True)
+        code = scan(job.workdir, job.exclude, ignore_files=True, never=job.unsent)
         stats = sync_dir(t, t.host.python, code, s.code_dir, rec.run_id, console)
         console.phase("login", f"code: {stats.files} file(s) sent, {stats.unchanged} unchanged "
                                f"({s.code_dir})")
         if job.data is not None and s.data_dir is not None:
-            stats = sync_dir(t, t.host.python, scan(job.data, ()), s.data_dir, rec.run_id,
-                             console)
+            stats = sync_dir(t, t.host.python, scan(job.data, (), never=job.unsent),
+                             s.data_dir, rec.run_id, console)
             console.phase("login", f"data: {stats.files} file(s) sent")
         self.submitting = True
         save(dataclasses.replace(rec, submitting=True), self.started_at)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +26,7 @@ from fleet.transport.transfer.agent import agent
 from fleet.transport.transfer.plan import Held, hash_script, parse_held
 from fleet.transport.transfer.progress import Bar
 from fleet.transport.transfer.report import LINE_MAX, NodeState, problem_text
-from fleet.transport.transfer.wanted import Bound, Want, parse_listing, wants
+from fleet.transport.transfer.wanted import Bound, Want, parse_listing, too_big, wants
 
 FETCH_IDLE_S = 60.0  # a node that sends nothing for this long while fetched from: given up
 
@@ -183,6 +185,10 @@ def pull(t: Transport, python: str, root: str, rels: list[str], dest: Path,
     todo, same = wants(listing.files, here, there)
     got.unchanged = len(same)
     got.files = {rel: listing.files[rel] for rel in same}
+    if todo and (full := too_big(todo, parts_here(dest, [w.rel for w in todo]),
+                                 free_in(dest))):
+        got.problems += [f"{f} (in {dest}): nothing was fetched" for f in full]
+        return got
     if todo:
         total = sum(w.bytes for w in todo)
         state = NodeState(host, expected=total)
@@ -210,6 +216,26 @@ def pull(t: Transport, python: str, root: str, rels: list[str], dest: Path,
                 got.problems.append(f"{root}/{w.rel} changed or went away there while it was "
                                     "pulled (what arrived is kept): pull again")
     return got
+
+
+def free_in(dest: Path) -> int:
+    """The bytes this user may still write where dest is."""
+    sv = os.statvfs(dest)
+    return sv.f_bavail * sv.f_frsize
+
+
+def parts_here(dest: Path, rels: list[str]) -> dict[str, int]:
+    """rel -> the size of the partial file an interrupted pull left of it here (a resume
+    grows it, needing only the rest)."""
+    out: dict[str, int] = {}
+    for rel in rels:
+        try:
+            st = os.lstat(dest / ferry.part_name(rel))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[rel] = st.st_size
+    return out
 
 
 def links_in(dest: Path, rels: list[str]) -> list[str]:

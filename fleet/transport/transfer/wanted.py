@@ -5,6 +5,7 @@ differ where a version or a partial file is, and the stream held to that (`Bound
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,21 @@ def wants(files: dict[str, int], here: dict[str, Held], there: dict[str, Held]
     return fetch, same
 
 
+def too_big(wanted: list[Want], held: dict[str, int], free: int) -> list[str]:
+    """Why the files asked for cannot fit in the destination's `free` bytes (none: they fit):
+    each needs its listed size less what its partial file here (`held`, rel -> size) already
+    holds. A node lists any size it likes, so a pull is refused before anything is fetched,
+    naming the file, rather than found out when the disk fills."""
+    needs = {w.rel: max(0, w.size - held.get(w.rel, 0)) for w in wanted}
+    out = [f"{rel} is listed at {human(n)}, more than the {human(free)} free here"
+           for rel, n in needs.items() if n > free]
+    total = sum(needs.values())
+    if not out and total > free:
+        out.append(f"the {len(needs)} files to fetch are listed at {human(total)} in all, "
+                   f"more than the {human(free)} free here")
+    return out
+
+
 class Overrun(ferry.Bad):
     """A node that sent more than it listed, or other than it was asked for."""
 
@@ -129,7 +145,10 @@ class Bound:
         self.wanted = {w.rel: w for w in wanted}
         self.begun: set[str] = set()
         self.f: Want | None = None
-        self.blocks: list[int] = []  # the blocks of self.f still to come, in order
+        # the blocks of self.f in order, and the index of the next to come: a range for a
+        # whole file, so that a huge listed size costs nothing until its data comes
+        self.blocks: Sequence[int] = ()
+        self.next = 0
 
     def check(self, kind: bytes, payload: bytes) -> None:
         if kind == b"F":
@@ -138,10 +157,11 @@ class Bound:
             w = self.f
             if w is None:
                 raise ferry.Bad("data outside a file")
-            if not self.blocks:
+            if self.next >= len(self.blocks):
                 raise Overrun(f"it sent more of {w.rel} than it listed ({human(w.bytes)} "
                               "asked for)")
-            i = self.blocks.pop(0)
+            i = self.blocks[self.next]
+            self.next += 1
             if len(payload) > ferry.block_len(w.size, i):
                 raise Overrun(f"it sent more of {w.rel} than it listed (a block {i} of "
                               f"{human(len(payload))}, in a file listed at {human(w.size)})")
@@ -176,4 +196,5 @@ class Bound:
             raise Overrun(f"it sent blocks of {w.rel} that were not asked for")
         self.begun.add(w.rel)
         self.f = w
-        self.blocks = list(range(ferry.blocks_of(w.size)) if w.blocks is None else w.blocks)
+        self.blocks = range(ferry.blocks_of(w.size)) if w.blocks is None else w.blocks
+        self.next = 0
