@@ -14,11 +14,9 @@ command modules import what a command needs (paramiko, jinja2, the backends) ins
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import signal
 import sys
-import traceback
 from types import FrameType
 
 from fleet.errors import FleetError, InternalError, Interrupted
@@ -53,6 +51,8 @@ def main() -> None:
     if failure is None:
         return
     if debug:
+        import traceback
+
         traceback.print_exception(failure)
     if isinstance(failure, Interrupted):
         said = f"fleet: {failure}"
@@ -87,5 +87,7 @@ def _quiet_libraries(debug: bool) -> None:
     """paramiko logs what its transport thread meets (a banner read from a node whose sshd went
     away) with a traceback; without a handler Python prints that on stderr, beside fleet's own
     words about the same node. fleet says what failed in its words; --debug shows paramiko's."""
+    import logging  # here: the fewer modules before main() catches signals, the better
+
     handler: logging.Handler = logging.StreamHandler() if debug else logging.NullHandler()
     logging.getLogger("paramiko").addHandler(handler)
