@@ -178,7 +178,9 @@ def fixed_costs(sc: Scratch) -> tuple[float | None, float | None]:
     """What any launch pays before its first remote command, fleet and ssh alike."""
     imports, ssh_true = [], []
     for _ in range(5):
-        p = Proc([PY, "-c", "import fleet.cli"], env=sc.env(), cwd=sc.dir)
+        # what `fleet up` loads before it connects (the commands import theirs as they run)
+        p = Proc([PY, "-c", "import fleet.cli.commands, fleet.backends, fleet.run.runner"],
+                 env=sc.env(), cwd=sc.dir)
         if p.wait(60) == 0 and p.ended is not None:
             imports.append(p.ended - p.t0)
         q = Proc(ssh_argv(sc.tb, sc.tb.hosts[0], "true"))

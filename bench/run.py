@@ -17,8 +17,8 @@ from pathlib import Path
 from bench.common import ROOT, Config, Table, snapshot
 from tests.testbed import available
 
-BENCHMARKS = ("fanout", "teardown", "stop", "logs", "footprint", "sync", "data", "restart",
-              "scale")
+BENCHMARKS = ("start", "fanout", "teardown", "stop", "logs", "footprint", "sync", "data",
+              "restart", "scale")
 
 
 def machine() -> str:

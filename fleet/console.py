@@ -1,6 +1,7 @@
 """Terminal output: phase lines on stderr, the tagged log stream on stdout; on a terminal colour by
 meaning, a spinner or bar for every wait and tables that fit its width (drawn with rich), and
-plain, stable lines otherwise; whatever a node said is made harmless first (`printable`)."""
+plain, stable lines otherwise; whatever a node said is made harmless first (`printable`).
+rich is imported where something is drawn with it: fleet starts without it (fleet.cli)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from enum import Enum
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from rich.cells import cell_len, set_cell_size
-from rich.console import Console as RichConsole
-from rich.spinner import Spinner
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.spinner import Spinner
+    from rich.text import Text
 
 _PADDING = re.compile(r" +((?:\x1b\[0m)?)$")
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93")
@@ -83,6 +82,8 @@ def colored(stream: object) -> bool:
 
 def _render(text: Text, width: int, color: bool) -> str:
     """rich's text (already printable) as the characters a terminal is sent."""
+    from rich.console import Console as RichConsole
+
     buf = io.StringIO()
     RichConsole(file=buf, width=width, force_terminal=color, no_color=not color,
                 color_system="standard" if color else None, highlight=False, emoji=False,
@@ -106,7 +107,7 @@ class Console:
         # the newest is drawn, redrawn after every line; the one before it again once it ends.
         self._waits: list[Waiting] = []
         self._bar: str | None = None  # a progress bar's line: drawn in place of the spinner
-        self._spinner = Spinner("dots")
+        self._spinner: Spinner | None = None  # made when a wait is first drawn
         self._ticker: threading.Thread | None = None
 
     @property
@@ -130,6 +131,8 @@ class Console:
         safe = printable(text, lines=True)
         if not color or meaning is Meaning.PLAIN:
             return safe
+        from rich.text import Text
+
         return _render(Text(safe, style=meaning.value), 10_000, True)
 
     def phase(self, host: str, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
@@ -166,6 +169,8 @@ class Console:
         """A redrawn line cut to the terminal's width less `room` (a spinner's mark), in
         cells (a wide character takes two), its last column left free: a line that wraps
         cannot be redrawn."""
+        from rich.cells import cell_len, set_cell_size
+
         width = max(self.columns - 1 - room, 2)
         return text if cell_len(text) <= width else set_cell_size(text, width - 1) + "…"
 
@@ -223,6 +228,12 @@ class Console:
         if self._bar is not None:
             line = self._bar
         else:
+            from rich.cells import cell_len
+            from rich.spinner import Spinner
+            from rich.text import Text
+
+            if self._spinner is None:
+                self._spinner = Spinner("dots")
             frame = self._spinner.render(time.monotonic())
             mark = frame.plain if isinstance(frame, Text) else "*"
             words = self._fit(printable(self._waits[-1].text), cell_len(mark) + 1)
@@ -259,6 +270,10 @@ class Console:
             widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
             return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
                              .rstrip() for row in [list(headers), *cells])
+        from rich.console import Console as RichConsole
+        from rich.table import Table
+        from rich.text import Text
+
         t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
         for i, h in enumerate(headers):
             t.add_column(h, overflow="fold", no_wrap=i < len(headers) - 1 and len(headers) > 1)

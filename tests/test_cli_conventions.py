@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from fleet.cli.app import app
+from fleet.cli.commands import app
 from fleet.config import hostkeys
 from fleet.config.inventory import Host, load_inventory
 from fleet.config.job import load_job, with_extra_args

@@ -4,37 +4,34 @@ Commands raise FleetError subclasses; `main` is the one handler that turns them 
 and an exit code (fleet.errors.ExitCode: 0 ok, 1 failed, 2 bad input, 3 hosts unreachable or
 state unknown, 4 stopped, 5 a host not ready for the job, 6 hosts busy with another run, 7 a
 node altered the data it relayed, 70 a bug in fleet, 130 interrupted), and never shows a
-Python traceback unless asked (`--debug`)."""
+Python traceback unless asked (`--debug`).
+
+This module loads nothing but the standard library and fleet.errors, and the commands only once
+`main` catches signals: a Ctrl-C while Python loads them is an interruption like any other. The
+command modules import what a command needs (paramiko, jinja2, the backends) inside it, so that
+`--version`, `--help` and shell completion start fast (tests/test_fast_start.py)."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import signal
 import sys
-import traceback
 from types import FrameType
 
-from fleet.cli import execute, forward, gpus, job_commands, pull, run_commands
-from fleet.cli.app import app, echo
 from fleet.errors import FleetError, InternalError, Interrupted
 
-__all__ = ["app", "execute", "forward", "gpus", "job_commands", "main", "pull", "run_commands"]
-
-# What goes around a run, after the commands the modules above added (`fleet --help` lists
-# commands in the order they are added).
-app.command("pull")(pull.pull)
-app.command("forward")(forward.forward)
-app.command("exec")(execute.execute)
-# Sharing a lab's GPUs.
-app.command("gpus")(gpus.gpus)
-app.command("reserve")(gpus.reserve)
-app.command("release")(gpus.release)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signal.Signals(signum).name)
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    """Once the command has ended, a signal (a second Ctrl-C while the message is printed, or
+    while Python waits for a thread at exit) ends fleet at once, without a word."""
+    os._exit(Interrupted.exit_code)
 
 
 def main() -> None:
@@ -44,39 +41,53 @@ def main() -> None:
     # fleet's own --debug comes before the command (`fleet up --debug` is the job's debug env)
     lead = list(itertools.takewhile(lambda a: a.startswith("-") and a != "--", args))
     debug = "--debug" in lead or bool(os.environ.get("FLEET_DEBUG"))
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in SIGNALS:
         signal.signal(sig, _interrupt)
-    _quiet_libraries(debug)
     try:
-        try:
-            app()
-        except (FleetError, Interrupted):
-            raise
-        except Exception as e:
-            raise InternalError(f"{type(e).__name__}: {e} (a bug in fleet; `fleet --debug "
-                                "...` shows where)") from e
-    except Interrupted as e:
-        _trace(debug)
-        echo(f"fleet: {e}", err=True)
-        sys.exit(e.exit_code)
-    except InternalError as e:
-        _trace(debug)
-        echo(f"fleet: internal error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except FleetError as e:
-        _trace(debug)
-        echo(f"fleet: error: {e}", err=True)
-        sys.exit(e.exit_code)
+        failure = _run(debug)
+    finally:
+        for sig in SIGNALS:
+            signal.signal(sig, _exit_now)
+    if failure is None:
+        return
+    if debug:
+        import traceback
+
+        traceback.print_exception(failure)
+    if isinstance(failure, Interrupted):
+        said = f"fleet: {failure}"
+    elif isinstance(failure, InternalError):
+        said = f"fleet: internal error: {failure}"
+    else:
+        said = f"fleet: error: {failure}"
+    from fleet.console import printable  # here, not at the top: rich is not needed to start
+    # Any text may hold what a node said (a host key's error, a stack): shown, never obeyed.
+    print(printable(said, lines=True), file=sys.stderr)
+    sys.exit(failure.exit_code)
+
+
+def _run(debug: bool) -> FleetError | Interrupted | None:
+    """The command line's command, run; what ended it, if not its success (click's own exit,
+    a SystemExit, goes through)."""
+    try:
+        _quiet_libraries(debug)
+        from fleet.cli.commands import app
+        app()
+    except (FleetError, Interrupted) as e:
+        return e
+    except Exception as e:
+        bug = InternalError(f"{type(e).__name__}: {e} (a bug in fleet; `fleet --debug ...` "
+                            "shows where)")
+        bug.__cause__ = e
+        return bug
+    return None
 
 
 def _quiet_libraries(debug: bool) -> None:
     """paramiko logs what its transport thread meets (a banner read from a node whose sshd went
     away) with a traceback; without a handler Python prints that on stderr, beside fleet's own
     words about the same node. fleet says what failed in its words; --debug shows paramiko's."""
+    import logging  # here: the fewer modules before main() catches signals, the better
+
     handler: logging.Handler = logging.StreamHandler() if debug else logging.NullHandler()
     logging.getLogger("paramiko").addHandler(handler)
-
-
-def _trace(debug: bool) -> None:
-    if debug:
-        traceback.print_exc()

@@ -3,23 +3,24 @@ in the shell), `--version`, help as a person reads it, and `echo`."""
 
 from __future__ import annotations
 
-import importlib.metadata
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
-from fleet.config import hostkeys
+from fleet import __version__
 from fleet.console import printable
 from fleet.errors import UsageError
-from fleet.run import record
 from fleet.timespan import parse_duration
 
 PROG = "fleet"
+
+
+COMPLETE_VAR = f"_{PROG.upper()}_COMPLETE"  # set by the shell's completion script
 
 
 class FleetGroup(TyperGroup):
@@ -29,7 +30,8 @@ class FleetGroup(TyperGroup):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("prog_name", PROG)
         given = kwargs.pop("args", args[0] if args else None)
-        tidy(self)
+        if COMPLETE_VAR not in os.environ:  # a shell's completion shows no help: it is spared
+            tidy(self)
         return super().main(optional_values(sys.argv[1:] if given is None else list(given)),
                             *args[1:], **kwargs)
 
@@ -85,6 +87,8 @@ def tidy(command: Any) -> None:
 def _prose(text: str | None) -> str | None:
     if not text:
         return text
+    from rich.markup import escape  # here: a shell's completion, which shows no help, skips it
+
     paragraphs = text.strip().split("\n\n")
     return escape("\n\n".join(" ".join(p.split()) for p in paragraphs))
 
@@ -92,17 +96,17 @@ def _prose(text: str | None) -> str | None:
 def _version(value: bool) -> None:
     if not value:
         return
-    try:
-        version = importlib.metadata.version(PROG)
-    except importlib.metadata.PackageNotFoundError:
-        version = "(version unknown: not installed as a package)"
-    print(f"{PROG} {version}")
+    # The package's own (pyproject.toml reads it from there): no search of the installed
+    # distributions, which costs a start more than the rest of --version.
+    print(f"{PROG} {__version__}")
     raise typer.Exit()
 
 
 def complete_run(incomplete: str) -> list[tuple[str, str]]:
     """The shell's completion of a run id: the recorded runs (newest first) whose id starts with
     what is typed (a shell completes the start of a word), each with its job and start time."""
+    from fleet.run import record
+
     runs, _ = record.all_runs()
     return [(r.run_id, f"{Path(r.job).name}, {_when(r.started)}") for r in reversed(runs)
             if not r.parent and r.run_id.startswith(incomplete)]
@@ -112,18 +116,25 @@ def _when(started: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
 
 
-def job_given(value: Path | None) -> Path | None:
+def job_given(ctx: typer.Context, value: Path | None) -> Path | None:
     """A command's job (or inventory) file: what the advice for an unknown host key names."""
-    if value is not None:
-        hostkeys.given("job", str(value))
+    _given(ctx, "job", value)
     return value
 
 
-def inventory_given(value: Path | None) -> Path | None:
+def inventory_given(ctx: typer.Context, value: Path | None) -> Path | None:
     """An inventory file named beside a job (-i) or instead of one: the advice names it."""
-    if value is not None:
-        hostkeys.given("inventory", str(value))
+    _given(ctx, "inventory", value)
     return value
+
+
+def _given(ctx: typer.Context, kind: str, value: Path | None) -> None:
+    # Shell completion parses the line too, and connects to nothing: it does not load paramiko
+    # (fleet.config.hostkeys) for advice it will never give.
+    if value is not None and not ctx.resilient_parsing:
+        from fleet.config import hostkeys
+
+        hostkeys.given(kind, str(value))
 
 
 app = typer.Typer(cls=FleetGroup, no_args_is_help=True, pretty_exceptions_enable=False,

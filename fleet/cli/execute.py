@@ -9,13 +9,9 @@ from typing import Annotated
 
 import typer
 
-from fleet import backends
-from fleet import trust as fleet_trust
 from fleet.cli.app import InvOpt, job_given
-from fleet.config.job import load_job
 from fleet.console import Console
 from fleet.errors import Interrupted, UsageError
-from fleet.grouped import block, exit_code, groups, summary
 
 
 def execute(path: Annotated[Path, typer.Argument(
@@ -39,6 +35,11 @@ def execute(path: Annotated[Path, typer.Argument(
     Hosts that gave the same output (stdout and stderr) and exit status are listed under one
     header; exit code 0 when every host's command exited 0, 1 when one failed (or could not
     run), 3 when a host gave no answer."""
+    from fleet import backends
+    from fleet import trust as fleet_trust
+    from fleet.config.job import load_job
+    from fleet.grouped import block, exit_code, groups, summary
+
     if not command:
         raise UsageError("give the command after --, e.g. fleet exec inventory.toml -- hostname")
     inventory_path = fleet_trust.inventory_for(path, inventory)

@@ -3,23 +3,24 @@ own connection, until Ctrl-C."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fleet import backends
 from fleet.cli.app import echo
-from fleet.config.schema import PortSpec, parse_port_spec
 from fleet.console import Console
 from fleet.errors import Interrupted, UsageError
-from fleet.run import record as state
-from fleet.transport.forward import forwarding
+
+if TYPE_CHECKING:
+    from fleet.config.schema import PortSpec
 
 WAIT_TICK_S = 0.5
 
 
 def split_args(words: list[str]) -> tuple[str | None, PortSpec]:
     """`[RUN] PORT[:LOCALPORT]` as (run, spec)."""
+    from fleet.config.schema import parse_port_spec
+
     if not 1 <= len(words) <= 2:
         raise UsageError("give [RUN] PORT[:LOCALPORT], e.g. `fleet forward 6006` or "
                          "`fleet forward mnist-49b0 8888:18888`")
@@ -41,6 +42,10 @@ def forward(words: Annotated[list[str], typer.Argument(
 
     Through fleet's own SSH connection; the node connects to the port on its own 127.0.0.1.
     Listens on 127.0.0.1 here only and prints the URL; Ctrl-C ends it (exit 130)."""
+    from fleet import backends
+    from fleet.run import record as state
+    from fleet.transport.forward import forwarding
+
     run_id, spec = split_args(words)
     rec = state.load(run_id)
     console = Console()

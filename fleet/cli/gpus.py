@@ -8,15 +8,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.live import Live
-from rich.text import Text
 
-from fleet import backends
-from fleet import trust as fleet_trust
-from fleet.backends.base import Backend, GpuSurvey
 from fleet.cli.app import InvOpt, echo, job_given
 from fleet.console import Console, Meaning, interactive
 from fleet.errors import ExitCode, FleetError, Interrupted, UsageError
@@ -25,6 +20,9 @@ from fleet.facts.leases import MAX_LEASE_S, Lease, LeaseOrder, Taken, parse_gpu_
 from fleet.gpuview import HEADERS, clock, lease_words, local_until, rows, span
 from fleet.gpuview import as_json as gpus_json
 from fleet.timespan import parse_duration
+
+if TYPE_CHECKING:
+    from fleet.backends.base import Backend, GpuSurvey
 
 
 class LeaseRefused(FleetError):
@@ -35,7 +33,8 @@ class LeaseRefused(FleetError):
 
 def _inventory(path: Path | None, inventory: Path | None) -> Path:
     if path is not None:
-        return fleet_trust.inventory_for(path, inventory)
+        from fleet.trust import inventory_for
+        return inventory_for(path, inventory)
     if inventory is not None:
         return inventory
     raise UsageError("name the hosts: a job or inventory file (fleet gpus inventory/lab.toml), "
@@ -62,6 +61,8 @@ def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     One command per host, all at once; a process's fleet run is named where this login may see
     it (its own, or any as root). A process running for an hour or more that holds memory on a
     GPU at 0% at this look is flagged "idle?". Exit code 3 when a host could not be asked."""
+    from fleet import backends
+
     inv = _inventory(path, inventory)
     backend = backends.for_inventory(inv)
     console = Console()
@@ -94,6 +95,9 @@ def _watch(console: Console, survey: GpuSurvey, as_json: bool, every: float,
            watched: dict[str, float]) -> dict[str, GpuFacts | str]:
     """Look every `every` seconds until Ctrl-C (which ends it with exit code 0): on a terminal
     the table is redrawn in place."""
+    from rich.live import Live
+    from rich.text import Text
+
     live = None if as_json or not interactive(sys.stdout) else Live(
         Text(""), auto_refresh=False, transient=False, redirect_stdout=False)
     results: dict[str, GpuFacts | str] = {}
@@ -169,6 +173,8 @@ def reserve(targets: Targets = None, inventory: NeedInv = None,
     read: `fleet up` of another user refuses these GPUs (unless --ignore-leases), and waits
     for them with --wait. It ends by itself; it never stops anyone's process. Exit code 6 when
     another user's lease is in the way (nothing is reserved then)."""
+    from fleet import backends
+
     if inventory is None:
         raise UsageError("give the hosts' inventory: fleet reserve node2:1 -i inventory/lab.toml")
     backend = backends.for_inventory(inventory)
@@ -310,6 +316,8 @@ def release(targets: Targets = None, inventory: NeedInv = None) -> None:
 
     Only a lease's owner can release it (its file is theirs); another user's lease on the same
     GPUs is named, and stays."""
+    from fleet import backends
+
     if inventory is None:
         raise UsageError("give the hosts' inventory: fleet release node2:1 -i inventory/lab.toml")
     wanted = _targets(targets or [])

@@ -11,24 +11,9 @@ from typing import Annotated
 
 import typer
 
-from fleet import backends
-from fleet import trust as fleet_trust
-from fleet.backends.base import Options
-from fleet.backends.checks import Status
-from fleet.backends.checks import summary as checks_summary
-from fleet.backends.checks import view as checks_view
-from fleet.backends.hosts import check as fleet_check
-from fleet.backends.hosts import planview
-from fleet.backends.slurm import cluster as slurm
-from fleet.backends.slurm import script as slurm_script
 from fleet.cli.app import WAIT_FOREVER, ExtraArgs, InvOpt, JobArg, app, echo, job_given
-from fleet.config import hostkeys
-from fleet.config.job import load_job, with_extra_args
-from fleet.console import Console
 from fleet.errors import UsageError
-from fleet.run import runner
 from fleet.timespan import parse_duration
-from fleet.trust import KeyState
 
 
 @app.command()
@@ -60,6 +45,12 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     """Start the job on every host and stream its logs.
 
     The master starts first; every log line is tagged by host and rank."""
+    from fleet import backends
+    from fleet.backends.base import Options
+    from fleet.config.job import load_job, with_extra_args
+    from fleet.console import Console
+    from fleet.run import runner
+
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
@@ -96,6 +87,9 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
 
     Each node's rank, env and command, and the data to sync; without --probe nothing is
     connected to."""
+    from fleet.backends.hosts import planview
+    from fleet.config.job import load_job, with_extra_args
+
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
@@ -133,6 +127,10 @@ def export_slurm(
 
     fleet is not needed to run it: one torchrun per node with the node rank from Slurm,
     fail-fast srun, the same NIC choice as fleet."""
+    from fleet.backends.slurm import cluster as slurm
+    from fleet.backends.slurm import script as slurm_script
+    from fleet.config.job import load_job
+
     job = load_job(job_path, inventory)
     if debug_env:
         job = dataclasses.replace(job, debug=True)
@@ -164,6 +162,15 @@ def check(job_path: JobArg, inventory: InvOpt = None,
 
     SSH, versions, GPUs, ports, names, clocks, disk (on a Slurm cluster: the login node,
     Slurm's clients, and whether Slurm would take the job)."""
+    from fleet import backends
+    from fleet.backends.checks import Status
+    from fleet.backends.checks import summary as checks_summary
+    from fleet.backends.checks import view as checks_view
+    from fleet.backends.hosts import check as fleet_check
+    from fleet.config.job import load_job
+    from fleet.console import Console
+    from fleet.run import runner
+
     job = load_job(job_path, inventory)
     backend = backends.for_inventory(job.inventory)
     console = Console()
@@ -196,6 +203,11 @@ def trust(path: Annotated[Path, typer.Argument(
                            "`host_key` per host).")
           ] = "known_hosts") -> None:
     """Show each host's key fingerprint; --accept records the new ones."""
+    from fleet import backends
+    from fleet import trust as fleet_trust
+    from fleet.config import hostkeys
+    from fleet.trust import KeyState
+
     if to not in ("known_hosts", "inventory"):
         raise UsageError("--to must be known_hosts or inventory")
     inventory_path = fleet_trust.inventory_for(path, inventory)

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fleet import backends
-from fleet import manifest as fleet_manifest
 from fleet.cli.app import RUN_HELP, complete_run
-from fleet.config.outputs import output_path
 from fleet.console import Console, Meaning, printable
 from fleet.errors import NotEveryNode, PullFailed, UsageError
-from fleet.run import attempts
-from fleet.run import record as state
-from fleet.transport.group import reason
-from fleet.transport.transfer import human
-from fleet.transport.transfer.pull import Pulled
+
+if TYPE_CHECKING:
+    from fleet.transport.transfer.pull import Pulled
 
 
 def pull(run_id: Annotated[str | None, typer.Argument(
@@ -37,6 +32,14 @@ def pull(run_id: Annotated[str | None, typer.Argument(
 
     Streamed and verified; files already here (same size and sha256) are not fetched again,
     and a pull that was interrupted resumes where it stopped."""
+    from fleet import backends
+    from fleet import manifest as fleet_manifest
+    from fleet.config.outputs import output_path
+    from fleet.run import attempts
+    from fleet.run import record as state
+    from fleet.transport.group import reason
+    from fleet.transport.transfer.pull import Pulled
+
     try:
         rels = [output_path(p) for p in paths or []]
     except ValueError as e:
@@ -70,6 +73,8 @@ def pull(run_id: Annotated[str | None, typer.Argument(
 
 def summary(r: Pulled) -> str:
     """`2 file(s) fetched into DIR (61.0 MB: 30.0 MB sent, 31.0 MB already here); 1 unchanged`."""
+    from fleet.transport.transfer import human
+
     size = sum(r.files.values())
     fetched = (f"{r.fetched} file(s) fetched" if r.fetched else "nothing fetched")
     moved = f"{human(r.received)} sent"

@@ -6,24 +6,18 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fleet import backends, manifest_view
-from fleet import manifest as fleet_manifest
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
-from fleet.config.inventory import Host, load_inventory
 from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
-from fleet.facts import run_state
-from fleet.run import attempts, hang, outcomes
-from fleet.run import logs as run_logs
-from fleet.run import record as state
 from fleet.run.states import RunStatus
-from fleet.transport import open_transport
-from fleet.transport.forward import declared, recorded
-from fleet.transport.group import each, reason
+
+if TYPE_CHECKING:
+    from fleet.run.attempts import Attempt
+    from fleet.run.record import RunRecord
 
 ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.value,
          RunStatus.NEVER_STARTED.value}
@@ -34,6 +28,10 @@ def stop(run_id: RunArg = None) -> None:
     """Stop a run on every host.
 
     SIGTERM, then SIGKILL after a grace period."""
+    from fleet import backends
+    from fleet.run import attempts
+    from fleet.run import record as state
+
     run = state.load(run_id)
     attempts.request_stop(run)  # with [restart]: no attempt after this one
     every = attempts.records(run)
@@ -51,6 +49,10 @@ def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=compl
     """Remove a finished run, from the nodes and from here.
 
     Its directory on every node and its local record."""
+    from fleet import backends
+    from fleet.run import attempts
+    from fleet.run import record as state
+
     console = Console()
     rec = state.load(run_id)
     every = attempts.records(rec)
@@ -67,6 +69,10 @@ def status(run_id: RunArg = None) -> None:
 
     Exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node could not be asked), 4
     stopped."""
+    from fleet import backends
+    from fleet.run import attempts
+    from fleet.run import record as state
+
     rec = state.load(run_id)
     found = attempts.load(rec)
     every = attempts.records(rec)
@@ -91,17 +97,29 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
            help="Instead: the runs alive on the hosts of this inventory, whoever "
                 "started them.")] = None) -> None:
     """List the recorded runs, newest last, each with its state."""
+    from fleet.run import record as state
+
     if hosts is not None:
         _ps_hosts(hosts)
         return
     runs, damaged = state.all_runs()
     for path, why in damaged.items():
         echo(f"fleet: skipping a damaged run record {path} ({why})", err=True)
+    if runs:
+        _ps_runs(runs, all_runs)
+
+
+def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
+    """Each run with the state its backend says (asked of the nodes, all runs at once)."""
+    from fleet import backends
+    from fleet.run import attempts
+    from fleet.transport.group import each, reason
+
     hosts_of = {r.run_id: attempts.records(r)[-1].nodes for r in runs if not r.parent}
     runs = [r for r in runs if not r.parent]  # a restart's attempts: with their run
     runs = runs if all_runs else runs[-10:]
 
-    def word(rec: state.RunRecord) -> str:
+    def word(rec: RunRecord) -> str:
         try:
             found = attempts.load(rec)
             every = attempts.records(rec)
@@ -124,12 +142,14 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
         echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
 
 
-def _not_over(every: list[state.RunRecord], items: list[attempts.Attempt]
-              ) -> list[tuple[int, list[str]]]:
+def _not_over(every: list[RunRecord], items: list[Attempt]) -> list[tuple[int, list[str]]]:
     """Earlier attempts that lost a node (their record says which) whose end fleet has not seen
     since (its stop keeps that end), where that node does not say it ended either: each one's
     number and its rows for those nodes. Only those nodes are asked: every `ps` would otherwise
     connect to every node of every earlier attempt (a host gone from the lab, a timeout each)."""
+    from fleet import backends
+    from fleet.run import outcomes
+
     records = {rec.run_id: rec for rec in every[:-1]}
     found = []
     for a in items:
@@ -145,6 +165,11 @@ def _not_over(every: list[state.RunRecord], items: list[attempts.Attempt]
 
 
 def _ps_hosts(path: Path) -> None:
+    from fleet.config.inventory import Host, load_inventory
+    from fleet.facts import run_state
+    from fleet.transport import open_transport
+    from fleet.transport.group import each, reason
+
     inv = load_inventory(path)
 
     def alive(h: Host) -> list[str]:
@@ -189,6 +214,12 @@ def logs(run_id: RunArg = None,
 
     From the start; -f follows a live run to its end, then says the run's state and exits with
     its code (0 succeeded, 1 failed, 3 unknown, 4 stopped)."""
+    from fleet import backends
+    from fleet.run import attempts
+    from fleet.run import logs as run_logs
+    from fleet.run import record as state
+    from fleet.transport.forward import declared, recorded
+
     view = run_logs.View(merge, tail, None if since is None
                          else run_logs.parse_since(since, time.time()))
     console = Console()
@@ -229,6 +260,11 @@ def show(run_id: RunArg = None,
     Job and inventory, each node's env, command and versions, the code's commit and diff, the
     synced files' hashes, setup (on Slurm: the job id, the script's env and command, the
     nodes)."""
+    from fleet import manifest as fleet_manifest
+    from fleet import manifest_view
+    from fleet.run import attempts, outcomes
+    from fleet.run import record as state
+
     rec = state.load(run_id)
     last = attempts.records(rec)[-1]
     m = _manifest(last)
@@ -264,13 +300,18 @@ def diff_runs(run_a: Annotated[str, typer.Argument(
     """Show what changed between two runs.
 
     Code, files, hosts, env, commands, versions, setup."""
+    from fleet import manifest_view
+    from fleet.run import record as state
+
     a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
     changes = manifest_view.diff(a, b)
     for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
         echo(line)
 
 
-def _manifest(rec: state.RunRecord) -> dict[str, Any]:
+def _manifest(rec: RunRecord) -> dict[str, Any]:
+    from fleet import backends
+
     return backends.for_record(rec).manifest(rec, Console())
 
 
@@ -280,6 +321,10 @@ def dump(run_id: RunArg = None) -> None:
 
     On every node, grouped (the rank that is different named first); the run goes on. Kept in
     the run's record too."""
+    from fleet import backends
+    from fleet.run import hang
+    from fleet.run import record as state
+
     rec = state.load(run_id)
     lines, problems = backends.for_record(rec).dump(rec)
     for line in lines + problems:

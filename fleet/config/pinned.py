@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import TYPE_CHECKING
 
-import paramiko
+if TYPE_CHECKING:
+    import paramiko
 
 
 def parse_pinned(text: str) -> paramiko.PKey:
     """`ssh-ed25519 AAAA...` (as in known_hosts, without the host) to a key; ValueError if not."""
+    import paramiko  # here: an inventory without a pinned key (a run's record) loads without it
+
     parts = text.split()
     if len(parts) < 2:
         raise ValueError("expected '<type> <base64 key>', as a line of known_hosts without the "

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fleet.facts.leases import LEASE_DIR, MAX_NAMES, MAX_RECORDS, Lease, parse_lease
 from fleet.indices import ranges
 from fleet.nodedata import number
-from fleet.transport import Transport
+
+if TYPE_CHECKING:
+    from fleet.transport import Transport
 
 # Indices are nvidia-smi's (PCI bus order; fleet sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match).
 # nvidia-smi does not say who owns a compute process, how old it is or what it runs: ps does;

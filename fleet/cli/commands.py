@@ -1,0 +1,19 @@
+"""The whole application: every command on fleet.cli.app's `app`, in the order `fleet --help`
+lists them. Loading it stays cheap (no paramiko, jinja2 or backend): each command imports what
+it needs when it runs."""
+
+from __future__ import annotations
+
+from fleet.cli import execute, forward, gpus, job_commands, pull, run_commands
+from fleet.cli.app import app
+
+__all__ = ["app", "execute", "forward", "gpus", "job_commands", "pull", "run_commands"]
+
+# What goes around a run, after the commands the modules above added.
+app.command("pull")(pull.pull)
+app.command("forward")(forward.forward)
+app.command("exec")(execute.execute)
+# Sharing a lab's GPUs.
+app.command("gpus")(gpus.gpus)
+app.command("reserve")(gpus.reserve)
+app.command("release")(gpus.release)
