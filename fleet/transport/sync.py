@@ -62,14 +62,12 @@ def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False,
          never: tuple[str, ...] = ()) -> Scan:
     """The files of a directory fleet sends, by one rule per kind (README: "What is synced"):
     with `ignore_files` (a workdir), what .gitignore and .fleetignore leave out is not sent;
-    from any directory, neither is a TOML file that holds a `[notify]` (its webhook is a
-    secret; a link is judged by its target too), nor a file whose real path is in `never`
-    (the job file), each named in `ignored` (transport.ignore); regular files are sent; a
-    link to a file or directory inside `root` is followed (its content is sent under the
-    link's name); a link pointing outside `root`, a dangling link, a link back to a
-    directory already walked (a loop), and special files (FIFOs, sockets, devices) are
-    skipped, each named in `skipped`; a sparse file is sent whole (named in `sparse`); a file
-    that cannot be read stops everything before any host is touched (WorkdirError)."""
+    from any directory, neither is a TOML file that holds a `[notify]` (a secret; a link is
+    judged by its target too) nor a file whose real path is in `never` (the job file), each
+    named in `ignored`; regular files are sent; a link inside `root` is followed (sent under
+    the link's name); a link out of `root`, a dangling link, a link back to a directory
+    already walked, and special files are skipped, each named in `skipped`; a sparse file is
+    sent whole (named in `sparse`); an unreadable file stops everything (WorkdirError)."""
     top = os.path.realpath(root)
     files: dict[str, Path] = {}
     meta: Manifest = {}
