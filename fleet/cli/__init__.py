@@ -13,13 +13,29 @@ command modules import what a command needs (paramiko, jinja2, the backends) ins
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import sys
-from types import FrameType
 
-from fleet.errors import FleetError, InternalError, Interrupted
+
+def _early(signum: int, frame: object) -> None:
+    """A Ctrl-C (or TERM) before `main` catches signals: while Python still loads fleet's own
+    modules. Nothing has started; the word and the exit code are those of any interruption."""
+    sys.stderr.write(f"fleet: interrupted ({signal.Signals(signum).name})\n")
+    os._exit(130)
+
+
+# Only where fleet is the program (the `fleet` command, `python -m fleet`), never where a test
+# or another program imports this module.
+if sys.argv and (os.path.basename(sys.argv[0]) == "fleet"
+                 or sys.argv[0].endswith(os.path.join("fleet", "__main__.py"))):
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, _early)
+
+import itertools  # noqa: E402 - after the handler above: a Ctrl-C here is an interruption too
+from types import FrameType  # noqa: E402
+
+from fleet.errors import FleetError, InternalError, Interrupted  # noqa: E402
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
