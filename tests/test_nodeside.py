@@ -106,7 +106,9 @@ def test_start_detaches_run_sh_and_says_its_pid(tmp_path: Path) -> None:
     (tmp_path / "run.sh").write_text('echo $$ > pid\necho "run $FLEET_RUN_ID"\n')
     r = sh(remote.start_script(str(tmp_path), "r-1"))
     assert r.returncode == 0, r.stderr
-    assert remote.parse_pid(r.stdout) == int((tmp_path / "pid").read_text())
+    pid, wrapper = remote.parse_start(r.stdout)
+    assert pid == int((tmp_path / "pid").read_text())
+    assert wrapper is not None and wrapper.pid == pid and wrapper.start > 0
     deadline = time.monotonic() + 10
     while "run r-1" not in (tmp_path / "node.log").read_text():
         assert time.monotonic() < deadline, "run.sh's output never reached node.log"
