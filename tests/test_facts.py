@@ -25,7 +25,7 @@ from fleet.facts.probe import (
     python_problem,
     storage_groups,
 )
-from fleet.run.record import Wrapper, parse_wrapper
+from fleet.run.record import Wrapper, note_wrapper, parse_wrapper, wrapper
 from fleet.run.states import NodeStatus
 from fleet.transport.framing import (
     BOOT,
@@ -287,8 +287,11 @@ def test_parse_stop_and_start() -> None:
     assert remote.parse_start("4242 1e9\n") == (4242, None)
 
 
-def test_parse_wrapper() -> None:
+def test_parse_wrapper(tmp_path: Path) -> None:
     assert parse_wrapper("4242 396188\n") == Wrapper(4242, 396188)
+    assert wrapper(tmp_path, "node1") is None
+    note_wrapper(tmp_path, "node1", Wrapper(4242, 396188))
+    assert wrapper(tmp_path, "node1") == Wrapper(4242, 396188)
     for bad in ("", "4242", "4242 -1", "4242 1 2", "x 1", "4242 " + "9" * 21):
         assert parse_wrapper(bad) is None, bad
 

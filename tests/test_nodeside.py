@@ -30,6 +30,7 @@ from fleet.backends.hosts.ports import (
 from fleet.facts import failure, run_state
 from fleet.facts import slurm as sj
 from fleet.facts.probe import PythonState, parse_probe, probe_script
+from fleet.run.record import Wrapper
 from fleet.run.states import NodeStatus
 
 SH = shutil.which("dash") or "sh"
@@ -113,6 +114,14 @@ def test_start_detaches_run_sh_and_says_its_pid(tmp_path: Path) -> None:
     while "run r-1" not in (tmp_path / "node.log").read_text():
         assert time.monotonic() < deadline, "run.sh's output never reached node.log"
         time.sleep(0.02)
+
+
+def test_stop_script_gives_stop_sh_the_key_then_the_recorded_wrapper(tmp_path: Path) -> None:
+    (tmp_path / "stop.sh").write_text('cat; echo "args $*"\n')
+    r = sh(remote.stop_script(str(tmp_path), "fleet stop", "k1", wrapper=Wrapper(100, 5000)))
+    assert r.stdout == "k1\n100 5000\nargs fleet stop\n", r.stderr
+    r = sh(remote.stop_script(str(tmp_path), "fleet stop", "k1", mark=True))
+    assert r.stdout == "k1\n\nargs fleet stop mark\n", r.stderr
 
 
 def test_start_refuses_a_stopped_run(tmp_path: Path) -> None:
