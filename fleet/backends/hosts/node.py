@@ -30,9 +30,9 @@ PID_WAIT_TICKS = 500
 # ---- start --------------------------------------------------------------------------------
 def start_script(run_dir: str, run_id: str, python: str = "") -> str:
     """run.sh detached from this connection (own session, no tty); prints its pid and start
-    time (fleet/nodeside/start.sh). With the
-    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py), and
-    the run's processes are recorded by descent (fleet/nodeside/run_tree.py)."""
+    time (fleet/nodeside/start.sh). With the node's `python`, node.log's time index is kept
+    beside it (fleet/nodeside/log_times.py), and the run's processes are recorded by descent
+    (fleet/nodeside/run_tree.py)."""
     if not python:
         return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
     return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
@@ -147,9 +147,9 @@ def stop_script(run_dir: str, by: str, key: str, mark: bool = False,
     """The node's stop.sh, saying who stops it, with the node's key on its stdin (never in an
     argv or environment a job could read), then its `wrapper` as fleet recorded it at the
     start (the run's start and session, which the job cannot rewrite); with `mark`, it only
-    records the stop. Without
-    stop.sh (fleet died while it uploaded the scripts, before anything started there) nothing
-    of the run can be running: the directory is only marked stopped."""
+    records the stop. Without stop.sh (fleet died while it uploaded the scripts, before
+    anything started there) nothing of the run can be running: the directory is only marked
+    stopped."""
     d = quote(run_dir)
     args = [by, "mark"] if mark else [by]
     given = quote(wrapper.words() if wrapper else "")
@@ -188,9 +188,9 @@ Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper 
 
 def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, list[int] | Exception]:
     """Stop the run on several nodes, each target giving (transport, run dir, stop key,
-    wrapper). Every
-    node's stop is recorded before any node is signalled: a node records whether its own part
-    had already failed, and the stop of another node (its peers gone) must not decide that.
+    wrapper). Every node's stop is recorded before any node is signalled: a node records
+    whether its own part had already failed, and the stop of another node (its peers gone)
+    must not decide that.
     A node that cannot be marked holds the others back MARK_WAIT_S at most."""
     gate = threading.Barrier(max(1, len(targets)))
 
