@@ -1,6 +1,7 @@
 """A job's process that leaves the run's environment and session (`setsid env -u FLEET_RUN_ID`)
 is still the run's: fail-fast and `fleet stop` end it, and spare a process of the same user that
-is not the run's."""
+is not the run's; a job that empties the record of its processes first, and kills the watcher
+that keeps it, moves neither the run's start nor its session (fleet recorded them at the start)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,31 @@ if [ "$FLEET_NODE_RANK" = 0 ] && [ "$1" != 0 ]; then sleep "$1"; exit 1; fi
 sleep 300
 """
 
+# The hostile shape: once the watcher (run_tree.py) has written the record, empty it, so that
+# the escapee's line comes first; escape from a subshell that ends once that line is there (the
+# escapee loses its parent: no descent from the job links it any more); then kill the watcher.
+# Each wait is bounded (10 s).
+HOSTILE = """\
+d=$FLEET_RUN_DIR
+i=0
+while [ ! -s "$d/procs" ] && [ "$i" -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+: > "$d/procs"
+e=$(setsid env -u FLEET_RUN_ID sleep 987 < /dev/null > /dev/null 2>&1 &
+    i=0
+    while ! grep -q "^$! " "$d/procs" && [ "$i" -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+    echo "$!")
+for p in /proc/[0-9]*; do
+  case "$(tr '\\0' ' ' < "$p/cmdline" 2>/dev/null)" in
+    *"run_tree.py $d "*) kill "${p#/proc/}" && echo "killed the watcher" ;;
+  esac
+done
+echo "escaped $e"
+sleep 300
+"""
 
-def escape_job(tmp_path: Path, port: int, fail_after: int) -> Path:
-    (tmp_path / "escape.sh").write_text(ESCAPE)
+
+def escape_job(tmp_path: Path, port: int, fail_after: int, script: str = ESCAPE) -> Path:
+    (tmp_path / "escape.sh").write_text(script)
     job = tmp_path / "escape.toml"
     job.write_text('inventory = "inv.toml"\nlauncher = "command"\n'
                    f'command = ["sh", "escape.sh", "{fail_after}"]\n'
@@ -129,3 +152,26 @@ def test_stop_ends_a_process_that_left_the_run_and_spares_others(cli: CLI, tb2: 
         clean(tb2)
         if bystander is not None:
             bystander.wait()
+
+
+def test_stop_ends_an_escapee_after_the_job_emptied_the_record_and_killed_its_watcher(
+        cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    tb2.inventory(tmp_path / "inv.toml")
+    up = cli.popen("up", str(escape_job(tmp_path, 29563, 0, HOSTILE)))
+    try:
+        wait_for(lambda: len(escaped(cli, tb2)) == 2, 120, "both nodes to start the escape")
+        pids = escaped(cli, tb2)
+        for h in tb2.hosts:
+            log = "".join(p.read_text() for p in (cli.cwd / ".fleet" / "runs").glob(
+                f"*/{h.name}.log"))
+            assert "killed the watcher" in log, log
+        run_id = next((cli.cwd / ".fleet" / "runs").iterdir()).name
+        r = cli("stop", run_id, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert_gone(tb2, pids, timeout=1)
+        up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+        clean(tb2)

@@ -25,6 +25,7 @@ from fleet.facts.probe import (
     python_problem,
     storage_groups,
 )
+from fleet.run.record import Wrapper, note_wrapper, parse_wrapper, wrapper
 from fleet.run.states import NodeStatus
 from fleet.transport.framing import (
     BOOT,
@@ -284,10 +285,25 @@ def test_parse_held_counts_only_runs_of_this_machine() -> None:
     assert run_state.parse_held(out) == ["r1/node1", "r3/node1"]
 
 
-def test_parse_stop_and_pid() -> None:
+def test_parse_stop_and_start() -> None:
     assert remote.parse_stop("left=\n") == []
     assert remote.parse_stop("left=12 13\n") == [12, 13]
     assert remote.parse_stop("sh: stop.sh: No such file\n") is None
+    assert remote.parse_start("4242 396188\n") == (4242, Wrapper(4242, 396188))
+    # A node whose /proc could not be read says the pid alone: no wrapper is recorded then.
+    assert remote.parse_start("4242 \n") == (4242, None)
+    assert remote.parse_start("") == (None, None)
+    assert remote.parse_start("motd\n4242 12 13\n") == (None, None)
+    assert remote.parse_start("4242 1e9\n") == (4242, None)
+
+
+def test_parse_wrapper(tmp_path: Path) -> None:
+    assert parse_wrapper("4242 396188\n") == Wrapper(4242, 396188)
+    assert wrapper(tmp_path, "node1") is None
+    note_wrapper(tmp_path, "node1", Wrapper(4242, 396188))
+    assert wrapper(tmp_path, "node1") == Wrapper(4242, 396188)
+    for bad in ("", "4242", "4242 -1", "4242 1 2", "x 1", "4242 " + "9" * 21):
+        assert parse_wrapper(bad) is None, bad
 
 
 def test_stop_says_whether_it_found_anything() -> None:
@@ -295,7 +311,6 @@ def test_stop_says_whether_it_found_anything() -> None:
     assert remote.parse_found("found=yes\nleft=\n") is True
     assert remote.parse_found("found=no\nleft=\n") is False
     assert remote.parse_found("left=\n") is True
-    assert remote.parse_pid("4242\n") == 4242 and remote.parse_pid("") is None
 
 
 # ---- writes ---------------------------------------------------------------------------------

@@ -283,7 +283,8 @@ def test_every_node_is_marked_before_any_is_signalled(tmp_path: Path) -> None:
 
         t.run = logged  # type: ignore[method-assign]
     run = hosts(g)
-    assert stop_nodes(run.session, run.plan.nodes, g.console, "fleet stop", run.key) == {}
+    assert stop_nodes(run.session, run.plan.nodes, g.console, "fleet stop", run.key,
+                      lambda host: None) == {}
     assert order == ["mark"] * 3 + ["stop"] * 3
 
 

@@ -258,7 +258,7 @@ def test_start_keeps_a_time_index_of_node_log_until_the_wrapper_ends(tmp_path: P
     began = time.time()
     r = sh(remote.start_script(str(tmp_path), "r-1", sys.executable))
     assert r.returncode == 0, r.stderr
-    pid = remote.parse_pid(r.stdout)
+    pid = remote.parse_start(r.stdout)[0]
     assert pid is not None
     index = tmp_path / "node.times"
     deadline = time.monotonic() + 20

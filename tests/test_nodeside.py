@@ -30,6 +30,7 @@ from fleet.backends.hosts.ports import (
 from fleet.facts import failure, run_state
 from fleet.facts import slurm as sj
 from fleet.facts.probe import PythonState, parse_probe, probe_script
+from fleet.run.record import Wrapper
 from fleet.run.states import NodeStatus
 
 SH = shutil.which("dash") or "sh"
@@ -106,11 +107,21 @@ def test_start_detaches_run_sh_and_says_its_pid(tmp_path: Path) -> None:
     (tmp_path / "run.sh").write_text('echo $$ > pid\necho "run $FLEET_RUN_ID"\n')
     r = sh(remote.start_script(str(tmp_path), "r-1"))
     assert r.returncode == 0, r.stderr
-    assert remote.parse_pid(r.stdout) == int((tmp_path / "pid").read_text())
+    pid, wrapper = remote.parse_start(r.stdout)
+    assert pid == int((tmp_path / "pid").read_text())
+    assert wrapper is not None and wrapper.pid == pid and wrapper.start > 0
     deadline = time.monotonic() + 10
     while "run r-1" not in (tmp_path / "node.log").read_text():
         assert time.monotonic() < deadline, "run.sh's output never reached node.log"
         time.sleep(0.02)
+
+
+def test_stop_script_gives_stop_sh_the_key_then_the_recorded_wrapper(tmp_path: Path) -> None:
+    (tmp_path / "stop.sh").write_text('cat; echo "args $*"\n')
+    r = sh(remote.stop_script(str(tmp_path), "fleet stop", "k1", wrapper=Wrapper(100, 5000)))
+    assert r.stdout == "k1\n100 5000\nargs fleet stop\n", r.stderr
+    r = sh(remote.stop_script(str(tmp_path), "fleet stop", "k1", mark=True))
+    assert r.stdout == "k1\n\nargs fleet stop mark\n", r.stderr
 
 
 def test_start_refuses_a_stopped_run(tmp_path: Path) -> None:

@@ -75,8 +75,9 @@ class Proc:
         (d / "environ").write_bytes(b"".join(e.encode() + b"\0" for e in env))
 
 
-def run_pids(proc: Path, run_dir: Path, run_id: str = "r1") -> set[int]:
-    script = f"{nodeside.text('run_pids.sh')}\nprocfs={proc}\nrun_pids {run_id} {run_dir}\n"
+def run_pids(proc: Path, run_dir: Path, run_id: str = "r1", wrapper: str = "") -> set[int]:
+    script = (f"{nodeside.text('run_pids.sh')}\nprocfs={proc}\n"
+              f"run_pids {run_id} {run_dir} {wrapper}\n")
     r = subprocess.run([SH, "-s"], input=script, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return {int(p) for p in r.stdout.split()}
@@ -146,6 +147,24 @@ def test_never_before_the_run_nor_pid_1_nor_a_forged_line(tmp_path: Path) -> Non
     # A command name with a newline that would read as another process's stat line.
     proc.add(140, 100, 140, 5040, comm="x\n61 (y")
     assert run_pids(proc.root, run_dir) == {100, 140}
+
+
+def test_fleets_word_on_the_wrapper_stands_whatever_the_job_writes(tmp_path: Path) -> None:
+    proc, run_dir = a_run(tmp_path)
+    proc.add(150, 1, 150, 5050)                # escaped: setsid env -u FLEET_RUN_ID
+    proc.add(151, 1, 100, 5051)                # shed the environment, kept the session
+    # The job emptied the record before it escaped: run_tree.py's next line comes first.
+    (run_dir / "procs").write_text("150 5050\n")
+    assert run_pids(proc.root, run_dir) == {100}  # without fleet's word: the record named no start
+    assert run_pids(proc.root, run_dir, wrapper="100 5000") == {100, 150, 151}
+    # Rewritten to move the start back, with the pid file naming another process: the start
+    # and the session stay fleet's, and every line is checked against that start.
+    (run_dir / "procs").write_text("60 1\n50 4000\n61 6001\n150 5050\n")
+    (run_dir / "pid").write_text("60\n")
+    assert run_pids(proc.root, run_dir, wrapper="100 5000") == {100, 150, 151, 61}
+    # Gone altogether: the session and the environment still count.
+    (run_dir / "procs").unlink()
+    assert run_pids(proc.root, run_dir, wrapper="100 5000") == {100, 151}
 
 
 def test_the_subtree_follows_children_files_only_down_from_its_roots(tmp_path: Path) -> None:

@@ -1,18 +1,23 @@
-# run_pids ID DIR: the processes of fleet run ID on this machine, DIR its node's run directory.
+# run_pids ID DIR [PID START]: the processes of fleet run ID on this machine, DIR its node's run
+# directory, PID and START its wrapper as fleet recorded it when it started it (start.sh).
 # A process is the run's by any link it cannot shed on its own: FLEET_RUN_ID=ID in its
 # environment (torchrun starts each worker in its own session, so sessions alone do not reach
-# them); the session fleet gave the wrapper (its pid); the record of the wrapper's descendants
-# that run_tree.py keeps while they live (pid and start time: a pid may be reused), which a
-# process that left both the environment and the session (`setsid env -u FLEET_RUN_ID ...`)
-# cannot leave; or a parent that is the run's. Each pid is checked before it is named: alive,
-# not PID 1 nor an unreaped zombie, not the shell that asks, owned by the user who asks, and
-# started no earlier than the wrapper (the record's first line). Without that line (no record:
-# its python could not run) only the environment and descent from it count. ${procfs:-/proc}
-# is where processes are read (a unit test's own). Every file there and in DIR is read as
-# data: the job can write DIR.
+# them); the wrapper's session; the record of the wrapper's descendants that run_tree.py keeps
+# while they live (DIR/procs: pid and start time, a pid may be reused), which a process that
+# left both the environment and the session (`setsid env -u FLEET_RUN_ID ...`) cannot leave; or
+# a parent that is the run's. Each pid is checked before it is named: alive, not PID 1 nor an
+# unreaped zombie, not the shell that asks, owned by the user who asks, and started no earlier
+# than the wrapper. The wrapper and its start are fleet's word (PID START): the job can write
+# DIR, so DIR/procs is only a hint, each line checked against that start, and emptying or
+# rewriting it cannot move the start nor hide the session. Without PID START (a run recorded
+# before fleet kept them, a hang report) they are DIR/pid and the record's first line, if it
+# names that pid; without either only the environment and descent from it count.
+# ${procfs:-/proc} is where processes are read (a unit test's own). Every file there and in DIR
+# is read as data.
 run_pids() {
   rp_proc=${procfs:-/proc}
-  rp_w=$(head -c 16 "$2/pid" 2>/dev/null)
+  rp_w=${3:-} rp_s=${4:-}
+  [ -n "$rp_s" ] || { rp_w=$(head -c 16 "$2/pid" 2>/dev/null); rp_s=; }
   {
     grep -lzxF -- "FLEET_RUN_ID=$1" "$rp_proc"/[0-9]*/environ 2>/dev/null |
       sed -n 's|^.*/\([0-9][0-9]*\)/environ$|E \1|p'
@@ -21,9 +26,9 @@ run_pids() {
       sed -n 's|^.*/\([0-9][0-9]*\)/status:Uid:[[:space:]]*\([0-9][0-9]*\).*$|U \1 \2|p'
     # Every line of every stat, behind its file's name: a command name may hold a newline.
     grep -H '' "$rp_proc"/[0-9]*/stat 2>/dev/null | sed -n 's|^.*/\([0-9][0-9]*\)/stat:|S \1 |p'
-  } | awk -v w="$rp_w" -v me="$(id -u)" -v self="$$" '
+  } | awk -v w="$rp_w" -v given="$rp_s" -v me="$(id -u)" -v self="$$" '
     $1 == "E" { env[$2] = 1; next }
-    $1 == "R" { if (!($2 in rec)) { rec[$2] = $3; if (first == "") first = $2 } next }
+    $1 == "R" { rec[$2 " " ($3 + 0)] = 1; if (first == "") { first = $2; first_s = $3 } next }
     $1 == "U" { uid[$2] = $3; next }
     $1 == "S" { p = $2; sub(/^S [0-9]+ /, ""); stat[p] = stat[p] $0 " "; next }
     function ok(q) {
@@ -40,12 +45,15 @@ run_pids() {
         if (f[1] == "Z" || f[1] == "X") continue  # ended: only its parent may reap it
         ppid[p] = f[2]; sid[p] = f[4]; start[p] = f[20] + 0
       }
-      # The run began when its wrapper did: the first recorded line, if it names the wrapper.
+      # The run began when its wrapper did: fleet says when, else the first line of the record if
+      # it names the wrapper.
       floor = ""
-      if (w ~ /^[0-9]+$/ && first == w) floor = rec[w] + 0
+      if (w !~ /^[0-9]+$/) w = ""
+      else if (given ~ /^[0-9]+$/) floor = given + 0
+      else if (first == w) floor = first_s + 0
       for (q in env) if (ok(q)) mine[q] = 1
       if (floor != "") {
-        for (q in rec) if (ok(q) && start[q] == rec[q] + 0) mine[q] = 1
+        for (q in start) if (((q " " start[q]) in rec) && ok(q)) mine[q] = 1
         # The session of that number is the run one while the wrapper lives, and after it has
         # ended while the session does (the number is not given to a new process until then);
         # a process that has the number now and is not the wrapper may lead a session of its

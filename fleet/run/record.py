@@ -67,6 +67,44 @@ class RunRecord:
 LAUNCHED = "launched"
 
 
+@dataclass(frozen=True)
+class Wrapper:
+    """A node's run.sh as start.sh saw it when it started it: its pid and start time (clock
+    ticks after the node's boot, /proc/PID/stat). Recorded on this machine at the start, never
+    read back from the run directory (the job can write that): stop.sh takes the run's start
+    and session from it (run_pids.sh)."""
+
+    pid: int
+    start: int
+
+    def words(self) -> str:
+        return f"{self.pid} {self.start}"
+
+
+WRAPPER = "wrapper-"  # + host name: one file per node, each written by its own start's thread
+
+
+def note_wrapper(record_dir: Path, host: str, wrapper: Wrapper) -> None:
+    write_atomic(record_dir / f"{WRAPPER}{host}", wrapper.words() + "\n")
+
+
+def parse_wrapper(text: str) -> Wrapper | None:
+    """A recorded `<pid> <start>`; None where it is not one (never a guess)."""
+    words = text.split()
+    if len(words) != 2 or not all(w.isdigit() and len(w) <= 20 for w in words):
+        return None
+    return Wrapper(int(words[0]), int(words[1]))
+
+
+def wrapper(record_dir: Path, host: str) -> Wrapper | None:
+    """The node's wrapper as recorded at its start; None where none was (a run recorded before
+    fleet kept it, or a start that never answered)."""
+    try:
+        return parse_wrapper((record_dir / f"{WRAPPER}{host}").read_text())
+    except OSError:
+        return None
+
+
 def mark_launched(record_dir: Path) -> None:
     """Before the first start on any node: from now on the nodes say what runs."""
     (record_dir / LAUNCHED).touch()

@@ -18,6 +18,7 @@ from fleet.facts.run_state import NodeState, parse_state, state, state_script
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
 from fleet.render import TREE_FILE
+from fleet.run.record import Wrapper, parse_wrapper
 from fleet.run.states import NodeStatus
 from fleet.shell import quote, sh
 from fleet.transport import Received, Transport
@@ -29,27 +30,34 @@ PID_WAIT_TICKS = 500
 
 # ---- start --------------------------------------------------------------------------------
 def start_script(run_dir: str, run_id: str, python: str = "") -> str:
-    """run.sh detached from this connection (own session, no tty); prints its pid. With the
-    node's `python`, node.log's time index is kept beside it (fleet/nodeside/log_times.py), and
-    the run's processes are recorded by descent (fleet/nodeside/run_tree.py)."""
+    """run.sh detached from this connection (own session, no tty); prints its pid and start
+    time (fleet/nodeside/start.sh). With the node's `python`, node.log's time index is kept
+    beside it (fleet/nodeside/log_times.py), and the run's processes are recorded by descent
+    (fleet/nodeside/run_tree.py)."""
     if not python:
         return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
     return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
                          loader("log_times.py"), TREE_FILE, python="log_times.py")
 
 
-def parse_pid(out: str) -> int | None:
-    words = out.split()
-    return number(words[-1], 1 << 22) if words else None
+def parse_start(out: str) -> tuple[int | None, Wrapper | None]:
+    """start.sh's last line, `<pid> <start>`: the wrapper's pid, and the wrapper itself where
+    its start time came too (a node whose /proc could not be read says only the pid)."""
+    lines = out.strip().splitlines()
+    words = lines[-1].split() if lines else []
+    pid = number(words[0], 1 << 22) if words else None
+    if pid is None or len(words) > 2:
+        return None, None
+    return pid, parse_wrapper(lines[-1]) if len(words) == 2 else None
 
 
-def start(t: Transport, run_dir: str, run_id: str) -> int:
+def start(t: Transport, run_dir: str, run_id: str) -> tuple[int, Wrapper | None]:
     r = t.run(start_script(run_dir, run_id, t.path(t.host.python)), timeout=30,
               what="start run.sh")
-    pid = parse_pid(r.out)
+    pid, wrapper = parse_start(r.out)
     if not r.ok or pid is None:
         raise RemoteCommandError(t.host.name, "start run.sh", r.code, r.out + r.err)
-    return pid
+    return pid, wrapper
 
 
 # ---- the master's port --------------------------------------------------------------------
@@ -150,15 +158,19 @@ def parse_stop(out: str) -> list[int] | None:
     return [n for p in out.rsplit("left=", 1)[-1].split() if (n := number(p)) is not None]
 
 
-def stop_script(run_dir: str, by: str, key: str, mark: bool = False) -> str:
+def stop_script(run_dir: str, by: str, key: str, mark: bool = False,
+                wrapper: Wrapper | None = None) -> str:
     """The node's stop.sh, saying who stops it, with the node's key on its stdin (never in an
-    argv or environment a job could read); with `mark`, it only records the stop. Without
-    stop.sh (fleet died while it uploaded the scripts, before anything started there) nothing
-    of the run can be running: the directory is only marked stopped."""
+    argv or environment a job could read), then its `wrapper` as fleet recorded it at the
+    start (the run's start and session, which the job cannot rewrite); with `mark`, it only
+    records the stop. Without stop.sh (fleet died while it uploaded the scripts, before
+    anything started there) nothing of the run can be running: the directory is only marked
+    stopped."""
     d = quote(run_dir)
     args = [by, "mark"] if mark else [by]
+    given = quote(wrapper.words() if wrapper else "")
     return "\n".join([
-        f"if [ -f {d}/stop.sh ]; then printf '%s\\n' {quote(key)} | "
+        f"if [ -f {d}/stop.sh ]; then printf '%s\\n' {quote(key)} {given} | "
         f"{sh('sh', f'{run_dir}/stop.sh', *args)}; exit $?; fi",
         f"[ ! -d {d} ] || grep -qxF {quote('key=' + key)} {d}/stopped 2>/dev/null || "
         f"printf '%s\\n' {quote(by)} {quote('key=' + key)} > {d}/stopped",
@@ -166,31 +178,36 @@ def stop_script(run_dir: str, by: str, key: str, mark: bool = False) -> str:
     ])
 
 
-def mark(t: Transport, run_dir: str, by: str, key: str) -> None:
+def mark(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None = None) -> None:
     """Record the stop on the node, and what its own part had done by then, signalling
     nothing."""
-    r = t.run(stop_script(run_dir, by, key, mark=True), timeout=30, what="stop.sh mark")
+    r = t.run(stop_script(run_dir, by, key, mark=True, wrapper=wrapper), timeout=30,
+              what="stop.sh mark")
     if "marked" not in r.out.split():
         raise RemoteCommandError(t.host.name, "stop.sh mark", r.code, r.out + r.err)
 
 
-def stop(t: Transport, run_dir: str, by: str, key: str) -> Stopped:
+def stop(t: Transport, run_dir: str, by: str, key: str,
+         wrapper: Wrapper | None = None) -> Stopped:
     """Stop the run on the node: the pids of the run still alive after it (none, normally),
-    and whether there was anything to stop."""
-    r = t.run(stop_script(run_dir, by, key), timeout=60, what="stop.sh")
+    and whether there was anything to stop. `wrapper`: the node's as fleet recorded it at the
+    start (None: not known)."""
+    r = t.run(stop_script(run_dir, by, key, wrapper=wrapper), timeout=60, what="stop.sh")
     left = parse_stop(r.out)
     if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
     return Stopped(left, parse_found(r.out))
 
 
-Target = Callable[[], AbstractContextManager[tuple[Transport, str, str]]]
+# A node's connection, run directory, stop key and wrapper (None: not recorded).
+Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper | None]]]
 
 
 def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopped | Exception]:
-    """Stop the run on several nodes, each target giving (transport, run dir, stop key). Every
-    node's stop is recorded before any node is signalled: a node records whether its own part
-    had already failed, and the stop of another node (its peers gone) must not decide that.
+    """Stop the run on several nodes, each target giving (transport, run dir, stop key,
+    wrapper). Every node's stop is recorded before any node is signalled: a node records
+    whether its own part had already failed, and the stop of another node (its peers gone)
+    must not decide that.
     A node that cannot be marked holds the others back MARK_WAIT_S at most."""
     gate = threading.Barrier(max(1, len(targets)))
 
@@ -204,14 +221,14 @@ def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopp
                     gate.wait(timeout=MARK_WAIT_S)
 
         try:
-            with target() as (t, run_dir, key):
+            with target() as (t, run_dir, key, wrapper):
                 try:
-                    mark(t, run_dir, by, key)
+                    mark(t, run_dir, by, key, wrapper)
                 except FleetError:
                     pass  # stop.sh records the stop itself below, if the node answers at all
                 finally:
                     arrive()
-                return stop(t, run_dir, by, key)
+                return stop(t, run_dir, by, key, wrapper)
         finally:
             arrive()
 

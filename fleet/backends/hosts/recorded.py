@@ -11,7 +11,7 @@ from fleet.backends.hosts.node import Stopped, stop_together
 from fleet.errors import FleetError
 from fleet.facts import run_state
 from fleet.run import outcomes
-from fleet.run.record import NodeRecord, RunRecord
+from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each
 
@@ -39,12 +39,12 @@ def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None
     the run's record (fleet.run.outcomes)."""
 
     @contextlib.contextmanager
-    def connect(node: NodeRecord) -> Iterator[tuple[Transport, str, str]]:
+    def connect(node: NodeRecord) -> Iterator[tuple[Transport, str, str, Wrapper | None]]:
         absolute = node.run_dir.startswith("/")  # recorded expanded: no home needed
         name = node.host.name
         with open_transport(node.host, hello=not absolute) as t:
             run_dir, key = t.path(node.run_dir), record.stop_key(name)
-            yield t, run_dir, key
+            yield t, run_dir, key, wrapper(record.dir, name)
             # Only after a stop that went through (an error skips this).
             with contextlib.suppress(FleetError):
                 st = run_state.state(t, run_dir, key)

@@ -37,6 +37,7 @@ from fleet.run import faults, hang
 from fleet.run import record as state
 from fleet.run.faults import Phase
 from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, by_fail_fast, overall
+from fleet.transport import Transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each
 from fleet.transport.link import Link
@@ -137,13 +138,13 @@ class HostsRun(Run):
         tm = session.transports[m.host.name]
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
-        pids = {m.host.name: remote.start(tm, m.run_dir, plan.run_id)}
+        pids = {m.host.name: self.start_one(tm, m)}
         console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
         faults.point(Phase.MASTER_START.value)
         others = plan.nodes[1:]
         self.may_run.update(n.host.name for n in others)
-        results = each(((n.host.name, n) for n in others), lambda n: remote.start(
-            session.transports[n.host.name], n.run_dir, plan.run_id))
+        results = each(((n.host.name, n) for n in others), lambda n: self.start_one(
+            session.transports[n.host.name], n))
         bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
         if bad:
             raise host_error("starting the job", bad, StartError)
@@ -159,6 +160,15 @@ class HostsRun(Run):
                                  plan.job.start_timeout, self.key(m.host.name))
             console.phase(m.host.name, f"rendezvous {m.master_addr}:{m.master_port} is open")
         return pids
+
+    def start_one(self, t: Transport, n: NodePlan) -> int:
+        """Start the node's wrapper; what start.sh saw of it (pid, start time) is kept in the
+        run's record at once: the stops to come take the run's start and session from there,
+        not from the run directory, which the job can write."""
+        pid, wrapper = remote.start(t, n.run_dir, self.run_id)
+        if wrapper is not None:
+            state.note_wrapper(self.record_dir, n.host.name, wrapper)
+        return pid
 
     def started(self) -> bool:
         return bool(self.may_run)
@@ -193,6 +203,7 @@ class HostsRun(Run):
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
         with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"):
             problems = stop_nodes(self.session, nodes + ended, self.console, by, self.key,
+                                  lambda host: state.wrapper(self.record_dir, host),
                                   self.links, self.lost, self.plan.job.watchdog.unreachable_after)
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems

@@ -12,25 +12,29 @@ from fleet.backends.hosts.prepare import Session
 from fleet.console import Console
 from fleet.errors import CommandTimedOut, FleetError, TransportError
 from fleet.plan import NodePlan
+from fleet.run.record import Wrapper
 from fleet.transport import Transport
 from fleet.transport.group import each, failures, reason
 from fleet.transport.link import RETRY_S, Link
 
 
 def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: str,
-               key: Callable[[str], str], links: dict[str, Link] | None = None,
-               lost: set[str] | None = None, retry_for: float = 0.0) -> dict[str, str]:
+               key: Callable[[str], str], wrapper: Callable[[str], Wrapper | None],
+               links: dict[str, Link] | None = None, lost: set[str] | None = None,
+               retry_for: float = 0.0) -> dict[str, str]:
     """Stop the run on these nodes, every node's stop recorded before any is signalled
-    (node.stop_together). Where a node's connection fails (or it was lost), the stop is
+    (node.stop_together); `key` and `wrapper` give a node's stop key and its wrapper as
+    recorded at the start. Where a node's connection fails (or it was lost), the stop is
     retried on fresh connections for `retry_for` seconds: a node that stalled for a while is
     stopped once it answers again."""
     links, lost = links or {}, lost or set()
 
     def target(n: NodePlan) -> remote.Target:
         @contextlib.contextmanager
-        def held() -> Iterator[tuple[Transport, str, str]]:
-            link = links.get(n.host.name)
-            yield (link.t if link else session.transports[n.host.name]), n.run_dir, key(n.host.name)
+        def held() -> Iterator[tuple[Transport, str, str, Wrapper | None]]:
+            link, name = links.get(n.host.name), n.host.name
+            yield (link.t if link else session.transports[name]), n.run_dir, key(name), \
+                wrapper(name)
         return held
 
     reachable = [n for n in nodes if n.host.name not in lost]
@@ -40,7 +44,8 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
                 if isinstance(r, TransportError | CommandTimedOut)})
     again = [n for n in nodes if n.host.name in why and n.host.name in links]
     results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
-        links[n.host.name], n, by, key(n.host.name), why[n.host.name], retry_for, console)))
+        links[n.host.name], n, by, key(n.host.name), wrapper(n.host.name), why[n.host.name],
+        retry_for, console)))
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, remote.Stopped) and r.left:
@@ -50,8 +55,8 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     return problems
 
 
-def stop_afresh(link: Link, node: NodePlan, by: str, key: str, why: str, retry_for: float,
-                console: Console) -> remote.Stopped:
+def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper | None,
+                why: str, retry_for: float, console: Console) -> remote.Stopped:
     """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
     link is given up then)."""
     name = node.host.name
@@ -69,7 +74,7 @@ def stop_afresh(link: Link, node: NodePlan, by: str, key: str, why: str, retry_f
                                      f"{e}") from e
             time.sleep(RETRY_S)
     try:
-        left = remote.stop(t, node.run_dir, by, key)
+        left = remote.stop(t, node.run_dir, by, key, wrapper)
     except FleetError:
         link.give_up()
         raise
