@@ -95,11 +95,13 @@ def test_ranks_are_plain_numbers_from_the_ranks_directory(tmp_path: Path) -> Non
 def test_state_of_a_missing_and_of_an_ended_run(tmp_path: Path) -> None:
     assert run_state.parse_state(sh(run_state.state_script(str(tmp_path / "no"))).stdout) \
         .status is NodeStatus.MISSING
-    (tmp_path / "pid").write_text("1\n")
+    ended = subprocess.Popen(["true"])  # a wrapper that has ended: its pid names no process
+    ended.wait()
+    (tmp_path / "pid").write_text(f"{ended.pid}\n")
     (tmp_path / "started").write_text("100\n")
     (tmp_path / "exit_code").write_text("3\n")
     st = run_state.parse_state(sh(run_state.state_script(str(tmp_path))).stdout)
-    assert (st.status, st.code, st.pid) == (NodeStatus.FAILED, 3, 1)
+    assert (st.status, st.code, st.pid) == (NodeStatus.FAILED, 3, ended.pid)
 
 
 # ---- start, follow, end -------------------------------------------------------------------------
