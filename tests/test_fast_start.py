@@ -130,7 +130,8 @@ def test_ctrl_c_while_fleet_starts_and_while_a_command_waits(tmp_path: Path) -> 
     with silent_ssh_port() as s:
         port = s.getsockname()[1]
         inv = tmp_path / "inv.toml"
-        inv.write_text(f'[[hosts]]\nname = "a"\naddress = "127.0.0.1"\nport = {port}\n')
+        inv.write_text(f'[[hosts]]\nname = "a"\naddress = "127.0.0.1"\nport = {port}\n'
+                       'transport = "ssh"\n')
         codes = []
         for after in (0.01, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0):
             r = interrupted(tmp_path, ["exec", str(inv), "--", "true"], after)
