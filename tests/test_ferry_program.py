@@ -296,7 +296,7 @@ def test_the_program_relays_from_one_node_to_the_next_as_fleet_vouches(tmp_path:
         second.tell(json.dumps({"source": "socket", "forward": False}).encode() + b"\n")
         first.tell(json.dumps({"source": "stdin", "forward": True}).encode() + b"\n")
         first.tell(b"".join(frames))
-        word = [{"file": [0, rel, len(FILES[rel]), 0o644, MTIME]} for rel in shas]
+        word = [{"file": [0, rel, len(FILES[rel]), 0o644, MTIME, None, [0, 1]]} for rel in shas]
         word += [{"sha": [0, rel, sha]} for rel, sha in shas.items()] + [{"end": True}]
         second.tell(b"".join(json.dumps(w).encode() + b"\n" for w in word))
         for node in (first, second):
