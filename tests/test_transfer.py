@@ -993,6 +993,16 @@ def test_takes_nothing_names_the_node_further_on_that_holds_the_chain_up() -> No
     assert report.takes_nothing([["a", "b", "c"]], st, 100.0, 20) == ("b", "c")
 
 
+def test_takes_nothing_leaves_a_silent_node_to_the_silence_bound() -> None:
+    """A cut link: b says nothing at all, so it is not deaf but silent (named by STALL_S as
+    having stopped answering, not as the far end of a stalled link)."""
+    st = states(100.0, a=(60, 60), b=(0, 60))
+    st["b"].last = 100.0 - report.HEARD_S
+    assert report.takes_nothing([["a", "b"]], st, 100.0, 20) is None
+    st["b"].last = 100.0 - 0.5
+    assert report.takes_nothing([["a", "b"]], st, 100.0, 20) == ("a", "b")
+
+
 def test_takes_nothing_skips_a_node_that_ended_or_is_done() -> None:
     st = states(100.0, a=(60, 60), b=(0, 60))
     st["b"].done = True

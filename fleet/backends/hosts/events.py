@@ -28,6 +28,7 @@ from fleet.transport.group import each, reason
 from fleet.transport.link import Link
 
 R = TypeVar("R")
+CONFIRM_TRIES = 3  # looks at a node's stop record when its log says a stop began
 
 
 class Followed(Protocol):
@@ -238,8 +239,14 @@ def after_stop(run: Followed, node: NodePlan, link: Link) -> AfterStop:
     name = node.host.name
 
     def confirm() -> str:
-        with contextlib.suppress(FleetError):
-            return run_state.state(link.t, node.run_dir, run.key(name)).stopped_by
+        # A few tries: the mark can come while this connection is busy with fleet's own stop of
+        # the node (its sessions all taken, or the link being renewed), and one failed look
+        # would show the whole stop's noise.
+        for attempt in range(CONFIRM_TRIES):
+            with contextlib.suppress(FleetError):
+                return run_state.state(link.t, node.run_dir, run.key(name)).stopped_by
+            if attempt + 1 < CONFIRM_TRIES:
+                time.sleep(0.3)
         return ""
 
     def announce(by: str) -> None:

@@ -71,15 +71,20 @@ def parse_report(line: bytes) -> dict[str, object] | None:
     return obj
 
 
+HEARD_S = 5.0  # a receiver heard from within this still answers (it reports twice a second)
+
+
 def takes_nothing(routes: list[list[str]], states: dict[str, NodeState], now: float,
                   bound: float) -> tuple[str, str] | None:
     """(the node that passes data on, the next one) where the first has waited `bound` seconds
     to pass on what it holds and the next placed no byte for as long (a node that stops
-    reading, however it keeps saying it is alive), itself not waiting on the node after it."""
+    reading, however it keeps saying it is alive), itself not waiting on the node after it.
+    A next node that says nothing either (a cut link, a frozen host) is not one: it stopped
+    answering, which the watch names by its own, longer bound."""
     for route in routes:
         for a, b in zip(route, route[1:], strict=False):
             sa, sb = states[a], states[b]
-            if sb.done or sb.ended or sa.ended:
+            if sb.done or sb.ended or sa.ended or now - sb.last >= HEARD_S:
                 continue
             # b waiting on the node after it in turn: the one to name is further on
             if sa.waiting >= bound and now - sb.moved >= bound and sb.waiting < bound:
