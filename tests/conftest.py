@@ -84,3 +84,14 @@ def slurm() -> Iterator[Slurm]:
     with Testbed(2, shared_home=True) as tb, Slurm(tb) as cluster:
         print(f"\nslurm: cluster up in {cluster.start_seconds:.2f}s")
         yield cluster
+
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is an end-to-end test (`-m "not e2e"`: the fast loop), and
+    none elsewhere is."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)

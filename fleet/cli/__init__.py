@@ -7,35 +7,20 @@ node altered the data it relayed, 70 a bug in fleet, 130 interrupted), and never
 Python traceback unless asked (`--debug`).
 
 This module loads nothing but the standard library and fleet.errors, and the commands only once
-`main` catches signals: a Ctrl-C while Python loads them is an interruption like any other. The
+`main` catches signals; a Ctrl-C before that (while Python loads fleet) is caught by the
+package's own first lines (fleet/__init__.py): an interruption like any other. The
 command modules import what a command needs (paramiko, jinja2, the backends) inside it, so that
-`--version`, `--help` and shell completion start fast (tests/test_fast_start.py)."""
+`--version`, `--help` and shell completion start fast (tests/unit/test_fast_start.py)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
+from types import FrameType
 
-
-def _early(signum: int, frame: object) -> None:
-    """A Ctrl-C (or TERM) before `main` catches signals: while Python still loads fleet's own
-    modules. Nothing has started; the word and the exit code are those of any interruption."""
-    sys.stderr.write(f"fleet: interrupted ({signal.Signals(signum).name})\n")
-    os._exit(130)
-
-
-# Only where fleet is the program (the `fleet` command, `python -m fleet`), never where a test
-# or another program imports this module.
-if sys.argv and (os.path.basename(sys.argv[0]) == "fleet"
-                 or sys.argv[0].endswith(os.path.join("fleet", "__main__.py"))):
-    for _sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(_sig, _early)
-
-import itertools  # noqa: E402 - after the handler above: a Ctrl-C here is an interruption too
-from types import FrameType  # noqa: E402
-
-from fleet.errors import FleetError, InternalError, Interrupted  # noqa: E402
+from fleet.errors import FleetError, InternalError, Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

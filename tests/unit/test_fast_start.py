@@ -1,0 +1,150 @@
+"""A fast start, guarded without timing it: `--version`, `--help` and shell completion load none
+of what only a command needs (paramiko, fabric, jinja2, torch, the backends, the transports),
+and Ctrl-C at any moment (while Python loads fleet, during a completion, during a command) ends
+fleet with exit 130 and at most one line, never a traceback. bench/start.py times it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet.config.inventory import Host
+from fleet.run import record
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("paramiko", "fabric", "invoke", "jinja2", "torch", "fleet.backends", "fleet.transport",
+         "fleet.run.runner", "fleet.trust")
+# What is drawn with rich: typer's help needs it, --version and a completion do not.
+DRAWN = ("rich.console",)
+# Runs fleet's main as the `fleet` command does, then writes the modules it loaded to a file.
+PROGRAM = ("import json, os, sys\n"
+           "sys.argv = ['fleet', *sys.argv[1:]]\n"
+           "try:\n"
+           "    from fleet.cli import main\n"
+           "    main()\n"
+           "finally:\n"
+           "    with open(os.environ['LOADED'], 'w') as f:\n"
+           "        json.dump(sorted(sys.modules), f)\n")
+COMPLETE = {"_FLEET_COMPLETE": "complete_bash", "COMP_CWORD": "1", "COMP_WORDS": "fleet st"}
+COMPLETE_RUN = {"_FLEET_COMPLETE": "complete_bash", "COMP_CWORD": "2",
+                "COMP_WORDS": "fleet status "}
+RUN_ID = "mnist-20250101-120000-49b0"
+
+
+def env(tmp: Path, **more: str) -> dict[str, str]:
+    return {**os.environ, "FLEET_STATE_DIR": str(tmp / "state"), "NO_COLOR": "1",
+            "COLUMNS": "80", "PYTHONPATH": str(ROOT), **more}
+
+
+def loaded(tmp: Path, args: list[str], extra: dict[str, str] | None = None
+           ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    out = tmp / "loaded.json"
+    r = subprocess.run([sys.executable, "-c", PROGRAM, *args], cwd=tmp,
+                       env=env(tmp, LOADED=str(out), **(extra or {})), capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return r, set(json.loads(out.read_text()))
+
+
+def heavy(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def record_run(tmp: Path) -> None:
+    rec = record.RunRecord(RUN_ID, "jobs/mnist.toml", 1.0, (record.NodeRecord(
+        Host("a", "10.0.0.1"), 0, f"~/fleet/runs/{RUN_ID}/a", 0, 1),))
+    d = tmp / "state" / "runs" / RUN_ID
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps(dataclasses.asdict(rec)))
+
+
+@pytest.mark.parametrize("args, extra, drawn", [
+    (["--version"], None, False),
+    (["--help"], None, True),
+    (["up", "--help"], None, True),
+    ([], COMPLETE, False),
+    ([], COMPLETE_RUN, False),
+], ids=["version", "help", "up-help", "complete-command", "complete-run-id"])
+def test_start_loads_nothing_a_command_alone_needs(tmp_path: Path, args: list[str],
+                                                   extra: dict[str, str] | None,
+                                                   drawn: bool) -> None:
+    record_run(tmp_path)
+    r, modules = loaded(tmp_path, args, extra)
+    assert r.returncode == 0 and r.stdout, r
+    assert heavy(modules, HEAVY) == []
+    if not drawn:
+        assert heavy(modules, DRAWN) == []
+    if extra == COMPLETE:
+        assert r.stdout.split() == ["stop", "status"], r
+    if extra == COMPLETE_RUN:
+        assert r.stdout.split() == [RUN_ID], r
+
+
+def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
+    """The guard above means something: a command that asks a backend loads it."""
+    record_run(tmp_path)
+    _, modules = loaded(tmp_path, ["show", "--json"])
+    assert "fleet.backends" in modules and "paramiko" in modules
+
+
+# Ctrl-C
+
+def silent_ssh_port() -> socket.socket:
+    """A port that takes a connection and never says a word: an SSH connection waits there for
+    the server's banner, as long as fleet lets it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s
+
+
+def interrupted(tmp: Path, args: list[str], after: float,
+                extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    p = subprocess.Popen([sys.executable, "-m", "fleet", *args], cwd=tmp,
+                         env=env(tmp, **(extra or {})), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def said_once(r: subprocess.CompletedProcess[str]) -> None:
+    frames = re.findall(r'File "([^"]+)"', r.stderr)
+    if "init_import_site" in r.stderr or (frames and all(f.startswith("<frozen ") for f in frames)):
+        return  # Python itself was still starting (site, io, runpy): no line of fleet had run
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) <= 1, r
+    assert r.returncode in (0, 130, -signal.SIGINT), r  # -SIGINT: before Python took signals
+
+
+def test_ctrl_c_while_fleet_starts_and_while_a_command_waits(tmp_path: Path) -> None:
+    """`fleet exec` to a host that never answers: SIGINT from the first instants of Python's
+    start to the wait for the host's banner."""
+    with silent_ssh_port() as s:
+        port = s.getsockname()[1]
+        inv = tmp_path / "inv.toml"
+        inv.write_text(f'[[hosts]]\nname = "a"\naddress = "127.0.0.1"\nport = {port}\n'
+                       'transport = "ssh"\n')
+        codes = []
+        for after in (0.01, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0):
+            r = interrupted(tmp_path, ["exec", str(inv), "--", "true"], after)
+            said_once(r)
+            # the host never answers: nothing but the signal ends it
+            assert r.returncode != 0 or "init_import_site" in r.stderr, r
+            codes.append(r.returncode)
+        assert codes[-1] == 130 and "fleet: interrupted (SIGINT)" in r.stderr, r
+
+
+def test_ctrl_c_during_a_completion(tmp_path: Path) -> None:
+    record_run(tmp_path)
+    for after in (0.01, 0.05, 0.1, 0.2, 0.3, 0.5):
+        said_once(interrupted(tmp_path, [], after, COMPLETE_RUN))

@@ -1,0 +1,112 @@
+"""The package's shape, as issue 24 asked for it: every module imports on its own (no import
+cycle, none hidden behind a package's __init__), modules are small enough to read in one go, and
+the CLI never branches on the backend."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "fleet"
+MAX_LINES = 350
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The fleet modules a module imports when it is loaded (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    found.add(sub if sub in known else node.module)
+            for child in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, child, None)
+                if isinstance(inner, list) and node is not None and \
+                        not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    visit([n for n in inner if isinstance(n, ast.stmt)])
+
+    visit(tree.body)
+    return {m for m in found if m in known}
+
+
+def with_parents(name: str, known: set[str]) -> set[str]:
+    """Importing a.b.c loads a and a.b first: their __init__ modules are edges too."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known
+
+
+def test_no_import_cycle() -> None:
+    mods = modules()
+    known = set(mods)
+    graph = {m: set().union(*(with_parents(i, known) for i in imports(p, known))) - {m}
+             for m, p in mods.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1 and not m.startswith(n + "."):
+                cycle = stack[stack.index(n):] + [n]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_every_module_imports_on_its_own() -> None:
+    """Each module imported first, in a process where no other fleet module is loaded yet: a
+    cycle that an entry point's import order happens to hide shows here."""
+    names = [m for m in modules() if m not in ("fleet.__main__",)]
+    program = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    for m in [m for m in sys.modules if m == 'fleet' or m.startswith('fleet.')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as e:\n"
+        "        print(f'{name}: {type(e).__name__}: {e}')\n")
+    r = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and not r.stdout, r.stdout + r.stderr
+
+
+def test_modules_are_small() -> None:
+    big = {str(p.relative_to(ROOT)): n for p in modules().values()
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert big == {}, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_the_cli_never_branches_on_the_backend() -> None:
+    """The commands ask fleet.backends for the backend; none names one to decide what to do."""
+    for path in (PACKAGE / "cli").glob("*.py"):
+        text = path.read_text()
+        for word in ("is_cluster", "backend.name", "slurm_run", "load_cluster", '== "slurm"',
+                     '== "hosts"'):
+            assert word not in text, f"{path.name}: {word}"
