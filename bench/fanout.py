@@ -179,7 +179,7 @@ def fixed_costs(sc: Scratch) -> tuple[float | None, float | None]:
     imports, ssh_true = [], []
     for _ in range(5):
         # what `fleet up` loads before it connects (the commands import theirs as they run)
-        p = Proc([PY, "-c", "import fleet.cli.commands, fleet.backends, fleet.run.runner"],
+        p = Proc([PY, "-c", "import fleet.cli.commands, fleet.backends, fleet.lifecycle.runner"],
                  env=sc.env(), cwd=sc.dir)
         if p.wait(60) == 0 and p.ended is not None:
             imports.append(p.ended - p.t0)

@@ -11,18 +11,10 @@ from dataclasses import dataclass, field
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher, RendezvousBackend
 from fleet.errors import ConfigError
+from fleet.facts.net import NodeNet
 from fleet.facts.stacks import FR_PIPE, FR_TRACE
 
 TORCHRUN = ("-m", "torch.distributed.run")
-
-
-@dataclass(frozen=True)
-class NodeNet:
-    """How one node reaches the master, as detected on the node (or pinned in the inventory)."""
-
-    interface: str | None = None
-    address: str | None = None  # this node's own IP (v4 or v6) on that interface
-    reason: str = "not detected"
 
 
 @dataclass(frozen=True)

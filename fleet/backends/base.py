@@ -1,5 +1,5 @@
-"""The seam between the one runner (fleet.run) and a backend (hosts over SSH, a Slurm cluster):
-the verbs in which backends really differ, and nothing that is the same for all of them.
+"""The seam between the one runner (fleet.lifecycle) and a backend (hosts over SSH, a Slurm
+cluster): the verbs in which backends really differ, and nothing that is the same for all.
 
 A backend prepares a run (connect, probe, plan, preflight, record: nothing runs yet), schedules
 it, reports what happens as a stream of events, stops it, and answers for a recorded run
@@ -26,7 +26,7 @@ from fleet.facts.gpus import GpuFacts
 from fleet.facts.leases import LeaseOrder, Taken
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
-from fleet.run.states import NodeOutcome, RunStatus
+from fleet.states import NodeOutcome, RunStatus
 from fleet.transport.forward import Tunnel
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus
@@ -43,7 +43,7 @@ class Options:
     force_setup: bool = False  # the job's setup again, changed or not
     wait: float | None = None  # --wait: seconds to wait for free GPUs (math.inf: no end)
     ignore_leases: bool = False  # start on GPUs other users leased
-    # A restart (fleet.run.attempts): the attempt's own run id, the first attempt's, its
+    # A restart (fleet.lifecycle.attempts): the attempt's own run id, the first attempt's, its
     # number, and the hosts replaced by spares (name -> the spare's name).
     run_id: str | None = None
     parent: str = ""

@@ -49,7 +49,7 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     from fleet.backends.base import Options
     from fleet.config.job import load_job, with_extra_args
     from fleet.console import Console
-    from fleet.run import runner
+    from fleet.lifecycle import runner
 
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
@@ -169,7 +169,7 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     from fleet.backends.hosts import check as fleet_check
     from fleet.config.job import load_job
     from fleet.console import Console
-    from fleet.run import runner
+    from fleet.lifecycle import runner
 
     job = load_job(job_path, inventory)
     backend = backends.for_inventory(job.inventory)

@@ -35,7 +35,7 @@ def pull(run_id: Annotated[str | None, typer.Argument(
     from fleet import backends
     from fleet import manifest as fleet_manifest
     from fleet.config.outputs import output_path
-    from fleet.run import attempts
+    from fleet.lifecycle import attempts
     from fleet.run import record as state
     from fleet.transport.group import reason
     from fleet.transport.transfer.pull import Pulled

@@ -13,10 +13,10 @@ import typer
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.console import Console, Meaning
 from fleet.errors import FleetError, UsageError
-from fleet.run.states import RunStatus
+from fleet.states import RunStatus
 
 if TYPE_CHECKING:
-    from fleet.run.attempts import Attempt
+    from fleet.lifecycle.attempts import Attempt
     from fleet.run.record import RunRecord
 
 ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.value,
@@ -29,7 +29,7 @@ def stop(run_id: RunArg = None) -> None:
 
     SIGTERM, then SIGKILL after a grace period."""
     from fleet import backends
-    from fleet.run import attempts
+    from fleet.lifecycle import attempts
     from fleet.run import record as state
 
     run = state.load(run_id)
@@ -50,7 +50,7 @@ def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=compl
 
     Its directory on every node and its local record."""
     from fleet import backends
-    from fleet.run import attempts
+    from fleet.lifecycle import attempts
     from fleet.run import record as state
 
     console = Console()
@@ -70,7 +70,7 @@ def status(run_id: RunArg = None) -> None:
     Exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node could not be asked), 4
     stopped."""
     from fleet import backends
-    from fleet.run import attempts
+    from fleet.lifecycle import attempts
     from fleet.run import record as state
 
     rec = state.load(run_id)
@@ -112,7 +112,7 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
 def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
     """Each run with the state its backend says (asked of the nodes, all runs at once)."""
     from fleet import backends
-    from fleet.run import attempts
+    from fleet.lifecycle import attempts
     from fleet.transport.group import each, reason
 
     hosts_of = {r.run_id: attempts.records(r)[-1].nodes for r in runs if not r.parent}
@@ -215,7 +215,7 @@ def logs(run_id: RunArg = None,
     From the start; -f follows a live run to its end, then says the run's state and exits with
     its code (0 succeeded, 1 failed, 3 unknown, 4 stopped)."""
     from fleet import backends
-    from fleet.run import attempts
+    from fleet.lifecycle import attempts
     from fleet.run import logs as run_logs
     from fleet.run import record as state
     from fleet.transport.forward import declared, recorded
@@ -262,7 +262,8 @@ def show(run_id: RunArg = None,
     nodes)."""
     from fleet import manifest as fleet_manifest
     from fleet import manifest_view
-    from fleet.run import attempts, outcomes
+    from fleet.lifecycle import attempts
+    from fleet.run import outcomes
     from fleet.run import record as state
 
     rec = state.load(run_id)

@@ -16,10 +16,10 @@ from typing import Any
 
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Launcher
+from fleet.facts.net import NodeNet
 from fleet.facts.run_state import held_script, parse_held
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
-from fleet.plan import NodeNet
 from fleet.shell import Raw, home_word
 from fleet.transport import Transport
 

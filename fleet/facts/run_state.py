@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from fleet.nodedata import number
 from fleet.nodeside import shell_program
-from fleet.run.states import NodeOutcome, NodeStatus
 from fleet.shell import MACHINE_ID, Raw, home_word
+from fleet.states import NodeOutcome, NodeStatus
 from fleet.transport import Transport
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from fleet.nodedata import number
 from fleet.nodeside import shell_program
-from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
+from fleet.states import RunStatus
 
 # Slurm's job states, by what they mean for a run (squeue/scontrol/sacct spell them alike).
 _ACTIVE = {"PENDING": RunStatus.STARTING, "CONFIGURING": RunStatus.STARTING,

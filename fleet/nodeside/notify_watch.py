@@ -109,7 +109,7 @@ def duration(seconds: float) -> str:
 
 def request(cfg: dict[str, Any], state: str, said: str, failure: list[str],
             seconds: float) -> urllib.request.Request:
-    """The POST, as fleet.run.notify writes it for an attached run."""
+    """The POST, as fleet.lifecycle.notify writes it for an attached run."""
     head = f"fleet: run {cfg['run_id']} ({cfg['job']}) {state} after {duration(seconds)}"
     text = "\n".join([head, said] + failure)
     if cfg["format"] == "ntfy":

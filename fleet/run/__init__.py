@@ -1,1 +1,2 @@
-"""A run, the same for every backend: the runner, its guard and monitor, states and records."""
+"""A run as data, the same for every backend: its local record, what fleet saw of each node's
+end, the failure phases, log tagging and views, and the hang's stack dumps."""

@@ -15,7 +15,7 @@ from typing import TypeVar
 from fleet.console import printable
 from fleet.errors import FleetError, UsageError
 from fleet.facts.failure import RANK_PREFIX
-from fleet.run.states import RunStatus
+from fleet.states import RunStatus
 from fleet.timespan import parse_duration
 
 # The line stop.sh writes into the node's log where fleet's stop of the node begins.

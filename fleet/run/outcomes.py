@@ -17,7 +17,7 @@ from typing import Any
 
 from fleet.errors import DamagedRecord
 from fleet.run.record import write_atomic
-from fleet.run.states import NodeOutcome, NodeStatus
+from fleet.states import NodeOutcome, NodeStatus
 
 FILE = "outcomes.json"
 LOCK = ".outcomes.lock"  # two fleet commands at once (an up and a status) each add their own

@@ -100,9 +100,13 @@ def test_run_ids_complete_for_every_command_that_takes_one(tmp_path: Path) -> No
         "ddp-20250103-120000-77aa"]
 
 
+# typer finds the shell among fleet's parent processes: here a bash, as from a person's own
+FROM_BASH = ["bash", "--norc", "-c", f'"{FLEET}" "$@"; exit $?', "bash"]
+
+
 def test_completion_script_completes_run_ids_in_a_real_bash(tmp_path: Path) -> None:
     record_runs(tmp_path, RUNS)
-    script = fleet("--show-completion", "bash", cwd=tmp_path)
+    script = fleet("--show-completion", cwd=tmp_path, program=FROM_BASH)
     assert script.returncode == 0 and "_FLEET_COMPLETE" in script.stdout, script
     (tmp_path / "fleet.bash").write_text(script.stdout)
     probe = ('source fleet.bash; COMP_WORDS=(fleet show mnist); COMP_CWORD=2; '
@@ -113,7 +117,8 @@ def test_completion_script_completes_run_ids_in_a_real_bash(tmp_path: Path) -> N
     assert r.stdout.split() == ["mnist-20250102-120000-4a11", "mnist-20250101-120000-49b0"], r
     home = tmp_path / "home"
     home.mkdir()
-    installed = fleet("--install-completion", "bash", cwd=tmp_path, env={"HOME": str(home)})
+    installed = fleet("--install-completion", cwd=tmp_path, env={"HOME": str(home)},
+                      program=FROM_BASH)
     assert installed.returncode == 0 and "bash completion installed in" in installed.stdout
     assert "fleet" in (home / ".bashrc").read_text()
 

@@ -26,7 +26,7 @@ from fleet.facts.probe import (
     storage_groups,
 )
 from fleet.run.record import Wrapper, note_wrapper, parse_wrapper, wrapper
-from fleet.run.states import NodeStatus
+from fleet.states import NodeStatus
 from fleet.transport.framing import (
     BOOT,
     Written,

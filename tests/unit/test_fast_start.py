@@ -23,7 +23,7 @@ from fleet.run import record
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("paramiko", "fabric", "invoke", "jinja2", "torch", "fleet.backends", "fleet.transport",
-         "fleet.run.runner", "fleet.trust")
+         "fleet.lifecycle.runner", "fleet.trust")
 # What is drawn with rich: typer's help needs it, --version and a completion do not.
 DRAWN = ("rich.console",)
 # Runs fleet's main as the `fleet` command does, then writes the modules it loaded to a file.

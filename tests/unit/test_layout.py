@@ -1,6 +1,7 @@
-"""The package's shape, as issue 24 asked for it: every module imports on its own (no import
-cycle, none hidden behind a package's __init__), modules are small enough to read in one go, and
-the CLI never branches on the backend."""
+"""The package's shape (docs/ARCHITECTURE.md): every module imports on its own (no import cycle,
+none hidden behind a package's __init__), no two of fleet's packages import each other (however
+far round, and however late: an import inside a function counts), modules are small enough to
+read in one go, and the CLI never branches on the backend."""
 
 from __future__ import annotations
 
@@ -52,6 +53,53 @@ def with_parents(name: str, known: set[str]) -> set[str]:
     """Importing a.b.c loads a and a.b first: their __init__ modules are edges too."""
     parts = name.split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known
+
+
+def every_import(path: Path, known: set[str]) -> set[str]:
+    """The fleet modules a module imports at all: at load, inside functions, for types."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
+                         else node.module for a in node.names)
+    return {m for m in found if m in known}
+
+
+def package(name: str) -> str:
+    """fleet's own first-level package (or top-level module) a module belongs to."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_package_cycle() -> None:
+    """fleet's packages form layers: a package that another imports never imports it back,
+    directly or through others."""
+    mods = modules()
+    known = set(mods)
+    edges: dict[str, dict[str, tuple[str, str]]] = {}
+    for m, p in mods.items():
+        for i in every_import(p, known):
+            if package(i) != package(m) and package(m) != "fleet":
+                edges.setdefault(package(m), {}).setdefault(package(i), (m, i))
+    # Whether b reaches a, with the path: any such pair is a cycle between packages.
+    def path(a: str, b: str) -> list[str] | None:
+        seen, todo = {a}, [[a]]
+        while todo:
+            route = todo.pop()
+            for n in edges.get(route[-1], {}):
+                if n == b:
+                    return route + [n]
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(route + [n])
+        return None
+
+    for a, outs in sorted(edges.items()):
+        for b, (m, i) in sorted(outs.items()):
+            back = path(b, a)
+            assert back is None, (f"package cycle: {m} imports {i}, and "
+                                  + " -> ".join(back) + " leads back")
 
 
 def test_no_import_cycle() -> None:

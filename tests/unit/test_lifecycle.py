@@ -23,10 +23,10 @@ from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import DamagedRecord, Interrupted, RemoteCommandError
 from fleet.facts.failure import first, parse_report
+from fleet.lifecycle.guard import Guard
 from fleet.plan import make_plan
 from fleet.run import record as state
-from fleet.run.guard import Guard
-from fleet.run.states import NodeStatus, RunStatus, StopCause, by_fail_fast, overall
+from fleet.states import NodeStatus, RunStatus, StopCause, by_fail_fast, overall
 from fleet.transport.framing import clock_offset
 
 S = NodeStatus

@@ -32,7 +32,7 @@ from fleet.run.logs import (
     placed,
     reread_tail,
 )
-from fleet.run.states import RunStatus
+from fleet.states import RunStatus
 
 SH = shutil.which("dash") or "sh"
 NOW = 1_800_000_000.0

@@ -31,7 +31,7 @@ from fleet.facts import failure, run_state
 from fleet.facts import slurm as sj
 from fleet.facts.probe import PythonState, parse_probe, probe_script
 from fleet.run.record import Wrapper
-from fleet.run.states import NodeStatus
+from fleet.states import NodeStatus
 
 SH = shutil.which("dash") or "sh"
 PROGRAMS = sorted(p.name for p in nodeside.HERE.iterdir() if p.suffix in (".sh", ".py"))

@@ -27,9 +27,9 @@ from fleet.config.job import load_job
 from fleet.config.notify import Format, Notify, redact
 from fleet.console import Console
 from fleet.errors import ConfigError, Interrupted, JobFailed, RunStopped
+from fleet.lifecycle import notify
+from fleet.lifecycle.notify import Notice, Told
 from fleet.nodeside import notify_watch
-from fleet.run import notify
-from fleet.run.notify import Notice, Told
 
 
 def job(tmp_path: Path, notify_toml: str = "") -> Path:

@@ -9,8 +9,8 @@ import pytest
 
 from fleet.errors import DamagedRecord
 from fleet.run import outcomes
-from fleet.run.states import NodeOutcome
-from fleet.run.states import NodeStatus as S
+from fleet.states import NodeOutcome
+from fleet.states import NodeStatus as S
 
 
 def test_an_end_seen_stands_whatever_the_node_says_later(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 from fleet import preview
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend
-from fleet.plan import NodeNet, Plan, make_plan, rank_span
+from fleet.facts.net import NodeNet
+from fleet.plan import Plan, make_plan, rank_span
 from fleet.render import render_node
 from fleet.run.record import NodeRecord
 from fleet.transport.sync import Scan

@@ -17,10 +17,10 @@ from fleet.config.job import load_job
 from fleet.config.restart import BACKOFF_MAX_S, Ending, Restart
 from fleet.console import Console
 from fleet.errors import ConfigError, TransportError
-from fleet.run import attempts
+from fleet.lifecycle import attempts
+from fleet.lifecycle.monitor import RunState
 from fleet.run.logs import progress
-from fleet.run.monitor import RunState
-from fleet.run.states import NodeOutcome, NodeStatus, RunStatus
+from fleet.states import NodeOutcome, NodeStatus, RunStatus
 
 S = NodeStatus
 INV = ('[[hosts]]\nname = "n1"\naddress = "10.0.0.1"\n[[hosts]]\nname = "n2"\n'

@@ -37,12 +37,12 @@ from fleet.errors import (
     WriteError,
 )
 from fleet.facts import slurm as sj
+from fleet.lifecycle import runner
+from fleet.lifecycle.guard import Guard
+from fleet.lifecycle.monitor import Monitor
 from fleet.run import outcomes as run_outcomes
-from fleet.run import runner
-from fleet.run.guard import Guard
-from fleet.run.monitor import Monitor
-from fleet.run.states import NodeOutcome, NodeStatus, RunStatus
 from fleet.shell import sh
+from fleet.states import NodeOutcome, NodeStatus, RunStatus
 from fleet.transport import Result
 from fleet.transport.sync import SyncStats
 

@@ -25,7 +25,7 @@ from fleet.config.job import load_job
 from fleet.console import Console
 from fleet.errors import ConfigError
 from fleet.facts import slurm as sj
-from fleet.run.states import RunStatus
+from fleet.states import RunStatus
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "it's \"quoted\"", "two words",
            "new\nline", "--flag=$HOME", "*", "; touch {canary}", "{{{{literal}}}}"]

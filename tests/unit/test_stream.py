@@ -19,7 +19,7 @@ from fleet.backends.hosts import node as remote
 from fleet.config.inventory import Host
 from fleet.errors import TransportError
 from fleet.facts import run_state
-from fleet.run.states import NodeStatus
+from fleet.states import NodeStatus
 from fleet.transport.base import Transport
 from fleet.transport.lines import LINE_CAP, Lines, Partial, Received
 from fleet.transport.link import Link, within

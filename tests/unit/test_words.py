@@ -19,7 +19,7 @@ from fleet.facts import run_state
 from fleet.plan import make_plan
 from fleet.render import render_node
 from fleet.run.logs import AfterStop
-from fleet.run.states import NodeStatus
+from fleet.states import NodeStatus
 
 FAILED_LINE = ("E0415 12:00:01.500000 812 torch/distributed/elastic/multiprocessing/api.py:1003] "
                "failed (exitcode: 1) local_rank: 0 (pid: 901) of binary: /usr/bin/python3")

@@ -28,7 +28,7 @@ from fleet.facts.leases import LeaseOrder, Taken
 from fleet.run import hang, outcomes
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
-from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, overall
+from fleet.states import NodeOutcome, NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason

@@ -16,9 +16,10 @@ from fleet.config.inventory import Host, Inventory
 from fleet.config.job import DEFAULT_EXCLUDE, Job
 from fleet.errors import FleetError
 from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
+from fleet.facts.net import NodeNet
 from fleet.facts.probe import Facts, Health, master_address, net_for, probe, storage_groups
 from fleet.gpuview import lease_blockers
-from fleet.plan import NodeNet, node_nproc
+from fleet.plan import node_nproc
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each, reason

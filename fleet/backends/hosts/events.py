@@ -22,7 +22,7 @@ from fleet.plan import NodePlan, Plan
 from fleet.run import faults
 from fleet.run.faults import Phase
 from fleet.run.logs import AfterStop, Tagger, progress
-from fleet.run.states import NodeOutcome, NodeStatus
+from fleet.states import NodeOutcome, NodeStatus
 from fleet.transport import Received, Transport
 from fleet.transport.group import each, reason
 from fleet.transport.link import Link

@@ -18,7 +18,7 @@ from fleet.facts import run_state
 from fleet.nodeside import shell_program
 from fleet.run.logs import Tagged, Tagger, View, merged, parse_view, placed, reread_tail
 from fleet.run.record import NodeRecord, RunRecord
-from fleet.run.states import NodeStatus
+from fleet.states import NodeStatus
 from fleet.transport import Received, Transport, open_transport
 from fleet.transport.group import each, reason
 

@@ -19,8 +19,8 @@ from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
 from fleet.render import TREE_FILE
 from fleet.run.record import Wrapper, parse_wrapper
-from fleet.run.states import NodeStatus
 from fleet.shell import quote, sh
+from fleet.states import NodeStatus
 from fleet.transport import Received, Transport
 from fleet.transport.group import each
 

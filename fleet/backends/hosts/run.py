@@ -36,7 +36,7 @@ from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.run import faults, hang
 from fleet.run import record as state
 from fleet.run.faults import Phase
-from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, by_fail_fast, overall
+from fleet.states import NodeOutcome, NodeStatus, RunStatus, by_fail_fast, overall
 from fleet.transport import Transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each

@@ -44,8 +44,8 @@ from fleet.facts.leases import LeaseOrder, Taken
 from fleet.facts.probe import probe, python_problem
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
-from fleet.run.states import RunStatus
 from fleet.shell import quote, sh
+from fleet.states import RunStatus
 from fleet.transport import open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import reason

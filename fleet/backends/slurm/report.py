@@ -19,8 +19,8 @@ from fleet.facts import failure
 from fleet.facts import slurm as sj
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.run import record as state
-from fleet.run.states import RunStatus
 from fleet.shell import sh
+from fleet.states import RunStatus
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import reason
 

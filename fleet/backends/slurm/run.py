@@ -37,8 +37,8 @@ from fleet.errors import (
 from fleet.facts import slurm as sj
 from fleet.plan import SITE, new_run_id
 from fleet.render import NODESIDE
-from fleet.run.states import NodeOutcome, RunStatus, StopCause
 from fleet.shell import sh
+from fleet.states import NodeOutcome, RunStatus, StopCause
 from fleet.transport import Transport, open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import reason

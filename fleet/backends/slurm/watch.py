@@ -16,8 +16,8 @@ from fleet.errors import (
 )
 from fleet.facts import slurm as sj
 from fleet.run.logs import Tagger
-from fleet.run.states import RunStatus
 from fleet.shell import sh
+from fleet.states import RunStatus
 from fleet.transport import Partial, Transport
 from fleet.transport.group import reason
 

@@ -19,11 +19,11 @@ from fleet.config.job import Job
 from fleet.config.restart import Ending, Restart
 from fleet.console import Console
 from fleet.errors import ConfigError, DamagedRecord
+from fleet.lifecycle.monitor import RunState
 from fleet.plan import new_run_id
 from fleet.run import outcomes
 from fleet.run import record as state
-from fleet.run.monitor import RunState
-from fleet.run.states import NodeStatus, RunStatus
+from fleet.states import NodeStatus, RunStatus
 
 FILE = "attempts.json"  # in the run's (its first attempt's) local record
 STOP = "stop-requested"  # beside it: `fleet stop` asked for the run's end, no attempt after

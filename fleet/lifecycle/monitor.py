@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
 from fleet.console import Console
 from fleet.errors import JobFailed
+from fleet.lifecycle.guard import Guard
 from fleet.run import hang, outcomes
-from fleet.run.guard import Guard
-from fleet.run.states import NodeOutcome, NodeStatus, RunStatus, StopCause, overall
+from fleet.states import NodeOutcome, NodeStatus, RunStatus, StopCause, overall
 
 
 @dataclass(frozen=True)

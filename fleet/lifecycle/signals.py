@@ -1,6 +1,6 @@
 """Signals while a guard owns a run: the first SIGINT, SIGTERM or SIGHUP raises Interrupted where
 the main thread is; once the teardown has begun (`hold`), any signal is only counted, so that
-nothing can cut the teardown short. Used by fleet.run.guard.Guard, for every backend."""
+nothing can cut the teardown short. Used by fleet.lifecycle.guard.Guard, for every backend."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from types import TracebackType
 from fleet.backends.base import Run
 from fleet.console import Console
 from fleet.errors import Interrupted
-from fleet.run.signals import SignalGuard
+from fleet.lifecycle.signals import SignalGuard
 from fleet.transport.group import reason
 
 

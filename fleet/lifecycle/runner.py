@@ -1,7 +1,7 @@
 """`fleet up` for every backend, as one state machine: prepare (nothing runs yet), then under the
 guard schedule, monitor and report; with `[restart]`, the policy decides on each attempt's end
-(fleet.run.attempts); the run's final state becomes fleet's exit code here, and word of it goes
-where `[notify]` says (fleet.run.notify), once for the whole run."""
+(fleet.lifecycle.attempts); the run's final state becomes fleet's exit code here, and word of it
+goes where `[notify]` says (fleet.lifecycle.notify), once for the whole run."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
 from fleet.console import Console, Meaning
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
-from fleet.run import attempts, notify
-from fleet.run.guard import Guard
-from fleet.run.monitor import RunState, monitor
-from fleet.run.states import RunStatus
+from fleet.lifecycle import attempts, notify
+from fleet.lifecycle.guard import Guard
+from fleet.lifecycle.monitor import RunState, monitor
+from fleet.states import RunStatus
 from fleet.transport.forward import declared
 
 
