@@ -21,6 +21,8 @@ from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.console import Console
 from fleet.errors import UsageError
+from fleet.events import NodeEnded as NodeEnded  # the runner's protocol, moved
+from fleet.events import Quiet as Quiet
 from fleet.facts.command import Outcome
 from fleet.facts.gpus import GpuFacts
 from fleet.facts.leases import LeaseOrder, Taken
@@ -62,22 +64,8 @@ class GpuSurvey(Protocol):
 
 
 # ---- what a running job reports: pushed by the backend, decided on by the runner -----------
-@dataclass(frozen=True)
-class NodeEnded:
-    """A node's part ended (or was lost: status UNREACHABLE); the runner fails fast on it."""
-
-    outcome: NodeOutcome
-
-
-@dataclass(frozen=True)
-class Quiet:
-    """Nothing else happened: how long no node has printed a line (the watchdog's clock; 0
-    while the job cannot print yet, waiting in a queue)."""
-
-    silent: float
-
-
-Event = NodeEnded | Quiet
+# (the event types themselves are fleet.events, where every view finds them)
+Event = NodeEnded | Quiet  # what Run.events yields
 
 
 @dataclass(frozen=True)

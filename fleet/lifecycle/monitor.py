@@ -76,6 +76,7 @@ class Monitor:
         # later (an end seen already stands).
         o = outcomes.note(self.run.record_dir, event.outcome, "fleet up")
         self.outcomes[o.name] = o
+        self.console.event(NodeEnded(o))
         if o.status is NodeStatus.SUCCEEDED or self.stopping:
             return
         self.stopping, self.first, self.stopped_at = True, o.name, time.time()
@@ -96,6 +97,7 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
     (or, before any rank started, which node has not joined), keep it, stop the run; returns
     the verdict."""
     limit = run.job.watchdog.hang_timeout
+    console.event(Quiet(silent))
     console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
                  f"{limit:g}s); taking every rank's stack")
     with console.waiting("taking every rank's stack"):

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Generator
 from pathlib import Path
 
-from fleet import manifest
+from fleet import events, manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import setup
@@ -112,9 +112,11 @@ class HostsRun(Run):
         session, plan, console = self.session, self.plan, self.console
         faults.point(Phase.UPLOAD.value)
         assert self.sources is not None
+        console.event(events.Phase(events.Step.UPLOADING, self.run_id))
         sent = upload_checked(session, plan, console, options.checks, self.sources)
         if self.job.setup is not None:
             self.setting_up.update(n.host.name for n in plan.nodes)
+            console.event(events.Phase(events.Step.SETUP, self.run_id))
         hashes = setup.run(session.transports, plan, console, options.force_setup)
         if self.job.python is not None:
             plan = self.plan = check_job_python(session, plan, console, options.allow_mismatch)
@@ -139,7 +141,7 @@ class HostsRun(Run):
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
         pids = {m.host.name: self.start_one(tm, m)}
-        console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
+        console.event(started_event(m, pids[m.host.name], True))
         faults.point(Phase.MASTER_START.value)
         others = plan.nodes[1:]
         self.may_run.update(n.host.name for n in others)
@@ -149,8 +151,9 @@ class HostsRun(Run):
         if bad:
             raise host_error("starting the job", bad, StartError)
         started = {name: pid for name, pid in results.items() if isinstance(pid, int)}
-        for name, pid in started.items():
-            console.phase(name, f"started (pid {pid})")
+        for n in others:
+            if n.host.name in started:
+                console.event(started_event(n, started[n.host.name]))
         faults.point(Phase.WORKER_START.value)
         pids.update(started)
         if wait_port:
@@ -259,6 +262,13 @@ class HostsRun(Run):
 
     def close(self) -> None:
         self.session.close()
+
+
+def started_event(n: NodePlan, pid: int, master: bool = False) -> events.NodeStarted:
+    """A node's start, with its global ranks where the plan knows them."""
+    ranks = tuple(range(n.rank_base, n.rank_base + n.nproc)) \
+        if n.rank_base is not None and isinstance(n.nproc, int) else ()
+    return events.NodeStarted(n.host.name, n.node_rank, ranks, pid, master)
 
 
 MEANINGS = {NodeStatus.SUCCEEDED: Meaning.OK, NodeStatus.FAILED: Meaning.FAIL,
