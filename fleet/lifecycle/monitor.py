@@ -10,6 +10,7 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from fleet import phrases
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
 from fleet.console import Console
 from fleet.errors import JobFailed
@@ -109,5 +110,5 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
     left = run.stop(StopCause.WATCHDOG.says(f"no output for {limit:g}s (a hang)"), skip=skip)
     verdict = f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
     if left:  # not stopped: the guard's teardown tries again, and fleet ends
-        raise JobFailed(f"run {run.run_id} hung: {verdict}; {run.halted_words()}")
+        raise JobFailed(f"run {run.run_id} hung: {verdict}; {phrases.halted(run.halted())}")
     return verdict

@@ -9,6 +9,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from fleet import phrases
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
 from fleet.console import Console
@@ -122,9 +123,10 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
             run.schedule(options)
             if options.detach:
                 guard.released = True  # from here, an error leaves the started run to itself
-                said = run.detached()
-                if said is not None:
-                    console.event(Verdict(run.run_id, RunStatus.RUNNING, 0, (), said))
+                went = run.detached()
+                if went is not None:
+                    console.event(Verdict(run.run_id, RunStatus.RUNNING, 0, (),
+                                          phrases.detached(went)))
                     told.detached = True
                     if job.notify.wanted:
                         console.info(run.watch_end(job.notify))
@@ -160,8 +162,8 @@ def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = ""
 
     if ended.hang is not None:
         told.state, told.said = "hung", (f"run {run_id} hung: {ended.hang}; "
-                                         f"{run.halted_words()} (logs: `fleet logs {run_id}`)"
-                                         f"{tail}")
+                                         f"{phrases.halted(run.halted())} (logs: "
+                                         f"`fleet logs {run_id}`){tail}")
         verdict(JobFailed.exit_code)
         raise JobFailed(told.said)
     if final.status is RunStatus.SUCCEEDED:

@@ -33,6 +33,7 @@ from fleet.console import Console, Meaning
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
 from fleet.plan import NodePlan, Plan, new_run_id
+from fleet.reports import Detached, Forgotten, Stopped
 from fleet.run import faults, hang
 from fleet.run import record as state
 from fleet.run.faults import Phase
@@ -179,8 +180,8 @@ class HostsRun(Run):
     def progressed(self) -> float | None:
         return self.progressed_at
 
-    def detached(self) -> str:
-        return f"run {self.run_id} started; follow it with `fleet logs -f {self.run_id}`"
+    def detached(self) -> Detached:
+        return Detached(self.run_id, len(self.pids), len(self.plan.nodes))
 
     def watch_end(self, notify: Notify) -> str:
         m = self.plan.master
@@ -211,7 +212,7 @@ class HostsRun(Run):
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 
-    def forget(self) -> str:
+    def forget(self) -> Forgotten:
         """Before any start, the run directories go again (best effort), after a stop of
         whatever of the run may be there (a setup still running); and the local record."""
         def forget(n: NodePlan) -> None:
@@ -223,19 +224,13 @@ class HostsRun(Run):
 
         each(((n.host.name, n) for n in self.plan.nodes), forget)
         shutil.rmtree(self.record_dir, ignore_errors=True)
-        return "nothing had been started on any node"
+        return Forgotten()
 
-    def stopped_words(self, problems: dict[str, str]) -> str:
-        if not problems:
-            return "the job was stopped on every node"
-        names = ", ".join(problems)
-        return (f"the job could not be stopped on {names} (it may still run there); finish the "
-                f"stop with `fleet stop {self.run_id}` once it answers")
+    def stopped(self, problems: dict[str, str]) -> Stopped:
+        return Stopped(self.run_id, tuple(problems.items()))
 
-    def halted_words(self) -> str:
-        if self.problems:
-            return self.stopped_words(self.problems)
-        return "it was stopped on every node"
+    def halted(self) -> Stopped:
+        return self.stopped(self.problems)
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
         live = {n.host.name: (self.session.transports[n.host.name], n.run_dir)
