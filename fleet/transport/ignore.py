@@ -124,12 +124,17 @@ def mark_pulled(dest: Path, run_id: str) -> None:
     """Mark dest as `fleet pull`'s, as a CACHEDIR.TAG marks a cache: a sync that meets the mark
     in a folder (below its root) leaves the folder out, wherever the user moved it. Written
     before anything is fetched, so that even an interrupted pull's partial files stay here;
-    never through a link (dest is this machine's, and a node's names never lead here)."""
+    never through a link, and left as it is where a pull already wrote it."""
     dest.mkdir(parents=True, exist_ok=True)
     text = (f"fleet pull wrote run {run_id}'s outputs here. fleet up never syncs a folder that "
             f"holds this file\n(except the job's workdir itself); delete it to sync this "
             "folder again.\n")
-    fd = os.open(dest / PULLED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(dest / PULLED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        if not os.path.islink(dest / PULLED):
+            return  # an earlier pull's: left as it is, as every file already here
+        raise
     with os.fdopen(fd, "w") as f:
         f.write(text)
 

@@ -197,7 +197,7 @@ def test_a_default_pull_inside_the_job_folder_is_not_sent_again_by_up(
     assert (tmp_path / run_id / ".fleet-pulled").exists()
     again = cli("up", "job.toml", timeout=300)
     assert again.returncode == 0, again.stderr
-    assert f"not sent: {tmp_path / run_id}/: results of `fleet pull`" in again.stderr, \
+    assert f"not sent: {tmp_path / run_id}: results of `fleet pull`" in again.stderr, \
         again.stderr
     second = max((tmp_path / ".fleet").rglob("run.json"), key=lambda p: p.stat().st_mtime)
     node = code_dir(tb, cli, second.parent.name, "node1")
