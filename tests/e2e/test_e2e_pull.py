@@ -162,6 +162,7 @@ def test_a_path_or_a_run_no_longer_there_is_named(bed: tuple[Testbed, CLI, str])
     r = cli("pull", run_id, "no/such.pt", "--to", "missing")
     assert r.returncode == 1
     assert re.search(r"node1 +\S+/no/such\.pt is not there", r.stderr), r.stderr
+    assert not (cli.cwd / "missing").exists()  # nothing came: no folder made, not even its mark
     bad = cli("pull", run_id, "../etc/passwd")
     assert bad.returncode == 2 and "'..'" in bad.stderr
     rec = json.loads((record(cli, run_id) / "run.json").read_text())
