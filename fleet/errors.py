@@ -6,7 +6,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """fleet's exit codes, one meaning each (the README lists them)."""
+    """fleet's exit codes, one meaning each (docs/USAGE.md lists them)."""
 
     OK = 0
     FAILED = 1  # the job (or a check) failed

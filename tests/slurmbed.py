@@ -1,4 +1,4 @@
-"""A real Slurm cluster on a testbed's hosts (see shared/TESTBED.md, "A real Slurm in the
+"""A real Slurm cluster on a testbed's hosts (docs/TESTING.md, "A real Slurm in the
 testbed"): one munged, one slurmctld on a head node of its own, and one slurmd inside each
 chosen host, so that a job step's processes live in that host (its hostname, /tmp, home and PID
 space) and fleet sees them over SSH like on a real cluster. The test process is the login node:

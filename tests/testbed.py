@@ -1,6 +1,6 @@
 """A real multi-host testbed on one machine: each host is a Linux network namespace with its own
 address, hostname, PID space, mounts, /tmp and /var/tmp, home directory and OpenSSH sshd (see
-shared/TESTBED.md), so that it behaves like a separate lab machine.
+docs/TESTING.md), so that it behaves like a separate lab machine.
 
 Every host runs under a small init (PID 1 of its PID namespace, which reaps orphans) whose child
 is `sshd -D`: killing sshd alone (`kill_sshd`) leaves the host's other processes running, killing

@@ -23,7 +23,8 @@ def pull(run_id: Annotated[str | None, typer.Argument(
              help="Files or directories under the job's directory on the node; default: the "
                   "job's `outputs`.")] = None,
          to: Annotated[Path | None, typer.Option(
-             "--to", metavar="DIR", help="Where they go; default: ./<run id>/.")] = None,
+             "--to", metavar="DIR", help="Where they go; default: ./<run id>/. fleet up never "
+                                         "syncs it (it holds a .fleet-pulled mark).")] = None,
          every: Annotated[bool, typer.Option(
              "--all", help="From every node, each into DIR/<node>/ (default: the master "
                            "only).")] = False,
@@ -31,13 +32,16 @@ def pull(run_id: Annotated[str | None, typer.Argument(
     """Copy a run's outputs from the nodes to here.
 
     Streamed and verified; files already here (same size and sha256) are not fetched again,
-    and a pull that was interrupted resumes where it stopped."""
+    and a pull that was interrupted resumes where it stopped. The destination gets a
+    `.fleet-pulled` mark first: a later `fleet up` leaves the folder out of the sync (results
+    pulled into the job's folder are never sent to every node again)."""
     from fleet import backends
     from fleet import manifest as fleet_manifest
     from fleet.config.outputs import output_path
     from fleet.lifecycle import attempts
     from fleet.run import record as state
     from fleet.transport.group import reason
+    from fleet.transport.ignore import PULLED, mark_pulled
     from fleet.transport.transfer.pull import Pulled
 
     try:
@@ -49,8 +53,18 @@ def pull(run_id: Annotated[str | None, typer.Argument(
     dest = to if to is not None else Path.cwd() / rec.run_id
     if dest.is_symlink() and not dest.exists() or dest.exists() and not dest.is_dir():
         raise UsageError(f"--to {dest}: not a directory")
+    made = not dest.exists()
+    try:
+        mark_pulled(dest, rec.run_id)
+    except OSError as e:
+        raise UsageError(f"--to {dest}: cannot write its {PULLED} mark: {e.strerror}") from None
     console = Console()
-    results = backends.for_record(last).pull(last, console, rels, dest, every)
+    try:
+        results = backends.for_record(last).pull(last, console, rels, dest, every)
+    finally:
+        if made and [p.name for p in dest.iterdir()] == [PULLED]:  # nothing came: leave none
+            (dest / PULLED).unlink()
+            dest.rmdir()
     failed = unreachable = 0
     for host, r in results.items():
         if isinstance(r, Exception):

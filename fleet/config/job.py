@@ -221,7 +221,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     if data is not None:
         if not data.is_dir():
             raise root.error("data", f"directory not found: {data} (for MNIST, "
-                                     "`python jobs/make_mnist.py` makes one)")
+                                     f"`python jobs/make_mnist.py {data}` makes one)")
         if data.is_relative_to(workdir.resolve()):
             # Synced on its own; "/" anchors the pattern at the workdir's root.
             exclude += ("/" + data.relative_to(workdir.resolve()).as_posix(),)

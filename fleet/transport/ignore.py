@@ -3,10 +3,13 @@ work tree git's own answer (`git ls-files --ignored`: nested .gitignore files, .
 and the user's global excludes, tracked files never ignored), elsewhere the .gitignore files
 read with pathspec's gitwildmatch; then the workdir's `.fleetignore`, same syntax, whose `!`
 lines also send a file .gitignore leaves out. Whatever they say, a TOML file that holds a
-`[notify]` (a job file, a fleet config file) is never sent: its webhook stays on this machine."""
+`[notify]` (a job file, a fleet config file) is never sent: its webhook stays on this machine,
+and neither is a folder that `fleet pull` wrote into (it holds PULLED): results brought back
+from the nodes are never sent to every node again."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +20,7 @@ from fleet.config.notify import holds_notify
 
 GITIGNORE, FLEETIGNORE = ".gitignore", ".fleetignore"
 NOTIFY = "[notify]"  # what leaves out a file that holds one (keeps_notify)
+PULLED = ".fleet-pulled"  # the mark `fleet pull` leaves in its destination (mark_pulled)
 
 
 def spec_of(text: str) -> GitIgnoreSpec:
@@ -116,6 +120,25 @@ def keeps_notify(rel: str, path: str) -> bool:
         return False
 
 
+def mark_pulled(dest: Path, run_id: str) -> None:
+    """Mark dest as `fleet pull`'s, as a CACHEDIR.TAG marks a cache: a sync that meets the mark
+    in a folder (below its root) leaves the folder out, wherever the user moved it. Written
+    before anything is fetched, so that even an interrupted pull's partial files stay here;
+    never through a link, and left as it is where a pull already wrote it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    text = (f"fleet pull wrote run {run_id}'s outputs here. fleet up never syncs a folder that "
+            f"holds this file\n(except the job's workdir itself); delete it to sync this "
+            "folder again.\n")
+    try:
+        fd = os.open(dest / PULLED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        if not os.path.islink(dest / PULLED):
+            return  # an earlier pull's: left as it is, as every file already here
+        raise
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def ignores(root: Path) -> Ignores:
     """The rules for the workdir `root` (one git call where it is in a work tree)."""
     return Ignores(root, git_ignored(root), _read_spec(root / FLEETIGNORE))
@@ -136,7 +159,7 @@ def needed(ignored: tuple[tuple[str, str], ...], rels: tuple[str, ...]) -> list[
 
 def counted(ignored: tuple[tuple[str, str], ...]) -> list[tuple[str, list[str]]]:
     """Ignored paths grouped by the file (or table) that ignores them: .gitignore's first."""
-    return [(why, names) for why in (GITIGNORE, FLEETIGNORE, NOTIFY)
+    return [(why, names) for why in (GITIGNORE, FLEETIGNORE, NOTIFY, PULLED)
             if (names := [rel for rel, w in ignored if w == why])]
 
 

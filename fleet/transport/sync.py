@@ -1,5 +1,4 @@
-"""Syncs local directories to a node: what changed, with the run's own files, in one compressed
-tar that the node verifies and unpacks in one command."""
+"""Syncs local directories to a node: what changed, with the run's files, in one verified tar."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from fleet.errors import WorkdirError
 from fleet.nodedata import number
 from fleet.shell import AND, quote, sh
 from fleet.transport.base import Transport
-from fleet.transport.ignore import NOTIFY, Ignores, ignores, keeps_notify
+from fleet.transport.ignore import NOTIFY, PULLED, Ignores, ignores, keeps_notify
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime in nanoseconds)
 NS = 10**9
@@ -60,14 +59,13 @@ class Scan:
 
 def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False,
          never: tuple[str, ...] = ()) -> Scan:
-    """The files of a directory fleet sends, by one rule per kind (README: "What is synced"):
-    with `ignore_files` (a workdir), what .gitignore and .fleetignore leave out is not sent;
-    from any directory, neither is a TOML file that holds a `[notify]` (a secret; a link is
-    judged by its target too) nor a file whose real path is in `never` (the job file), each
-    named in `ignored`; regular files are sent; a link inside `root` is followed (sent under
-    the link's name); a link out of `root`, a dangling link, a link back to a directory
-    already walked, and special files are skipped, each named in `skipped`; a sparse file is
-    sent whole (named in `sparse`); an unreadable file stops everything (WorkdirError)."""
+    """The files of a directory fleet sends, one rule per kind (docs/JOBS.md, What is synced):
+    what .gitignore and .fleetignore leave out (with `ignore_files`: a workdir), a folder below
+    root that `fleet pull` marked (PULLED), a TOML file holding a `[notify]` (a link judged by
+    its target too) and a file whose real path is in `never` (the job file): named in `ignored`.
+    Regular files are sent; a link inside root is followed (sent under its name); a link out of
+    root, a dangling link, a link to a directory that holds it and special files: named in
+    `skipped`; a sparse file is sent whole (`sparse`); an unreadable file stops everything."""
     top = os.path.realpath(root)
     files: dict[str, Path] = {}
     meta: Manifest = {}
@@ -78,8 +76,7 @@ def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False,
     rules: Ignores | None = ignores(root) if ignore_files else None
 
     def left_out(rel: str, is_dir: bool) -> bool:
-        """Ignored (and named so); a directory is walked all the same where .fleetignore may
-        send a file in it (its files are then judged, and named, one by one)."""
+        """Ignored, and named so (a directory where .fleetignore may send a file is walked)."""
         why = rules.why(rel, is_dir) if rules is not None else None
         if why is None or (is_dir and rules is not None and rules.reincludes):
             return False
@@ -94,6 +91,9 @@ def scan(root: Path, exclude: tuple[str, ...], ignore_files: bool = False,
             entries = sorted(os.scandir(real_dir), key=lambda e: e.name)
         except OSError as e:
             unreadable.append(f"{rel_dir or '.'}/ ({e.strerror})")
+            return
+        if rel_dir and any(e.name == PULLED for e in entries):  # `fleet pull`'s results
+            ignored.append((rel_dir + "/", PULLED))
             return
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name

@@ -285,7 +285,7 @@ def test_up_refuses_another_users_lease_and_ignores_an_expired_one(cli: CLI, tb:
         "fleet: no active lease on any host\n"
 
 
-# ---- a colleague's attacks on the lease directory (issue 35) --------------------------------
+# ---- a colleague's attacks on the lease directory ------------------------------------------
 def leases_dir(tb: Testbed, host: str) -> Path:
     """The host's /var/tmp/fleet-leases, as this machine sees it."""
     return tb.dir / f"vartmp-{host}" / "fleet-leases"

@@ -206,7 +206,7 @@ print(f"last of node rank {rank}", flush=True)
 
 
 def test_merge_sets_a_job_written_nan_index_aside(cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
-    """Issue 35, defect 11: a NaN the job wrote into node.times made `logs --merge` call the
+    """A bug once: a NaN the job wrote into node.times made `logs --merge` call the
     node unreachable (exit 3). The index is data to distrust: set aside, with a note naming the
     host, and every line shown."""
     tb2.inventory(tmp_path / "inv.toml")

@@ -183,7 +183,7 @@ QUICK = 'import sys\nprint("quick", sys.argv[1], flush=True)\n'
 
 def test_a_trickling_webhook_holds_up_no_longer_than_its_bound(cli: CLI, tb2: Testbed,
                                                                 tmp_path: Path) -> None:
-    """Issue 35, defect 8: a webhook that answered a byte every few seconds held `fleet up` for
+    """A bug once: a webhook that answered a byte every few seconds held `fleet up` for
     as long as it trickled (urlopen's timeout is per socket operation); the whole POST is
     bounded by its 10 s."""
     tb2.inventory(tmp_path / "inv.toml")
@@ -217,7 +217,7 @@ def holding(root: Path, secrets: list[bytes]) -> list[str]:
 
 def test_no_secret_of_a_notify_reaches_a_node(cli: CLI, tb2: Testbed, tmp_path: Path,
                                              hook: Hook) -> None:
-    """Issue 35, defect 9: the job file sat in its synced workdir, so its webhook's token
+    """A leak once: the job file sat in its synced workdir, so its webhook's token
     reached every node in job.toml (mode 644). No file of the job's [notify] (nor a sibling
     job's, nor a link to one, nor one in the data directory) is synced now, and a detached
     run's master gets the webhook only where the job asks for it (`from_master = true`)."""

@@ -1,7 +1,8 @@
 """`fleet pull` end to end through the real CLI on two real sshd hosts: a run's declared outputs
 brought back byte-identical from the master, a second pull that fetches nothing, a pull killed
 mid-transfer resumed without sending again what arrived, --all into per-node folders, a
-node that no longer has the run (or a path) named; and a compromised node: one that sends more
+node that no longer has the run (or a path) named, a pull into the job's own folder that the
+next `up` does not send to the nodes again; and a compromised node: one that sends more
 than it listed, a link in the destination here, a name that would forge a line of `show`."""
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def test_a_path_or_a_run_no_longer_there_is_named(bed: tuple[Testbed, CLI, str])
     r = cli("pull", run_id, "no/such.pt", "--to", "missing")
     assert r.returncode == 1
     assert re.search(r"node1 +\S+/no/such\.pt is not there", r.stderr), r.stderr
+    assert not (cli.cwd / "missing").exists()  # nothing came: no folder made, not even its mark
     bad = cli("pull", run_id, "../etc/passwd")
     assert bad.returncode == 2 and "'..'" in bad.stderr
     rec = json.loads((record(cli, run_id) / "run.json").read_text())
@@ -172,6 +174,36 @@ def test_a_path_or_a_run_no_longer_there_is_named(bed: tuple[Testbed, CLI, str])
         gone.stderr
     assert (cli.cwd / "gone" / "node1" / "checkpoints" / "model.pt").exists()
 
+
+def test_a_default_pull_inside_the_job_folder_is_not_sent_again_by_up(
+        bed: tuple[Testbed, CLI, str], tmp_path: Path) -> None:
+    """The first hour's end: `fleet pull` run in the job's folder puts ./<run id>/ inside the
+    workdir; the next `fleet up` names it and leaves it out, and no node receives it."""
+    tb, _, _ = bed
+    cli = CLI(tmp_path)  # the job's folder is the workdir, and where the user stands
+    tb.inventory(tmp_path / "inv.toml", ["node1"])
+    (tmp_path / "write.py").write_text(
+        'import os\nos.makedirs("checkpoints", exist_ok=True)\n'
+        'open("checkpoints/model.pt", "w").write("weights")\n')
+    (tmp_path / "job.toml").write_text(
+        'inventory = "inv.toml"\nworkdir = "."\nexclude = ["/.fleet"]\n'
+        'launcher = "command"\ncommand = ["{python}", "write.py"]\nnproc_per_node = 1\n'
+        'outputs = ["checkpoints/"]\n[rendezvous]\nport = 29563\n')
+    first = cli("up", "job.toml", timeout=300)
+    assert first.returncode == 0, first.stderr
+    run_id = next((tmp_path / ".fleet").rglob("run.json")).parent.name
+    r = cli("pull")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / run_id / "checkpoints" / "model.pt").read_text() == "weights"
+    assert (tmp_path / run_id / ".fleet-pulled").exists()
+    again = cli("up", "job.toml", timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"not sent: {tmp_path / run_id}: results of `fleet pull`" in again.stderr, \
+        again.stderr
+    second = max((tmp_path / ".fleet").rglob("run.json"), key=lambda p: p.stat().st_mtime)
+    node = code_dir(tb, cli, second.parent.name, "node1")
+    assert (node / "write.py").exists() and (node / "checkpoints" / "model.pt").exists()
+    assert not (node / run_id).exists(), sorted(p.name for p in node.iterdir())
 
 # ---- a compromised node ------------------------------------------------------------------------
 # node1's python, as its inventory names it: the real one, until the test compromises the node
@@ -244,7 +276,8 @@ def test_a_node_that_sends_more_than_it_listed_is_named_and_nothing_of_it_is_kep
                      r"than it listed: out/small\.txt was listed at 13 bytes, and it began "
                      r"sending 64\.0 MiB; nothing of that file was kept", r.stderr), r.stderr
     dest = cli.cwd / "overrun"
-    assert not [p for p in dest.rglob("*") if p.is_file()]  # no file, no partial file
+    assert not [p for p in dest.rglob("*")  # no file, no partial file: only the pull's mark
+                if p.is_file() and p.name != ".fleet-pulled"]
     shown = cli("show", run_id)
     assert "outputs: out; not pulled yet" in shown.stdout, shown.stdout
 

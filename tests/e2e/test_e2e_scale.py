@@ -1,4 +1,4 @@
-"""64 hosts as an ordinary case (issue 35): `fleet up` with its default preflight, `status`,
+"""64 hosts as an ordinary case: `fleet up` with its default preflight, `status`,
 `exec`, `gpus`, `stop` and a fail-fast on 64 real sshd hosts with Debian's stock sshd_config
 (MaxSessions 10, MaxStartups 10:30:100), a trivial job. Before the session budget, the
 preflight's 63 port checks at once on the master's one connection failed about half the workers

@@ -121,7 +121,7 @@ def test_setup_once_then_skipped_rerun_on_change_and_manifests(cli: CLI, tb2: Te
     a, c = run_id_of(first.stderr), run_id_of(third.stderr)
     diff = cli("diff", a, c)
     assert diff.returncode == 0, diff.stderr
-    # Said once for both nodes (issue 26: identical changes across hosts are said once).
+    # Said once for both nodes (identical changes across hosts are said once).
     for line in ("code: clean -> dirty", f"file {WHEEL}: changed",
                  "on every node (2): env LR 0.1 -> 0.2", "on every node (2): setup "):
         assert line in diff.stdout, diff.stdout

@@ -1,5 +1,5 @@
 """A workdir as users have them, end to end through the real CLI: links, special files, sparse
-and unreadable files each get the rule README's "What is synced" states, said by name, and
+and unreadable files each get the rule docs/JOBS.md's "What is synced" states, said by name, and
 the manifest records the bytes the nodes received, not the local files as they are later."""
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ def transport(server: FakeServer) -> ssh.SSHTransport:
 
 
 def test_many_commands_at_once_on_one_connection_stay_within_max_sessions() -> None:
-    """64 port checks at once on the master's connection (issue 35): never more than
+    """64 port checks at once on the master's connection (a 64-host up): never more than
     MAX_SESSIONS open, the others wait their turn, all of them run."""
     server = FakeServer(limit=10)
     t = transport(server)

@@ -184,3 +184,13 @@ def test_plan_of_ssh_aliases_shows_no_name_as_master_address(cli: CLI, tmp_path:
     assert "--master-addr '<IP of gpu-a>'" in r.stdout, r.stdout
     assert "note: the master address is <IP of gpu-a>: 'gpu-a' is a name" in r.stdout
     assert "processes: 1, rank 1 of world size 2" in r.stdout, r.stdout
+
+
+def test_missing_mnist_data_names_the_command_that_makes_it(tmp_path: Path) -> None:
+    """The hint is a command a person can paste: make_mnist.py with the folder the job wants."""
+    job = tmp_path / "mnist.toml"
+    job.write_text((JOBS / "mnist.toml").read_text().replace('"data"', '"no-data-yet"'))
+    (tmp_path / "mnist.py").write_text("")
+    with pytest.raises(ConfigError) as e:
+        load_job(job)
+    assert f"`python jobs/make_mnist.py {tmp_path / 'no-data-yet'}` makes one" in str(e.value)

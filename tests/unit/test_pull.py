@@ -266,3 +266,39 @@ def test_show_prints_a_pulled_name_escaped(tmp_path: Path) -> None:
     lines = show({**m, "pulled": pulled_of(tmp_path)})
     assert forged not in "\n".join(lines).splitlines()
     assert f"    ckpt/a^J{forged}^J^[[2Jb  1 bytes" in lines
+
+
+def test_a_folder_fleet_pull_marked_is_never_synced(tmp_path: Path) -> None:
+    """Wherever it sits in the workdir or the data, and whatever .fleetignore says: results
+    brought back are not sent to every node again. The mark on the synced root itself (a pull
+    `--to` the workdir) leaves nothing out: the job must still be sent."""
+    from fleet.backends.hosts import planview
+    from fleet.transport import ignore
+    from fleet.transport.sync import scan
+
+    root = tmp_path / "w"
+    (root / "deep" / "r2").mkdir(parents=True)
+    (root / "train.py").write_text("")
+    (root / ".fleetignore").write_text("!r1/\n")
+    for run in ("r1", "deep/r2"):
+        ignore.mark_pulled(root / run, run)
+        (root / run / "model.pt").write_text("weights")
+    s = scan(root, (), ignore_files=True)
+    assert sorted(s.files) == [".fleetignore", "train.py"]
+    assert sorted(s.ignored) == [("deep/r2/", ignore.PULLED), ("r1/", ignore.PULLED)]
+    assert ignore.counted(s.ignored) == [(ignore.PULLED, ["deep/r2/", "r1/"])]
+    assert "  ignored by .fleet-pulled: 2 (deep/r2/, r1/)" in planview.code_lines(s)
+    assert sorted(scan(root, ()).files) == sorted(s.files)  # as the data is scanned
+    ignore.mark_pulled(root, "r0")
+    assert "train.py" in scan(root, (), ignore_files=True).files
+    assert "run r1's outputs" in (root / "r1" / ignore.PULLED).read_text()
+
+
+def test_the_pull_mark_is_never_written_through_a_link(tmp_path: Path) -> None:
+    from fleet.transport import ignore
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ignore.PULLED).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        ignore.mark_pulled(tmp_path / "d", "r1")
+    assert not (tmp_path / "elsewhere").exists()

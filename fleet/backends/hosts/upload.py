@@ -52,7 +52,11 @@ def scan_sources(job: Job, console: Console) -> Sources:
         code = scan(job.workdir, job.exclude, ignore_files=True, never=job.unsent)
         data = scan(job.data, (), never=job.unsent) if job.data else None
     kept = [rel for rel, why in code.ignored if why == ignore.NOTIFY]
-    others = tuple((rel, why) for rel, why in code.ignored if why != ignore.NOTIFY)
+    others = tuple((rel, why) for rel, why in code.ignored if why not in (ignore.NOTIFY,
+                                                                          ignore.PULLED))
+    for rel in [rel for rel, why in code.ignored if why == ignore.PULLED][:SKIPPED_SHOWN]:
+        console.info(f"not sent: {code.root / rel}: results of `fleet pull` (it holds "
+                     f"{ignore.PULLED}; delete that file to sync the folder)")
     if others:
         console.info(f"not sent: {ignore.summary(others)} (`fleet plan` names them)")
     for rel in kept[:SKIPPED_SHOWN]:
