@@ -195,7 +195,7 @@ class Backend(ABC):
 
     def refuse(self, verb: str) -> Unsupported:
         """The one refusal of a verb this backend does not answer."""
-        return Unsupported(self.kind.value, VERBS[verb], self.instead.get(verb, ""))
+        return Unsupported(str(self.kind), VERBS[verb], self.instead.get(verb, ""))
 
     # ---- launch -------------------------------------------------------------------------
     def prepare(self, job: Job, console: Console, options: Options) -> Run:
