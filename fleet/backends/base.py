@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
+from fleet.backends.answers import VERBS, Preview, Seen
 from fleet.backends.checks import Check
 from fleet.config.inventory import BackendKind, Inventory
 from fleet.config.job import Job
@@ -165,25 +166,6 @@ class Run(ABC):
         """Connections closed, claims released."""
 
 
-# What each verb is to the person who asked it: an Unsupported names it so.
-VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan", "collective":
-         "fleet check --collective", "export": "fleet export", "describe": "fleet status",
-         "state_word": "fleet ps", "cancel": "fleet stop", "logs": "fleet logs", "dump":
-         "fleet dump", "delete": "fleet rm", "tunnel": "fleet forward", "manifest": "fleet show",
-         "pull": "fleet pull", "stop_part": "stopping one node's part of a run", "parts_left":
-         "asking one node's part of a run", "survey": "fleet gpus", "lease":
-         "fleet reserve and release", "execute": "fleet exec", "trust_inventory": "fleet trust",
-         "pin_keys": "fleet trust --to inventory"}
-
-
-class Preview(Protocol):
-    """`fleet plan`: what `up` would run, as data and as the lines that show it."""
-
-    def lines(self) -> list[str]: ...  # as `fleet plan` prints it
-
-    def as_json(self) -> dict[str, object]: ...  # as `fleet plan --json` writes it
-
-
 class Backend(ABC):
     """Every verb a backend may answer, each refused by default with the one Unsupported: a
     backend takes roles (Launch, Recorded, LabTools below), whose verbs it must then answer,
@@ -231,9 +213,9 @@ class Backend(ABC):
         """`fleet status`: the run's state and the lines that say it per node."""
         raise self.refuse("describe")
 
-    def state_word(self, rec: RunRecord) -> str:
-        """`fleet ps`: the run's state in a word (or `unknown (why)`)."""
-        raise self.refuse("state_word")
+    def state(self, rec: RunRecord) -> Seen:
+        """`fleet ps`: the run's state (or why it is unknown)."""
+        raise self.refuse("state")
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         """`fleet stop`: end the run everywhere, nothing of it left."""
@@ -325,7 +307,7 @@ class Recorded(Backend):
     """Answers for a run it recorded (status, ps, stop, logs, dump, rm, forward, show)."""
 
     describe = required(Backend.describe)
-    state_word = required(Backend.state_word)
+    state = required(Backend.state)
     cancel = required(Backend.cancel)
     logs = required(Backend.logs)
     dump = required(Backend.dump)

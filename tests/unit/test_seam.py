@@ -28,7 +28,7 @@ from fleet.transport.forward import Tunnel
 # The seam's width: what a backend must write for each role it takes. Before the roles, every
 # backend wrote Backend's 16 and Run's 12 (28), Slurm answering 8 of them with refusals.
 LAUNCH = {"prepare", "checks"}
-RECORDED = {"describe", "state_word", "cancel", "logs", "dump", "delete", "tunnel", "manifest"}
+RECORDED = {"describe", "state", "cancel", "logs", "dump", "delete", "tunnel", "manifest"}
 LAB_TOOLS = {"survey", "lease", "execute", "trust_inventory", "pin_keys"}
 RUN = {"schedule", "started", "detached", "events", "stop", "forget", "stopped_words", "stacks",
        "halted_words", "report", "tunnel", "close"}
@@ -234,3 +234,14 @@ def test_a_record_naming_an_unknown_backend_is_damaged(tmp_path: Path,
         {**good, "nodes": [{**good["nodes"][0], "host": {**host, "transport": "rsh"}}]}))
     with pytest.raises(DamagedRecord, match="r1/run.json: the record of run r1 is damaged"):
         record.load("r1")
+
+
+def test_ps_says_the_typed_state_in_the_words_it_always_had() -> None:
+    """The seam answers `ps` with data (Seen); the CLI says it, as before the seam was typed."""
+    from fleet.cli.run_commands import words
+
+    assert words(backends.Seen(RunStatus.RUNNING)) == "running"
+    assert words(backends.Seen(RunStatus.NEVER_STARTED)) == "never started"
+    assert words(backends.Seen(RunStatus.RUNNING, by="slurm")) == "running (slurm)"
+    assert words(backends.Seen(RunStatus.UNKNOWN, why="a: timed out")) == \
+        "unknown (a: timed out)"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.backends.answers import Seen
 from fleet.backends.base import GpuSurvey, LabTools, Launch, Options, Recorded
 from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
@@ -98,10 +99,10 @@ class HostsBackend(Launch, Recorded, LabTools):
             return []
         return [node_row(n, results[n.host.name]) for n in rec.nodes if n.host.name in results]
 
-    def state_word(self, rec: RunRecord) -> str:
+    def state(self, rec: RunRecord) -> Seen:
         if rec.never_started():
-            return RunStatus.NEVER_STARTED.value
-        return overall(status(s) for s in node_outcomes(rec).values()).value
+            return Seen(RunStatus.NEVER_STARTED)
+        return Seen(overall(status(s) for s in node_outcomes(rec).values()))
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])

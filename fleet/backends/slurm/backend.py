@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleet.backends.answers import Seen
 from fleet.backends.base import Launch, Options, Recorded
 from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
 from fleet.backends.slurm.cluster import Cluster, cluster_for, load_cluster, with_options
@@ -274,10 +275,10 @@ class SlurmBackend(Launch, Recorded):
         srec = load(rec)
         return unsubmitted(rec, srec) or status(srec, rec.started)
 
-    def state_word(self, rec: RunRecord) -> str:
+    def state(self, rec: RunRecord) -> Seen:
         srec = load(rec)
         said = unsubmitted(rec, srec) or status(srec, rec.started)
-        return f"{said[0].value} (slurm)"
+        return Seen(said[0], by="slurm")
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         stop(load(rec), console)
