@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import signal
 import sys
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -183,8 +184,13 @@ def test_the_cli_says_the_refusal(job: Job, tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(backends, "for_inventory", lambda path: KubeBackend(tmp_path, {}))
     monkeypatch.setattr(sys, "argv", ["fleet", "gpus", str(tmp_path / "inv.toml")])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
+    kept = {sig: signal.getsignal(sig) for sig in cli.SIGNALS}
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+    finally:  # main leaves its own handlers behind: this process is pytest's
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
     out, err = capsys.readouterr()
     assert e.value.code == 2 and out == ""
     assert err == "fleet: error: the kubernetes backend does not support fleet gpus\n"
