@@ -44,6 +44,16 @@ class UsageError(FleetError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class Unsupported(UsageError):
+    """A backend was asked a verb it does not answer (fleet.backends.base: a role it does not
+    take): one message for every backend and verb, with what to do instead where there is."""
+
+    def __init__(self, backend: str, verb: str, instead: str = "") -> None:
+        self.backend, self.verb = backend, verb
+        super().__init__(f"the {backend} backend does not support {verb}"
+                         + (f": {instead}" if instead else ""))
+
+
 class WorkdirError(FleetError):
     """A local file that a job's workdir or data would send cannot be read."""
 

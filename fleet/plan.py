@@ -8,7 +8,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from fleet.config.inventory import Host, Inventory
+from fleet.config.inventory import Host, Inventory, TransportKind
 from fleet.config.job import Job, Launcher, RendezvousBackend
 from fleet.errors import ConfigError
 from fleet.facts.net import NodeNet
@@ -111,7 +111,7 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     homes = homes or {}
     master = hosts[0]
     addr = master_addr or master.address
-    if master.transport == "local" and len(hosts) == 1:
+    if master.transport is TransportKind.LOCAL and len(hosts) == 1:
         addr = "127.0.0.1"
     unknown_master = master_addr is None and addr != "127.0.0.1" and not _is_ip(addr)
     if unknown_master:

@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 
 from fleet.config import hostkeys
-from fleet.config.inventory import Host, Inventory
+from fleet.config.inventory import Host, Inventory, TransportKind
 from fleet.config.job import load_job
 from fleet.config.schema import load_toml
 from fleet.errors import ConfigError, UsageError
@@ -80,7 +80,7 @@ def survey_host(host: Host) -> KeyStatus:
 
 
 def survey(inventory: Inventory) -> list[KeyStatus]:
-    ssh_hosts = [h for h in inventory.every_host if h.transport == "ssh"]
+    ssh_hosts = [h for h in inventory.every_host if h.transport is TransportKind.SSH]
     results = each(((h.name, h) for h in ssh_hosts), survey_host)
     return [r if isinstance(r, KeyStatus) else KeyStatus(name, KeyState.UNREACHABLE, detail=str(r))
             for name, r in results.items()]

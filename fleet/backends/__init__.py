@@ -1,35 +1,51 @@
 """The backends a run can have, behind one seam (fleet.backends.base): SSH hosts and Slurm.
-Which one answers is the inventory's word (a `[slurm]` table) or the run record's."""
+Which one answers is the inventory's word (a `[slurm]` table) or the run record's, looked up in
+a registry keyed by BackendKind. The CLI imports this package alone: the seam's types it needs
+are here too, and never a backend's own module."""
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
 
-from fleet.backends.base import Backend
-from fleet.backends.slurm.cluster import is_cluster
-from fleet.errors import DamagedRecord
+from fleet.backends.answers import Preview, Seen
+from fleet.backends.base import (
+    ROLES,
+    Backend,
+    GpuSurvey,
+    LabTools,
+    Launch,
+    Options,
+    Recorded,
+)
+from fleet.backends.checks import Check, Status
+from fleet.backends.checks import summary as check_summary
+from fleet.backends.checks import view as check_view
+from fleet.config.inventory import BackendKind, backend_kind
 from fleet.run.record import RunRecord
 
-# Each backend by name: its module and class, loaded when a run needs it.
-BACKENDS = {"hosts": ("fleet.backends.hosts.backend", "HostsBackend"),
-            "slurm": ("fleet.backends.slurm.backend", "SlurmBackend")}
+__all__ = ["BACKENDS", "ROLES", "Backend", "BackendKind", "Check", "GpuSurvey", "LabTools",
+           "Launch", "Options", "Preview", "Recorded", "Seen", "Status", "check_summary",
+           "check_view", "for_inventory", "for_record", "named"]
+
+# Each backend by kind: its module and class, loaded when a run needs it.
+BACKENDS: dict[BackendKind, tuple[str, str]] = {
+    BackendKind.HOSTS: ("fleet.backends.hosts.backend", "HostsBackend"),
+    BackendKind.SLURM: ("fleet.backends.slurm.backend", "SlurmBackend")}
 
 
-def named(name: str) -> Backend:
-    module, cls = BACKENDS[name]
+def named(kind: BackendKind) -> Backend:
+    module, cls = BACKENDS[kind]
     backend: type[Backend] = getattr(importlib.import_module(module), cls)
     return backend()
 
 
 def for_inventory(path: Path) -> Backend:
     """The backend an inventory file describes."""
-    return named("slurm" if is_cluster(path) else "hosts")
+    return named(backend_kind(path))
 
 
 def for_record(rec: RunRecord) -> Backend:
-    """The backend that ran a recorded run."""
-    if rec.backend not in BACKENDS:
-        raise DamagedRecord(f"{rec.dir / 'run.json'}: run {rec.run_id} names a backend fleet "
-                            f"does not know ({rec.backend!r})")
+    """The backend that ran a recorded run (its record names a kind fleet knows: see
+    fleet.run.record.parse_record)."""
     return named(rec.backend)

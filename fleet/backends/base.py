@@ -9,18 +9,20 @@ teardown, the monitor (fail-fast, the hang watchdog), the report's verdict and t
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
+from fleet.backends.answers import VERBS, Preview, Seen
 from fleet.backends.checks import Check
-from fleet.config.inventory import Inventory
+from fleet.config.inventory import BackendKind, Inventory
 from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.console import Console
-from fleet.errors import UsageError
+from fleet.errors import Unsupported
 from fleet.events import NodeEnded as NodeEnded  # the runner's protocol, moved
 from fleet.events import Quiet as Quiet
 from fleet.facts.command import Outcome
@@ -153,104 +155,163 @@ class Run(ABC):
 
 
 class Backend(ABC):
-    """Hosts or Slurm: how a run is made, and what is known of a recorded one."""
+    """Every verb a backend may answer, each refused by default with the one Unsupported: a
+    backend takes roles (Launch, Recorded, LabTools below), whose verbs it must then answer,
+    and may answer any other verb it can."""
 
-    name: str
+    kind: ClassVar[BackendKind]
+    # Per verb it refuses, what to do instead: the refusal's second half.
+    instead: ClassVar[dict[str, str]] = {}
 
-    @abstractmethod
+    def refuse(self, verb: str) -> Unsupported:
+        """The one refusal of a verb this backend does not answer."""
+        return Unsupported(str(self.kind), VERBS[verb], self.instead.get(verb, ""))
+
+    # ---- launch -------------------------------------------------------------------------
     def prepare(self, job: Job, console: Console, options: Options) -> Run:
-        """Connect, probe, plan, preflight, record: nothing of the job runs yet. A bad input
+        """Connect, probe, plan, preflight, record: nothing of the job runs yet; a bad input
         or an unreachable host raises before anything is left anywhere."""
+        raise self.refuse("prepare")
 
-    @abstractmethod
     def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
                trust: str) -> list[Check]:
-        """`fleet check`: per host (or login node) and check, pass / warn / fail with the fix;
-        nothing is started. `collective` (a short all_reduce after) is refused where it cannot
-        run. `progress` hears how far the checks are; `trust` is the command that trusts the
-        hosts' keys, as the user named the files."""
+        """`fleet check`: per host and check, pass / warn / fail with the fix; nothing starts.
+        `progress` hears how far they are; `trust` is the command that trusts the keys."""
+        raise self.refuse("checks")
 
-    @abstractmethod
-    def trust_inventory(self, path: Path) -> Inventory | None:
-        """The hosts whose keys `fleet trust` shows; None where fleet connects to none."""
+    def preview(self, job: Job, probe: bool) -> Preview:
+        """`fleet plan`: what `up` would run (with `probe`, looked at on the nodes)."""
+        raise self.refuse("preview")
 
-    @abstractmethod
-    def pin_keys(self, statuses: list[KeyStatus], path: Path) -> int:
-        """Pin the new keys in the inventory file; how many were."""
+    def collective(self, job: Job) -> Job:
+        """`fleet check --collective`: the bandwidth test as a job on `job`'s nodes."""
+        raise self.refuse("collective")
 
-    @abstractmethod
+    def export(self, job: Job, settings: dict[str, Any]) -> str:
+        """`fleet export`: the job as a script the scheduler runs without fleet, with
+        `settings` (those given) instead of the inventory's."""
+        raise self.refuse("export")
+
+    def spares(self, inventory: Path) -> list[str]:
+        """The hosts that may take a lost node's place in a restart, in order (none: [])."""
+        return []
+
+    # ---- recorded runs ------------------------------------------------------------------
     def describe(self, rec: RunRecord) -> tuple[RunStatus, list[str]]:
         """`fleet status`: the run's state and the lines that say it per node."""
+        raise self.refuse("describe")
 
-    @abstractmethod
-    def state_word(self, rec: RunRecord) -> str:
-        """`fleet ps`: the run's state in a word (or `unknown (why)`)."""
+    def state(self, rec: RunRecord) -> Seen:
+        """`fleet ps`: the run's state (or why it is unknown)."""
+        raise self.refuse("state")
 
-    @abstractmethod
     def cancel(self, rec: RunRecord, console: Console) -> None:
         """`fleet stop`: end the run everywhere, nothing of it left."""
+        raise self.refuse("cancel")
 
     def stop_part(self, rec: RunRecord, node: str, by: str) -> bool:
-        """Stop what of a recorded run still runs on one of its nodes (one an attempt lost,
-        once it answers again), connected afresh; FleetError where it cannot. Returns whether
-        anything of the run was found there to stop (a node rebooted since: nothing). Only a
-        backend that restarts runs ([restart]) is asked."""
-        raise UsageError(f"the {self.name} backend does not stop one node's part of a run")
+        """Stop what of a recorded run still runs on one node (one an attempt lost, once it
+        answers again); FleetError where it cannot. Whether anything was found there to stop.
+        Only a backend that restarts runs ([restart]) is asked."""
+        raise self.refuse("stop_part")
 
     def parts_left(self, rec: RunRecord, nodes: set[str]) -> list[str]:
         """`status` rows for these nodes of a recorded run (those an attempt lost and fleet
-        could not stop since), asked of them alone; none where their parts are over. Only a
-        backend that restarts runs ([restart]) is asked."""
-        raise UsageError(f"the {self.name} backend does not ask one node's part of a run")
+        could not stop since), asked of them alone; none where their parts are over."""
+        raise self.refuse("parts_left")
 
-    @abstractmethod
     def logs(self, rec: RunRecord, console: Console, follow: bool, node: str | None,
              rank: int | None, view: View) -> int:
-        """Print the run's logs from the first line, or those `view` asks for (--merge, --tail,
-        --since), and with `follow` what comes until the run's end; returns how many lines
-        were shown. A view a backend cannot give is refused (UsageError)."""
+        """Print the run's logs (those `view` asks for), with `follow` until the run's end;
+        how many lines were shown. A view a backend cannot give is refused (UsageError)."""
+        raise self.refuse("logs")
 
-    @abstractmethod
     def dump(self, rec: RunRecord) -> tuple[list[str], list[str]]:
         """Every rank's stack while the run goes on: (lines, problems)."""
+        raise self.refuse("dump")
 
-    @abstractmethod
     def delete(self, rec: RunRecord, console: Console) -> None:
         """`fleet rm`: the run's directories where it ran (its local record is the caller's)."""
+        raise self.refuse("delete")
 
-    @abstractmethod
     def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
-        """`fleet forward`: a fresh connection that reaches the ports of the run's node (the
-        master by default; the caller closes its transport); UsageError for a node the run has
-        not, naming those it has."""
+        """`fleet forward`: a fresh connection to the ports of the run's node (the master by
+        default; the caller closes it); UsageError for a node the run has not."""
+        raise self.refuse("tunnel")
 
-    @abstractmethod
     def manifest(self, rec: RunRecord, console: Console) -> dict[str, Any]:
         """`fleet show`: what exactly ran."""
+        raise self.refuse("manifest")
 
-    @abstractmethod
     def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
              every: bool) -> dict[str, Pulled | Exception]:
-        """`fleet pull`: `paths` (under the job's directory on the nodes; none: the job's
-        declared outputs) from the master into `to`, or with `every` from each node into
-        to/<node>; per node what is in place and what went wrong, or why it could not be
-        asked."""
+        """`fleet pull`: `paths` (under the job's directory; none: its declared outputs) from
+        the master into `to`, or with `every` from each node into to/<node>; per node what
+        is in place and what went wrong."""
+        raise self.refuse("pull")
 
-    @abstractmethod
+    # ---- lab tools ----------------------------------------------------------------------
     def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
-        """`fleet gpus`, `fleet reserve --list`: the GPUs and leases of every host of the
-        inventory (or those in `nodes`), looked at as often as asked. Refused where fleet cannot
-        see them."""
+        """`fleet gpus`: the GPUs and leases of the inventory's hosts (or `nodes`)."""
+        raise self.refuse("survey")
 
-    @abstractmethod
     def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
-        """`fleet reserve` (take, then drop what it replaced, or drop it to undo) and `fleet
-        release` (give): leases of GPUs on one host of the inventory, kept there."""
+        """`fleet reserve` and `release`: leases of GPUs on one host, kept there."""
+        raise self.refuse("lease")
 
-    @abstractmethod
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
                 timeout: float | None, progress: Callable[[int, int], None]
                 ) -> dict[str, Outcome]:
-        """`fleet exec`: argv on every host of the inventory (or those in `nodes`) at once;
-        with a job, in its directory and with its env there. Per host its answer or why none
-        came; `progress(answered, total)` hears each answer. Refused where it cannot run."""
+        """`fleet exec`: argv on every host of the inventory (or those in `nodes`) at once,
+        with a job in its directory and env; per host its answer or why none came."""
+        raise self.refuse("execute")
+
+    def trust_inventory(self, path: Path) -> Inventory | None:
+        """The hosts whose keys `fleet trust` shows; None where fleet connects to none."""
+        raise self.refuse("trust_inventory")
+
+    def pin_keys(self, statuses: list[KeyStatus], path: Path) -> int:
+        """Pin the new keys in the inventory file; how many were."""
+        raise self.refuse("pin_keys")
+
+
+# ---- the roles: the verbs a backend that takes one must answer ------------------------------
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def required(verb: F) -> F:
+    """Backend's verb, abstract in a role (a copy: Backend's own stays a refusal)."""
+    return cast(F, abstractmethod(functools.wraps(verb)(lambda *a, **k: verb(*a, **k))))
+
+
+class Launch(Backend):
+    """Runs a job: the runner drives what `prepare` returns (fleet up, fleet check)."""
+
+    prepare = required(Backend.prepare)
+    checks = required(Backend.checks)
+
+
+class Recorded(Backend):
+    """Answers for a run it recorded (status, ps, stop, logs, dump, rm, forward, show)."""
+
+    describe = required(Backend.describe)
+    state = required(Backend.state)
+    cancel = required(Backend.cancel)
+    logs = required(Backend.logs)
+    dump = required(Backend.dump)
+    delete = required(Backend.delete)
+    tunnel = required(Backend.tunnel)
+    manifest = required(Backend.manifest)
+
+
+class LabTools(Backend):
+    """Tools for a lab's own hosts, with no run: gpus, reserve, release, exec, trust."""
+
+    survey = required(Backend.survey)
+    lease = required(Backend.lease)
+    execute = required(Backend.execute)
+    trust_inventory = required(Backend.trust_inventory)
+    pin_keys = required(Backend.pin_keys)
+
+
+ROLES: tuple[type[Backend], ...] = (Launch, Recorded, LabTools)

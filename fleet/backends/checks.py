@@ -13,7 +13,7 @@ import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from fleet.config import hostkeys
-from fleet.config.inventory import Host
+from fleet.config.inventory import Host, TransportKind
 from fleet.console import Console, Meaning
 from fleet.errors import CommandTimedOut, FleetError
 from fleet.transport import SSHTransport, Transport, ssh_connection
@@ -198,7 +198,7 @@ def ssh_failed(host: Host, e: Exception, trust: str, label: str = "") -> Check:
     """The `ssh` check of a host fleet could not connect to: what happened and the fix that
     matches it (`label`: the name the row has, the host's by default)."""
     name = label or host.name
-    if host.transport == "local":
+    if host.transport is TransportKind.LOCAL:
         return Check(name, "ssh", Status.FAIL, reason(e))
     try:
         conn = ssh_connection(host)

@@ -22,7 +22,7 @@ from fleet.gpuview import as_json as gpus_json
 from fleet.timespan import parse_duration
 
 if TYPE_CHECKING:
-    from fleet.backends.base import Backend, GpuSurvey
+    from fleet.backends import Backend, GpuSurvey
 
 
 class LeaseRefused(FleetError):

@@ -49,7 +49,6 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
 
     The master starts first; every log line is tagged by host and rank."""
     from fleet import backends
-    from fleet.backends.base import Options
     from fleet.config.job import load_job, with_extra_args
     from fleet.lifecycle import runner
     from fleet.lifecycle.session import Session
@@ -58,7 +57,7 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
         job = with_extra_args(load_job(job_path, inventory), extra or [])
         if debug_env:
             job = dataclasses.replace(job, debug=True)
-        runner.up(backends.for_inventory(job.inventory), job, session.console, Options(
+        runner.up(backends.for_inventory(job.inventory), job, session.console, backends.Options(
             detach=detach, checks=not skip_checks, force=force, allow_mismatch=allow_mismatch,
             force_setup=force_setup, wait=wait_seconds(wait), ignore_leases=ignore_leases))
 
@@ -91,17 +90,17 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
 
     Each node's rank, env and command, and the data to sync; without --probe nothing is
     connected to."""
-    from fleet.backends.hosts import planview
+    from fleet import backends
     from fleet.config.job import load_job, with_extra_args
 
     job = with_extra_args(load_job(job_path, inventory), extra or [])
     if debug_env:
         job = dataclasses.replace(job, debug=True)
-    p, setups, moves = planview.survey(job, probe)
+    shown = backends.for_inventory(job.inventory).preview(job, probe)
     if as_json:
-        print(json.dumps(planview.as_json(p, moves), indent=2))
+        print(json.dumps(shown.as_json(), indent=2))
         return
-    for line in planview.lines(p, setups, moves):
+    for line in shown.lines():
         echo(line)
 
 
@@ -131,17 +130,15 @@ def export_slurm(
 
     fleet is not needed to run it: one torchrun per node with the node rank from Slurm,
     fail-fast srun, the same NIC choice as fleet."""
-    from fleet.backends.slurm import cluster as slurm
-    from fleet.backends.slurm import script as slurm_script
+    from fleet import backends
     from fleet.config.job import load_job
 
     job = load_job(job_path, inventory)
     if debug_env:
         job = dataclasses.replace(job, debug=True)
-    cluster = slurm.with_options(slurm.cluster_for(job.inventory), partition=partition,
-                                 time=time_limit, account=account, nodes=nodes,
-                                 gpus_per_node=gpus_per_node)
-    text = slurm_script.export_script(job, cluster)
+    text = backends.named(backends.BackendKind.SLURM).export(job, dict(
+        partition=partition, time=time_limit, account=account, nodes=nodes,
+        gpus_per_node=gpus_per_node))
     if output is None:
         print(text, end="")
         return
@@ -167,10 +164,6 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     SSH, versions, GPUs, ports, names, clocks, disk (on a Slurm cluster: the login node,
     Slurm's clients, and whether Slurm would take the job)."""
     from fleet import backends
-    from fleet.backends.checks import Status
-    from fleet.backends.checks import summary as checks_summary
-    from fleet.backends.checks import view as checks_view
-    from fleet.backends.hosts import check as fleet_check
     from fleet.config.job import load_job
     from fleet.console import Console
     from fleet.lifecycle import runner
@@ -183,12 +176,12 @@ def check(job_path: JobArg, inventory: InvOpt = None,
                        + (["--inventory", str(inventory)] if inventory else []))
     with console.waiting("checking") as wait:
         checks = backend.checks(job, collective, progress=wait.update, trust=trust)
-    console.emit(checks_view(console, checks, verbose))
-    echo("\n" + checks_summary(checks))
-    if any(c.status is Status.FAIL for c in checks):
+    console.emit(backends.check_view(console, checks, verbose))
+    echo("\n" + backends.check_summary(checks))
+    if any(c.status is backends.Status.FAIL for c in checks):
         raise typer.Exit(1)
     if collective:
-        runner.up(backend, fleet_check.collective_job(job), console)
+        runner.up(backend, backend.collective(job), console)
 
 
 @app.command()

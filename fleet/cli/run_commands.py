@@ -17,11 +17,10 @@ from fleet.errors import FleetError
 from fleet.states import RunStatus
 
 if TYPE_CHECKING:
+    from fleet.backends import Seen
     from fleet.lifecycle.attempts import Attempt
     from fleet.run.record import RunRecord
 
-ENDED = {RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.STOPPED.value,
-         RunStatus.NEVER_STARTED.value}
 
 
 @app.command()
@@ -39,7 +38,7 @@ def stop(run_id: RunArg = None) -> None:
     console = Console()
     for rec in reversed(every[:-1]):  # an earlier attempt's lost node may still run its part
         backend = backends.for_record(rec)
-        if backend.state_word(rec) not in ENDED:
+        if not backend.state(rec).status.is_terminal:
             backend.cancel(rec, console)
     backends.for_record(every[-1]).cancel(every[-1], console)  # the attempt under way
 
@@ -130,7 +129,7 @@ def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
         try:
             found = attempts.load(rec)
             every = attempts.records(rec)
-            said = backends.for_record(every[-1]).state_word(every[-1])
+            said = words(backends.for_record(every[-1]).state(every[-1]))
             if not found:
                 return said
             left = "".join(f"; attempt {number} may still run on "
@@ -138,7 +137,7 @@ def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
                            for number, rows in _not_over(every, found[1]))
             return f"{said} ({attempts.headline(*found, len(every))}){left}"
         except FleetError as e:
-            return f"unknown ({reason(e)})"
+            return words(backends.Seen(RunStatus.UNKNOWN, why=reason(e)))
 
     results = each(((r.run_id, r) for r in runs), word)
     for rec in runs:
@@ -147,6 +146,11 @@ def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
         names = ",".join(n.host.name for n in hosts_of.get(rec.run_id, rec.nodes))
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
+
+
+def words(seen: Seen) -> str:
+    """A run's state in `ps`: `running`, `unknown (node2: timed out)`, `running (slurm)`."""
+    return seen.status.value + "".join(f" ({w})" for w in (seen.why, seen.by) if w)
 
 
 def _not_over(every: list[RunRecord], items: list[Attempt]) -> list[tuple[int, list[str]]]:

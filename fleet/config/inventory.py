@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from fleet.config.job import nproc_value
@@ -19,13 +20,34 @@ IFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}\Z")
 LOCAL_ADDRESSES = {"localhost", "127.0.0.1", "::1"}
 
 
+class TransportKind(StrEnum):
+    """How fleet reaches a host: over SSH, or this machine itself (fleet.transport's registry
+    is keyed by it)."""
+
+    SSH = "ssh"
+    LOCAL = "local"
+
+
+class BackendKind(StrEnum):
+    """Which backend runs a job (fleet.backends' registry is keyed by it): the SSH hosts of a
+    host list, or a Slurm cluster (an inventory with a `[slurm]` table)."""
+
+    HOSTS = "hosts"
+    SLURM = "slurm"
+
+
+def backend_kind(path: Path) -> BackendKind:
+    """The backend an inventory file describes: a `[slurm]` table makes it a cluster."""
+    return BackendKind.SLURM if "slurm" in load_toml(path, "inventory") else BackendKind.HOSTS
+
+
 @dataclass(frozen=True)
 class Host:
     """One node of the inventory, with its defaults already applied."""
 
     name: str
     address: str
-    transport: str = "ssh"  # "ssh" or "local"
+    transport: TransportKind = TransportKind.SSH
     user: str | None = None
     port: int | None = None  # None: ssh_config's, else 22
     identity: str | None = None
@@ -38,6 +60,10 @@ class Host:
     env: dict[str, str] = field(default_factory=dict)
     nproc_per_node: int | str | None = None  # overrides the job's on this node
     gpus: tuple[int, ...] | None = None  # GPU indices (nvidia-smi's) the job may use here
+
+    def __post_init__(self) -> None:
+        # A host read back from a run record has the transport's word: ValueError if unknown.
+        object.__setattr__(self, "transport", TransportKind(self.transport))
 
 
 @dataclass(frozen=True)
@@ -72,8 +98,10 @@ def _settings(t: Table, base: dict[str, object]) -> dict[str, object]:
         if timeout <= 0:
             raise t.error("connect_timeout", "must be positive")
         out["connect_timeout"] = float(timeout)
-    if "transport" in out and out["transport"] not in ("ssh", "local"):
-        raise t.error("transport", f'must be "ssh" or "local", not {out["transport"]!r}')
+    if "transport" in out:
+        if out["transport"] not in {k.value for k in TransportKind}:
+            raise t.error("transport", f'must be "ssh" or "local", not {out["transport"]!r}')
+        out["transport"] = TransportKind(out["transport"])
     if out.get("interface") is not None and not IFACE.match(str(out["interface"])):
         raise t.error("interface", f"{out['interface']!r} is not a network interface name")
     for key in ("python", "workdir"):
@@ -161,8 +189,9 @@ def load_inventory(path: Path) -> Inventory:
         if host_key is not None:
             settings["host_key"] = host_key
         t.done()
-        settings.setdefault("transport", "local" if address in LOCAL_ADDRESSES else "ssh")
-        if settings["transport"] == "local":
+        settings.setdefault("transport", TransportKind.LOCAL if address in LOCAL_ADDRESSES
+                            else TransportKind.SSH)
+        if settings["transport"] is TransportKind.LOCAL:
             # This machine: the interpreter fleet itself runs under has what fleet installed.
             settings.setdefault("python", sys.executable)
         host = Host(name=name, address=address, **settings)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from fleet.config.inventory import Host, Inventory
+from fleet.config.inventory import Host, Inventory, TransportKind
 from fleet.config.job import Launcher
 from fleet.facts.net import NodeNet
 from fleet.facts.run_state import held_script, parse_held
@@ -227,7 +227,7 @@ def master_address(inventory: Inventory, facts: Facts | None) -> str:
     """An IP the workers can reach: never a name that might resolve to loopback on a node
     (this machine alone: loopback itself)."""
     master = inventory.hosts[0]
-    if master.transport == "local" and len(inventory.hosts) == 1:
+    if master.transport is TransportKind.LOCAL and len(inventory.hosts) == 1:
         return "127.0.0.1"
     literal = literal_address(master.address)
     if literal:

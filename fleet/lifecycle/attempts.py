@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.backends.base import Backend, Final, Options, Run
-from fleet.config.inventory import load_inventory
 from fleet.config.job import Job
 from fleet.config.restart import Ending, Restart
 from fleet.console import Console
@@ -66,8 +65,8 @@ def ending(final: Final, run_state: RunState, hang: str | None) -> tuple[Ending 
 class Book:
     """The attempts of one run: which comes next, on which hosts, and the record of each."""
 
-    def __init__(self, job: Job, policy: Restart, console: Console) -> None:
-        self.job, self.policy, self.console = job, policy, console
+    def __init__(self, job: Job, policy: Restart, console: Console, backend: Backend) -> None:
+        self.job, self.policy, self.console, self.backend = job, policy, console, backend
         self.run_id = new_run_id(job.name)
         self.attempts: list[Attempt] = []
         self.replace: dict[str, str] = {}  # inventory host -> the spare in its place now
@@ -119,9 +118,9 @@ class Book:
         return a.number + 1
 
     def _free(self) -> list[str]:
-        """The inventory's spares not taken yet (nor found unfit), in its order."""
+        """The backend's spares not taken yet (nor found unfit), in its order."""
         try:
-            spares = [h.name for h in load_inventory(self.job.inventory).spares]
+            spares = self.backend.spares(self.job.inventory)
         except ConfigError:
             spares = []
         return [s for s in spares if s not in self.used and s not in self.replace.values()]

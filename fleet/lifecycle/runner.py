@@ -58,7 +58,7 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
     if not policy.max or options.detach:
         ended = attempt(backend, job, console, options, told)
         return ended if isinstance(ended, str) else conclude(ended, console, told)
-    book = attempts.Book(job, policy, console)
+    book = attempts.Book(job, policy, console, backend)
     left = attempts.Left(backend, console, book.run_id)
     try:
         return heal(backend, job, console, options, told, book, left)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.config.inventory import Host
+from fleet.config.inventory import BackendKind, Host
 from fleet.errors import DamagedRecord, RunNotFound, UsageError
 from fleet.plan import Plan, rank_span
 
@@ -43,7 +43,7 @@ class RunRecord:
     # stop record is fleet's only if it carries the key derived from it (see stop_key). Empty
     # in records written before there was one: their stop records are taken as they read.
     secret: str = ""
-    backend: str = "hosts"  # which backend ran it (fleet.backends.BACKENDS): what answers for it
+    backend: BackendKind = BackendKind.HOSTS  # which backend ran it: what answers for it
     parent: str = ""  # a restart's attempt: the run it belongs to (its first attempt's id)
 
     @property
@@ -189,16 +189,21 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def parse_record(text: str) -> RunRecord:
-    """A run record from its JSON; ValueError (or KeyError/TypeError) if it is damaged."""
+def parse_record(text: str, path: Path | None = None) -> RunRecord:
+    """A run record from its JSON; ValueError (or KeyError/TypeError) if it is damaged, and
+    DamagedRecord naming `path` where it names a backend fleet does not know."""
     data = json.loads(text)
     nodes = tuple(NodeRecord(Host(**{**n["host"]}), n["node_rank"], n["run_dir"],
                              n.get("rank_base"), n.get("nproc"))
                   for n in data["nodes"])
     # Records older than the field: a Slurm run's had no nodes and a slurm.json beside it.
-    backend = data.get("backend") or ("hosts" if nodes else "slurm")
+    word = data.get("backend") or ("hosts" if nodes else "slurm")
+    if word not in {k.value for k in BackendKind}:
+        raise DamagedRecord(f"{path or 'run.json'}: run {data['run_id']} names a backend fleet "
+                            f"does not know ({word!r})")
     return RunRecord(data["run_id"], data["job"], data["started"], nodes,
-                     str(data.get("controller", "")), str(data.get("secret", "")), str(backend),
+                     str(data.get("controller", "")), str(data.get("secret", "")),
+                     BackendKind(word),
                      str(data.get("parent", "")))
 
 
@@ -218,7 +223,7 @@ def load(run_id: str | None = None) -> RunRecord:
     if not path.is_file():
         return _by_prefix(run_id, root)
     try:
-        return parse_record(path.read_text())
+        return parse_record(path.read_text(), path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DamagedRecord(f"{path}: the record of run {run_id} is damaged ({e}); remove that "
                             "directory if the run is no more") from e
@@ -251,7 +256,9 @@ def all_runs() -> tuple[list[RunRecord], dict[str, str]]:
     runs, damaged = [], {}
     for p in state_dir().glob("*/run.json"):
         try:
-            runs.append(parse_record(p.read_text()))
+            runs.append(parse_record(p.read_text(), p))
+        except DamagedRecord as e:
+            damaged[str(p)] = str(e)
         except (OSError, ValueError, KeyError, TypeError) as e:
             damaged[str(p)] = f"{type(e).__name__}: {e}"
     return sorted(runs, key=lambda r: r.started), damaged

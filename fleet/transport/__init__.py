@@ -8,7 +8,9 @@ by budget). The rest of fleet takes what it needs from here.
 
 from __future__ import annotations
 
-from fleet.config.inventory import Host
+from collections.abc import Callable
+
+from fleet.config.inventory import Host, TransportKind
 from fleet.transport.base import Pipe, Transport
 from fleet.transport.connection import ssh_connection
 from fleet.transport.framing import Result
@@ -20,9 +22,14 @@ __all__ = ["LocalTransport", "Partial", "Pipe", "Received", "Result", "SSHTransp
            "Transport", "open_transport", "ssh_connection"]
 
 
+# Each way of reaching a host (an inventory's `transport`) and the class that takes it.
+TRANSPORTS: dict[TransportKind, Callable[[Host], Transport]] = {
+    TransportKind.SSH: SSHTransport, TransportKind.LOCAL: LocalTransport}
+
+
 def open_transport(host: Host, hello: bool = True) -> Transport:
     """A connected transport for the host (see Transport.connect); raises TransportError with
     the reason."""
-    t: Transport = LocalTransport(host) if host.transport == "local" else SSHTransport(host)
+    t = TRANSPORTS[host.transport](host)
     t.connect(hello)
     return t

@@ -158,3 +158,53 @@ def test_the_cli_never_branches_on_the_backend() -> None:
         for word in ("is_cluster", "backend.name", "slurm_run", "load_cluster", '== "slurm"',
                      '== "hosts"'):
             assert word not in text, f"{path.name}: {word}"
+
+
+
+def seam_crossings(path: Path) -> list[str]:
+    """Each import in a module of anything under fleet.backends but the package itself: a
+    backend (hosts, slurm) or one of the package's modules (base, checks), at load, inside a
+    function or for types, written `import fleet.backends.x`, `from fleet.backends.x import y`
+    or `from fleet.backends import x` (x a module there); and any relative import."""
+    seam = PACKAGE / "backends"
+    inside = {p.stem for p in seam.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in seam.iterdir() if (p / "__init__.py").exists()}
+    assert {"base", "checks", "hosts", "slurm"} <= inside  # what the test looks for exists
+    crossed = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            names = [f"{'.' * node.level}{node.module or ''}"]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names
+                                     if node.module == "fleet.backends" and a.name in inside]
+        crossed += [f"{path.name}:{node.lineno}: {name}" for name in names
+                    if name.startswith((".", "fleet.backends."))]
+    return crossed
+
+
+def test_the_cli_imports_only_the_seam() -> None:
+    """fleet.cli reaches the backends through `fleet.backends` alone (what it needs of the
+    seam, it re-exports): never a backend's module, nor the seam's own modules."""
+    crossed = [c for p in sorted((PACKAGE / "cli").rglob("*.py")) for c in seam_crossings(p)]
+    assert crossed == [], "the CLI crosses the seam:\n" + "\n".join(crossed)
+
+
+def test_a_crossing_is_seen(tmp_path: Path) -> None:
+    """Every way of crossing is found (a check that cannot fail proves nothing), and the one
+    allowed import is not."""
+    bad = {"import fleet.backends.base\n": "fleet.backends.base",
+           "def f() -> None:\n    from fleet.backends.hosts import planview\n":
+               "fleet.backends.hosts",
+           "from fleet.backends import checks\n": "fleet.backends.checks",
+           "if TYPE_CHECKING:\n    from fleet.backends.base import Backend\n":
+               "fleet.backends.base",
+           "from ..backends import base\n": "..backends"}
+    for i, (text, name) in enumerate(bad.items()):
+        (tmp_path / f"m{i}.py").write_text(text)
+        assert [c.split(": ")[1] for c in seam_crossings(tmp_path / f"m{i}.py")] == [name], text
+    (tmp_path / "ok.py").write_text("from fleet import backends\n"
+                                    "from fleet.backends import Options, for_inventory\n")
+    assert seam_crossings(tmp_path / "ok.py") == []

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fleet import backends
 from fleet.backends.base import Final, Options
 from fleet.backends.hosts.run import with_spares
 from fleet.config.inventory import load_inventory
@@ -116,7 +117,8 @@ class FakeRun:
 def book(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> attempts.Book:
     monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / "state"))
     job = load_job(job_file(tmp_path, body))
-    return attempts.Book(job, job.restart, Console(out=io.StringIO(), err=io.StringIO()))
+    return attempts.Book(job, job.restart, Console(out=io.StringIO(), err=io.StringIO()),
+                         backends.for_inventory(job.inventory))
 
 
 def said(b: attempts.Book) -> str:

@@ -6,25 +6,29 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.backends.base import Backend, GpuSurvey, Options
+from fleet.backends.answers import Seen
+from fleet.backends.base import GpuSurvey, LabTools, Launch, Options, Recorded
 from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import execute as fleet_exec
-from fleet.backends.hosts import gpus, recorded
+from fleet.backends.hosts import gpus, planview, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import pull as fleet_pull
 from fleet.backends.hosts.run import HostsRun, prepare
-from fleet.config.inventory import Inventory, load_inventory
+from fleet.backends.hosts.setup import Decision
+from fleet.config.inventory import BackendKind, Inventory, load_inventory
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.facts.command import Outcome
 from fleet.facts.leases import LeaseOrder, Taken
+from fleet.plan import Plan
 from fleet.run import hang, outcomes
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
@@ -36,8 +40,23 @@ from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
 
 
-class HostsBackend(Backend):
-    name = "hosts"
+@dataclass(frozen=True)
+class PlanPreview:
+    """`fleet plan` on a host list: the plan, each node's setup decision, and what moves."""
+
+    plan: Plan
+    setups: dict[str, Decision]
+    moves: planview.Moves
+
+    def lines(self) -> list[str]:
+        return planview.lines(self.plan, self.setups, self.moves)
+
+    def as_json(self) -> dict[str, object]:
+        return planview.as_json(self.plan, self.moves)
+
+
+class HostsBackend(Launch, Recorded, LabTools):
+    kind = BackendKind.HOSTS
 
     def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
         return prepare(job, console, options)
@@ -45,6 +64,15 @@ class HostsBackend(Backend):
     def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
                trust: str) -> list[Check]:
         return fleet_check.run_checks(load_inventory(job.inventory), job, progress, trust)
+
+    def preview(self, job: Job, probe: bool) -> PlanPreview:
+        return PlanPreview(*planview.survey(job, probe))
+
+    def collective(self, job: Job) -> Job:
+        return fleet_check.collective_job(job)
+
+    def spares(self, inventory: Path) -> list[str]:
+        return [h.name for h in load_inventory(inventory).spares]
 
     def trust_inventory(self, path: Path) -> Inventory:
         return load_inventory(path)
@@ -71,10 +99,10 @@ class HostsBackend(Backend):
             return []
         return [node_row(n, results[n.host.name]) for n in rec.nodes if n.host.name in results]
 
-    def state_word(self, rec: RunRecord) -> str:
+    def state(self, rec: RunRecord) -> Seen:
         if rec.never_started():
-            return RunStatus.NEVER_STARTED.value
-        return overall(status(s) for s in node_outcomes(rec).values()).value
+            return Seen(RunStatus.NEVER_STARTED)
+        return Seen(overall(status(s) for s in node_outcomes(rec).values()))
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet.backends.base import Backend, GpuSurvey, Options
+from fleet.backends.answers import Seen
+from fleet.backends.base import Launch, Options, Recorded
 from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
-from fleet.backends.slurm.cluster import Cluster, load_cluster
+from fleet.backends.slurm.cluster import Cluster, cluster_for, load_cluster, with_options
 from fleet.backends.slurm.jobs import (
     SlurmRecord,
     cancel,
@@ -26,9 +27,9 @@ from fleet.backends.slurm.jobs import (
 )
 from fleet.backends.slurm.report import manifest_of
 from fleet.backends.slurm.run import NO_DECLARED_FORWARD, SlurmRun, prepare
-from fleet.backends.slurm.script import Script, render
+from fleet.backends.slurm.script import Script, export_script, render
 from fleet.backends.slurm.watch import Announcer, watch
-from fleet.config.inventory import Inventory
+from fleet.config.inventory import BackendKind, Inventory, TransportKind
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import (
@@ -39,8 +40,6 @@ from fleet.errors import (
     UsageError,
 )
 from fleet.facts import slurm as sj
-from fleet.facts.command import Outcome
-from fleet.facts.leases import LeaseOrder, Taken
 from fleet.facts.probe import probe, python_problem
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
@@ -49,7 +48,6 @@ from fleet.states import RunStatus
 from fleet.transport import open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import reason
-from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
 
 
@@ -217,12 +215,29 @@ def remove(rec: SlurmRecord) -> str:
     return quote(rec.run_dir)
 
 
-NO_GPU_SHARING = ("fleet gpus, reserve and release are for host lists; Slurm allocates a "
-                  "cluster's GPUs itself (sinfo -O Gres,GresUsed and squeue show who has them; "
-                  "scontrol create reservation reserves them)")
+NO_GPU_SHARING = ("they are for host lists; Slurm allocates a cluster's GPUs itself (sinfo -O "
+                  "Gres,GresUsed and squeue show who has them; scontrol create reservation "
+                  "reserves them)")
 
-class SlurmBackend(Backend):
-    name = "slurm"
+
+class SlurmBackend(Launch, Recorded):
+    """Launches and answers for recorded runs; a lab's tools are for host lists (but trust:
+    the login node's key)."""
+
+    kind = BackendKind.SLURM
+    instead = {
+        "collective": "submit a job that runs it",
+        "survey": NO_GPU_SHARING, "lease": NO_GPU_SHARING,
+        # Which compute nodes a job gets is Slurm's choice, made per job, and fleet holds no
+        # connection to them (only to the login node, where no job runs).
+        "execute": "it runs on the hosts of a host list only (Slurm picks a job's compute "
+                   "nodes when it starts it, and fleet reaches only the login node). On the "
+                   "cluster, run it through Slurm: srun --nodes=N CMD (or inside your job's "
+                   "allocation)",
+        "pull": "a Slurm run's record keeps its run directory but not the job's directory on "
+                "the shared filesystem that its outputs are written in; copy them from the "
+                "login node (scp) for now",
+        "preview": "`fleet export slurm` writes the script a Slurm run submits"}
 
     def prepare(self, job: Job, console: Console, options: Options) -> SlurmRun:
         cluster = load_cluster(job.inventory)
@@ -241,15 +256,14 @@ class SlurmBackend(Backend):
     def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
                trust: str) -> list[Check]:
         if collective:
-            raise UsageError("--collective runs on host lists only; on Slurm, submit a job "
-                             "that runs it")
+            raise self.refuse("collective")
         progress("checking the login node and what Slurm would say")
         return checks(load_cluster(job.inventory), job, trust)
 
     def trust_inventory(self, path: Path) -> Inventory | None:
         """The login node, the one host fleet connects to; None where it is this machine."""
         login = load_cluster(path).login
-        if login is None or login.transport != "ssh":
+        if login is None or login.transport is not TransportKind.SSH:
             return None
         return Inventory(path, (login,))
 
@@ -261,10 +275,10 @@ class SlurmBackend(Backend):
         srec = load(rec)
         return unsubmitted(rec, srec) or status(srec, rec.started)
 
-    def state_word(self, rec: RunRecord) -> str:
+    def state(self, rec: RunRecord) -> Seen:
         srec = load(rec)
         said = unsubmitted(rec, srec) or status(srec, rec.started)
-        return f"{said[0].value} (slurm)"
+        return Seen(said[0], by="slurm")
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         stop(load(rec), console)
@@ -312,26 +326,5 @@ class SlurmBackend(Backend):
                              "it was never submitted to Slurm, or an older fleet started it")
         return m
 
-    def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
-             every: bool) -> dict[str, Pulled | Exception]:
-        raise UsageError("fleet pull runs on host lists only: a Slurm run's record keeps its "
-                         "run directory but not the job's directory on the shared filesystem "
-                         "that its outputs are written in; copy them from the login node "
-                         "(scp) for now")
-
-    def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
-        """Refused: Slurm allocates a cluster's GPUs itself (sinfo and squeue show them)."""
-        raise UsageError(f"{inventory} is a Slurm cluster: {NO_GPU_SHARING}")
-
-    def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
-        raise UsageError(f"{inventory} is a Slurm cluster: {NO_GPU_SHARING}")
-
-    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
-                timeout: float | None, progress: Callable[[int, int], None]
-                ) -> dict[str, Outcome]:
-        """Refused: which compute nodes a job gets is Slurm's choice, made per job, and fleet
-        holds no connection to them (only to the login node, where no job runs)."""
-        raise UsageError(f"{inventory} is a Slurm cluster: fleet exec runs on the hosts of a "
-                         "host list only (Slurm picks a job's compute nodes when it starts it, "
-                         "and fleet reaches only the login node). On the cluster, run it "
-                         "through Slurm: srun --nodes=N CMD (or inside your job's allocation)")
+    def export(self, job: Job, settings: dict[str, Any]) -> str:
+        return export_script(job, with_options(cluster_for(job.inventory), **settings))

@@ -15,6 +15,7 @@ from fleet.config.inventory import (
     IFACE,
     LOCAL_ADDRESSES,
     Host,
+    TransportKind,
     load_inventory,
     take_host_key,
 )
@@ -67,9 +68,10 @@ def load_cluster(path: Path) -> Cluster:
     login_at = t.take("login", str, "localhost")
     if not ADDRESS.match(login_at) or login_at.startswith("-"):
         raise t.error("login", f"{login_at!r} is not a host name or IP address")
-    transport = t.take("transport", str, "local" if login_at in LOCAL_ADDRESSES else "ssh")
-    if transport not in ("ssh", "local"):
-        raise t.error("transport", f'must be "ssh" or "local", not {transport!r}')
+    word = t.take("transport", str, "local" if login_at in LOCAL_ADDRESSES else "ssh")
+    if word not in {k.value for k in TransportKind}:
+        raise t.error("transport", f'must be "ssh" or "local", not {word!r}')
+    transport = TransportKind(word)
     port = t.take("port", int, None)
     if port is not None and not 0 < port < 65536:
         raise t.error("port", f"must be between 1 and 65535, not {port}")
@@ -84,7 +86,8 @@ def load_cluster(path: Path) -> Cluster:
                  identity=t.take("identity", str, None),
                  known_hosts=t.take("known_hosts", str, None), host_key=host_key,
                  connect_timeout=float(t.take("connect_timeout", float, 10.0)),
-                 workdir=workdir, python=sys.executable if transport == "local" else python)
+                 workdir=workdir, python=sys.executable if transport is TransportKind.LOCAL
+                 else python)
     nodes = t.take("nodes", int, 1)
     if nodes < 1:
         raise t.error("nodes", f"must be at least 1, not {nodes}")

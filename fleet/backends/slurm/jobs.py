@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.config.inventory import Host
+from fleet.config.inventory import BackendKind, Host
 from fleet.console import Console
 from fleet.errors import (
     DamagedRecord,
@@ -52,7 +52,7 @@ def save(rec: SlurmRecord, started: float) -> None:
         # The run's record (no host nodes: Slurm chooses them); the rest is in slurm.json.
         state.write_atomic(d / "run.json", json.dumps(dataclasses.asdict(state.RunRecord(
             rec.run_id, rec.job, started, (), controller=state.controller_id(),
-            backend="slurm"))) + "\n")
+            backend=BackendKind.SLURM))) + "\n")
         if rec.job_id is not None:
             state.mark_launched(d)  # from now on Slurm says what runs
         state.write_atomic(d / RECORD, json.dumps(dataclasses.asdict(rec), indent=2) + "\n")

@@ -1,0 +1,38 @@
+"""What the seam answers with, as data (the CLI says it in words): a recorded run's state as its
+backend sees it, a plan's preview; and each verb as the person who asked it calls it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from fleet.states import RunStatus
+
+
+@dataclass(frozen=True)
+class Seen:
+    """`fleet ps`: a recorded run's state; why it is unknown, where it is and that is known;
+    and who says it, where not fleet's own record and nodes (Slurm's queue: "slurm")."""
+
+    status: RunStatus
+    why: str = ""
+    by: str = ""
+
+
+# What each verb is to the person who asked it: an Unsupported names it so.
+VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan", "collective":
+         "fleet check --collective", "export": "fleet export", "describe": "fleet status",
+         "state": "fleet ps", "cancel": "fleet stop", "logs": "fleet logs", "dump":
+         "fleet dump", "delete": "fleet rm", "tunnel": "fleet forward", "manifest": "fleet show",
+         "pull": "fleet pull", "stop_part": "stopping one node's part of a run", "parts_left":
+         "asking one node's part of a run", "survey": "fleet gpus", "lease":
+         "fleet reserve and release", "execute": "fleet exec", "trust_inventory": "fleet trust",
+         "pin_keys": "fleet trust --to inventory"}
+
+
+class Preview(Protocol):
+    """`fleet plan`: what `up` would run, as data and as the lines that show it."""
+
+    def lines(self) -> list[str]: ...  # as `fleet plan` prints it
+
+    def as_json(self) -> dict[str, object]: ...  # as `fleet plan --json` writes it
