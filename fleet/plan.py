@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher, RendezvousBackend
+from fleet.config.procs import Nproc
 from fleet.errors import ConfigError
 from fleet.facts.net import NodeNet
 from fleet.facts.stacks import FR_PIPE, FR_TRACE
@@ -22,7 +23,7 @@ class NodePlan:
     host: Host
     node_rank: int
     nnodes: int
-    nproc: int | str
+    nproc: Nproc
     master_addr: str
     master_port: int
     net: NodeNet
@@ -72,7 +73,7 @@ def new_run_id(job_name: str, now: float | None = None) -> str:
     return f"{job_name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def node_nproc(job: Job, host: Host) -> int | str:
+def node_nproc(job: Job, host: Host) -> Nproc:
     """How many processes a node runs: the host's own count, else one per GPU chosen for it,
     else the job's."""
     if host.nproc_per_node is not None:
@@ -82,7 +83,7 @@ def node_nproc(job: Job, host: Host) -> int | str:
     return job.nproc_per_node
 
 
-def rank_span(base: int | None, nproc: int | str | None) -> str:
+def rank_span(base: int | None, nproc: Nproc | None) -> str:
     """The global ranks of a node's processes, "rank 2" or "ranks 2-3"; "" where not known
     before launch."""
     if base is None or not isinstance(nproc, int) or nproc < 1:
@@ -172,7 +173,7 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
                 notes=tuple(notes), storage=tuple(tuple(g) for g in groups))
 
 
-def _check_launcher(inventory: Inventory, job: Job, counts: list[int | str],
+def _check_launcher(inventory: Inventory, job: Job, counts: list[Nproc],
                     has_gpus: dict[str, bool] | None) -> None:
     """What accelerate cannot do, said before anything starts: `accelerate launch` divides
     --num_processes evenly among machines and runs one mode (GPU or CPU) everywhere."""
@@ -182,7 +183,7 @@ def _check_launcher(inventory: Inventory, job: Job, counts: list[int | str],
         raise ConfigError(job.path, "rendezvous.backend", 'launcher = "accelerate" starts '
                           "with a static rendezvous (machine ranks in inventory order); remove "
                           "the c10d backend")
-    words = [f"{h.name} {c!r}" for h, c in zip(inventory.hosts, counts, strict=True)
+    words = [f"{h.name} {str(c)!r}" for h, c in zip(inventory.hosts, counts, strict=True)
              if not isinstance(c, int)]
     if words:
         raise ConfigError(inventory.path, "nproc_per_node", 'launcher = "accelerate" needs a '
@@ -201,7 +202,7 @@ def _check_launcher(inventory: Inventory, job: Job, counts: list[int | str],
                           "have none; run on nodes of one kind")
 
 
-def _first_ranks(counts: list[int | str]) -> list[int | None]:
+def _first_ranks(counts: list[Nproc]) -> list[int | None]:
     """The global rank of each node's local rank 0 where the nodes are numbered in inventory
     order: the processes of the nodes before it (torchrun's cumulative sum, so node sizes may
     differ). Unknown where a node's count is a word (gpu, auto) torchrun resolves there."""

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from fleet.config.notify import Notify, job_notify
 from fleet.config.outputs import take_outputs
+from fleet.config.procs import Nproc, nproc_value
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
 
@@ -44,7 +45,6 @@ PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "first_ra
                 "master_addr", "master_port", "run_id", "code_dir", "data_dir", "host", "python")
 # A word of `args` that stands for the command line's arguments: `fleet up JOB -- A B`.
 ARGS_WORD = "{args}"
-NPROC_WORDS = ("gpu", "cpu", "auto")
 MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 # How the legacy launcher passes the local rank: torch >= 2.0 says --local-rank; scripts written
 # for older torch parse --local_rank only.
@@ -83,7 +83,7 @@ class Job:
     module: str | None = None  # run as `python -m module` (installed, or in the workdir)
     launcher: Launcher = Launcher.TORCHRUN
     command: tuple[str, ...] = ()  # launcher = "command": the argv, with {placeholders}
-    nproc_per_node: int | str = 1
+    nproc_per_node: Nproc = 1
     env: dict[str, str] = field(default_factory=dict)
     rendezvous: Rendezvous = Rendezvous()
     templates: Path | None = None  # a directory whose files override the shipped templates
@@ -284,26 +284,11 @@ def _check_placeholders(root: Table, key: str, word: str) -> None:
                                   f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
 
 
-def _nproc(root: Table) -> int | str:
+def _nproc(root: Table) -> Nproc:
     if not root.has("nproc_per_node"):
         root.take("nproc_per_node", int, 1)
         return 1
     return nproc_value(root, "nproc_per_node")
-
-
-def nproc_value(t: Table, key: str) -> int | str:
-    """A process count: a positive integer, or one of torchrun's words (gpu, cpu, auto)."""
-    value = t.data[key]
-    if isinstance(value, str):
-        value = t.take(key, str)
-        if value not in NPROC_WORDS:
-            raise t.error(key, f'must be a positive integer or one of '
-                               f'{", ".join(NPROC_WORDS)}, not {value!r}')
-        return value
-    n = t.take(key, int)
-    if n < 1:
-        raise t.error(key, f"must be at least 1, not {n}")
-    return n
 
 
 def _one_of(t: Table, key: str, kind: type[E], default: E) -> E:

@@ -149,22 +149,24 @@ def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = ""
     run_id = run_id or run.run_id
     tail = f"; {summary}" if summary else ""
     if ended.hang is not None:
-        told.state, told.said = "hung", (f"run {run_id} hung: {ended.hang}; "
-                                         f"{run.halted_words()} (logs: `fleet logs {run_id}`)"
-                                         f"{tail}")
+        told.state = notify.NoticeState.HUNG
+        told.said = (f"run {run_id} hung: {ended.hang}; {run.halted_words()} (logs: "
+                     f"`fleet logs {run_id}`){tail}")
         raise JobFailed(told.said)
     if final.status is RunStatus.SUCCEEDED:
-        told.state, told.said = "succeeded", f"run {run_id} succeeded {final.words}{tail}"
+        told.state = notify.NoticeState.SUCCEEDED
+        told.said = f"run {run_id} succeeded {final.words}{tail}"
         console.info(told.said, Meaning.OK)
         return run_id
     if final.status is RunStatus.STOPPED:
-        told.state, told.said = "stopped", f"run {run_id} was stopped{final.words}{tail}"
+        told.state = notify.NoticeState.STOPPED
+        told.said = f"run {run_id} was stopped{final.words}{tail}"
         raise RunStopped(told.said)
     if final.status is RunStatus.FAILED:
-        told.state = "failed"
+        told.state = notify.NoticeState.FAILED
         told.said = f"run {run_id} failed{final.words} (logs: `fleet logs {run_id}`){tail}"
         raise JobFailed(told.said)
-    told.state = "unknown"
+    told.state = notify.NoticeState.UNKNOWN
     told.said = (f"run {run_id} ended in an unknown state: fleet lost sight of a node (logs: "
                  f"`fleet logs {run_id}`){tail}")
     raise JobFailed(told.said, exit_code=final.status.exit_code)
