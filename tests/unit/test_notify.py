@@ -107,7 +107,8 @@ def test_redact_keeps_scheme_and_host_only(url: str, shown: str) -> None:
     assert Notify(url).view()["webhook"] == shown
 
 
-FAILED = Notice("mnist-1a2b", "mnist", NoticeState.FAILED, 3723.0, "run mnist-1a2b failed (logs: ...)",
+FAILED = Notice("mnist-1a2b", "mnist", NoticeState.FAILED, 3723.0,
+                "run mnist-1a2b failed (logs: ...)",
                 ("first failure: node2 (node rank 1), rank 3 (local rank 1), exit code 1:",
                  "    Traceback (most recent call last):", "    ZeroDivisionError: \x1b[31m"))
 
@@ -122,7 +123,8 @@ def test_message_carries_state_duration_and_failure() -> None:
 
 
 def test_message_bounds_a_long_traceback() -> None:
-    long = Notice("r", "j", NoticeState.FAILED, 5, "x", ("first failure: n", *[f"l{i}" for i in range(99)]))
+    long = Notice("r", "j", NoticeState.FAILED, 5, "x",
+                  ("first failure: n", *[f"l{i}" for i in range(99)]))
     lines = notify.message(long).splitlines()
     assert len(lines) == 2 + notify.TRACE_LINES + 1
     assert lines[2] == "first failure: n" and lines[-1] == "l98"
@@ -130,7 +132,8 @@ def test_message_bounds_a_long_traceback() -> None:
 
 
 def test_hang_verdict_in_message() -> None:
-    hung = Notice("r", "j", NoticeState.HUNG, 65, "run r hung on node2", (), "rank 3 on node2 is in f()")
+    hung = Notice("r", "j", NoticeState.HUNG, 65, "run r hung on node2", (),
+                  "rank 3 on node2 is in f()")
     assert notify.message(hung).splitlines() == [
         "fleet: run r (j) hung after 1m 05s", "run r hung on node2", "hang: rank 3 on node2 is "
         "in f()"]

@@ -323,9 +323,11 @@ def test_ps_asks_only_the_lost_nodes_whose_end_fleet_has_not_seen(
     every = [SimpleNamespace(run_id=r, dir=tmp_path / r) for r in ("r", "r-a2", "r-a3", "r-a4")]
     for rec in every:
         rec.dir.mkdir()
-    items = [attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, RunStatus.UNKNOWN, lost=["n2", "n3"]),
+    items = [attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, RunStatus.UNKNOWN,
+                              lost=["n2", "n3"]),
              attempts.Attempt(2, "r-a2", ["n1", "n4", "n3"], 2.0, 3.0, RunStatus.FAILED),
-             attempts.Attempt(3, "r-a3", ["n1", "n4", "n5"], 4.0, 5.0, RunStatus.UNKNOWN, lost=["n5"]),
+             attempts.Attempt(3, "r-a3", ["n1", "n4", "n5"], 4.0, 5.0, RunStatus.UNKNOWN,
+                              lost=["n5"]),
              attempts.Attempt(4, "r-a4", ["n1", "n4", "n6"], 6.0, 7.0, RunStatus.SUCCEEDED)]
     # n5's part was stopped once it answered again: its end is kept.
     attempts.outcomes.note(every[2].dir, NodeOutcome("n5", 2, NodeStatus.STOPPED, 143), "fleet up")
