@@ -301,3 +301,22 @@ def test_a_damaged_slurm_record_nproc_names_the_file(
     assert str(e.value) == (f"{rec.dir / slurm_jobs.RECORD}: the record of run r is damaged "
                             "(nproc must be a positive integer or one of gpu, cpu, auto, "
                             "not 'many')")
+
+
+# ---- fault points (FLEET_FAULT) -----------------------------------------------------------------
+def test_a_fault_word_is_parsed_and_a_typo_fails_loudly(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    from fleet.run import faults
+    monkeypatch.setenv("FLEET_FAULT", "upload:raise")
+    faults.point("connect")  # another phase: nothing
+    with pytest.raises(RuntimeError, match="injected fault at upload"):
+        faults.point("upload")
+    monkeypatch.setenv("FLEET_FAULT", "upload:kil")
+    with pytest.raises(RuntimeError) as e:
+        faults.point("upload")
+    assert str(e.value) == ("FLEET_FAULT='upload:kil': 'kil' is none of kill, int, int2, term, "
+                            "raise, pause")
+    (tmp_path / "go").touch()
+    monkeypatch.setenv("FLEET_FAULT", "upload:pause")
+    monkeypatch.setenv("FLEET_FAULT_RESUME", str(tmp_path / "go"))
+    faults.point("upload")  # said so, and went on at once: the file is there
