@@ -125,8 +125,8 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     sizes = [c for c in counts if isinstance(c, int)]
     world = sum(sizes) if len(sizes) == len(counts) else None
     firsts = _first_ranks(counts)
-    static = (job.launcher != Launcher.COMMAND
-              and job.rendezvous.backend == RendezvousBackend.STATIC)
+    static = (job.launcher is not Launcher.COMMAND
+              and job.rendezvous.backend is RendezvousBackend.STATIC)
     # The ranks a launcher gives: a static rendezvous numbers nodes in inventory order (c10d in
     # the order they join); a command's script numbers them itself.
     bases = firsts if static else [None] * len(hosts)
@@ -139,7 +139,7 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         notes.append("global ranks are known only at launch (c10d numbers nodes as they join; "
                      "a count like \"gpu\" is resolved on the node; a command's script numbers "
                      "its own): fleet reads each worker's RANK to tag its lines")
-    if job.launcher == Launcher.ACCELERATE and has_gpus is None:
+    if job.launcher is Launcher.ACCELERATE and has_gpus is None:
         notes.append("accelerate runs in GPU mode on nodes with GPUs, CPU mode elsewhere "
                      "(decided at launch from nvidia-smi)")
     nodes = []
@@ -177,9 +177,9 @@ def _check_launcher(inventory: Inventory, job: Job, counts: list[Nproc],
                     has_gpus: dict[str, bool] | None) -> None:
     """What accelerate cannot do, said before anything starts: `accelerate launch` divides
     --num_processes evenly among machines and runs one mode (GPU or CPU) everywhere."""
-    if job.launcher != Launcher.ACCELERATE:
+    if job.launcher is not Launcher.ACCELERATE:
         return
-    if job.rendezvous.backend != RendezvousBackend.STATIC:
+    if job.rendezvous.backend is not RendezvousBackend.STATIC:
         raise ConfigError(job.path, "rendezvous.backend", 'launcher = "accelerate" starts '
                           "with a static rendezvous (machine ranks in inventory order); remove "
                           "the c10d backend")
@@ -261,7 +261,7 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
         # nvidia-smi's numbering, which is the one users see; CUDA's default order differs.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
-    if job.launcher == Launcher.ACCELERATE and cpu_only:
+    if job.launcher is Launcher.ACCELERATE and cpu_only:
         env["ACCELERATE_USE_CPU"] = "true"  # --multi_gpu's workers, as MULTI_CPU over Gloo
     if job.watchdog.nccl_flight_recorder:
         env.update(flight_recorder_env(run_dir))
@@ -287,11 +287,11 @@ def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_di
           code_dir: str) -> tuple[str, ...]:
     rdzv = job.rendezvous
     args = [a.format_map(values) for a in job.args]
-    if job.launcher == Launcher.COMMAND:
+    if job.launcher is Launcher.COMMAND:
         return tuple(a.format_map(values) for a in job.command) + tuple(args)
     target = ["-m", job.module] if job.module else [f"{code_dir}/{job.script}"]
     logs = [f"{run_dir}/torchrun", "3"]
-    if job.launcher == Launcher.ACCELERATE:
+    if job.launcher is Launcher.ACCELERATE:
         # --multi_gpu is accelerate's torchrun launcher; on a CPU node ACCELERATE_USE_CPU turns
         # its workers into MULTI_CPU ones (without either, each node runs one lone process).
         return (python, "-m", "accelerate.commands.launch", "--multi_gpu",
@@ -304,7 +304,7 @@ def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_di
                 *(["--module", job.module] if job.module else target), *args)
     argv = [python, *TORCHRUN, "--nnodes", str(values["nnodes"]),
             "--nproc-per-node", str(values["nproc_per_node"])]
-    if rdzv.backend == RendezvousBackend.STATIC:
+    if rdzv.backend is RendezvousBackend.STATIC:
         argv += ["--node-rank", str(values["node_rank"]),
                  "--master-addr", str(values["master_addr"]), "--master-port", str(rdzv.port),
                  "--rdzv-conf", f"timeout={rdzv.timeout}"]
@@ -320,7 +320,7 @@ def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_di
     if net.address:
         argv += ["--local-addr", net.address]
     argv += ["--log-dir", logs[0], "--tee", logs[1], *job.launcher_args]
-    if job.launcher == Launcher.LEGACY:
+    if job.launcher is Launcher.LEGACY:
         # torch.distributed.launch (deprecated) is torchrun plus the local rank as an argument;
         # fleet's shim adds that argument from LOCAL_RANK, spelt as the script wants it.
         return (*argv, f"{run_dir}/{SITE}/fleet_local_rank.py", job.local_rank_flag, *target,

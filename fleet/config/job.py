@@ -147,7 +147,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         raise root.error("workdir", f"directory not found: {workdir}")
     launcher = _one_of(root, "launcher", Launcher, Launcher.TORCHRUN)
     command: tuple[str, ...] = ()
-    if launcher == Launcher.COMMAND:
+    if launcher is Launcher.COMMAND:
         command = tuple(root.take_str_list("command"))
         if not command:
             raise root.error("command", "must not be empty")
@@ -156,13 +156,13 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     script = root.take("script", str, None)
     module = root.take("module", str, None)
     if module is not None:
-        if launcher == Launcher.COMMAND:
+        if launcher is Launcher.COMMAND:
             raise root.error("module", 'not used with launcher = "command" (name it in command)')
         if script is not None:
             raise root.error("module", "give either script or module, not both")
         if not MODULE.match(module):
             raise root.error("module", f"{module!r} is not a python module name (pkg.mod)")
-    elif script is None and launcher != Launcher.COMMAND:
+    elif script is None and launcher is not Launcher.COMMAND:
         raise root.missing("script", "required key is missing (or give module)")
     if script is not None:
         script_path = (workdir / script).resolve()
@@ -173,14 +173,14 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         script = script_path.relative_to(workdir.resolve()).as_posix()
     args, args_at = _args(root)
     launcher_args = tuple(root.take_str_list("launcher_args", []))
-    if launcher_args and launcher == Launcher.COMMAND:
+    if launcher_args and launcher is Launcher.COMMAND:
         raise root.error("launcher_args", 'not used with launcher = "command" (it has no '
                                           "launcher: put them in command)")
     local_rank_flag = root.take("local_rank_flag", str, "--local-rank")
     if local_rank_flag not in LOCAL_RANK_FLAGS:
         raise root.error("local_rank_flag", f"must be one of {', '.join(LOCAL_RANK_FLAGS)}, "
                                             f"not {local_rank_flag!r}")
-    if root.has("local_rank_flag") and launcher != Launcher.LEGACY:
+    if root.has("local_rank_flag") and launcher is not Launcher.LEGACY:
         raise root.error("local_rank_flag", 'only used with launcher = "legacy" (torchrun '
                                             "passes LOCAL_RANK in the environment)")
     nproc = _nproc(root)
