@@ -5,6 +5,7 @@ so records already on disk load and are written again byte for byte."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -168,17 +169,21 @@ def test_notice_states_are_the_words_on_the_wire() -> None:
 def test_the_watchers_words_are_notice_states(tmp_path: Path) -> None:
     """The node-side watcher speaks the same words (it cannot import fleet): each of its
     verdicts is one of NoticeState's."""
-    cfg = {"node": "n1", "run_id": "r", "job": "j", "proof": "x"}
+    proof = hashlib.sha256(b"fleet stop").hexdigest()
+    cfg = {"node": "n1", "run_id": "r", "job": "j", "proof": proof}
     words = set()
-    for code in ("0", "1", ""):
+    for code, stopped in (("0", ""), ("1", ""), ("", ""), ("143", "fleet stop\n")):
         d = tmp_path / f"c{code or 'none'}"
         d.mkdir()
         (d / "started").write_text("0")
         if code:
             (d / "exit_code").write_text(code)
+        if stopped:
+            (d / "stopped").write_text(stopped)
         words.add(notify_watch.verdict(str(d), cfg)[0])
-    assert {notify.NoticeState(w) for w in words} == {
-        notify.NoticeState.SUCCEEDED, notify.NoticeState.FAILED, notify.NoticeState.UNKNOWN}
+    # HUNG is the laptop's alone: the watcher has no watchdog.
+    assert {notify.NoticeState(w) for w in words} == set(notify.NoticeState) - {
+        notify.NoticeState.HUNG}
 
 
 class FakeRun:
@@ -320,3 +325,20 @@ def test_a_fault_word_is_parsed_and_a_typo_fails_loudly(monkeypatch: pytest.Monk
     monkeypatch.setenv("FLEET_FAULT", "upload:pause")
     monkeypatch.setenv("FLEET_FAULT_RESUME", str(tmp_path / "go"))
     faults.point("upload")  # said so, and went on at once: the file is there
+
+
+def test_check_reads_the_gpu_word_as_a_type() -> None:
+    """`fleet check`: nproc_per_node = "gpu" (parsed from the file) on a node without GPUs."""
+    from fleet.backends.checks import Status
+    from fleet.backends.hosts.check import _node_checks
+    from fleet.facts.probe import Health
+
+    def gpus(nproc: object, seen: int) -> tuple[Status, str]:
+        c = _node_checks("n1", "n1", Health(gpus=seen, resolves=("10.0.0.1",)), 0.0,
+                         parse_nproc(nproc), alone=True)[0]
+        return c.status, c.detail
+
+    assert gpus("gpu", 0) == (Status.FAIL, 'nproc_per_node = "gpu" but no GPU is visible')
+    assert gpus("gpu", 2) == (Status.PASS, "2 GPU(s)")
+    assert gpus(4, 2) == (Status.FAIL, "4 processes for 2 GPU(s)")
+    assert gpus("auto", 0) == (Status.PASS, "none (Gloo on CPU)")
