@@ -17,6 +17,9 @@ from collections.abc import Iterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, TextIO
 
+from fleet import events as ev
+from fleet.phrases import terminal_words
+
 if TYPE_CHECKING:
     from rich.spinner import Spinner
     from rich.text import Text
@@ -91,15 +94,23 @@ def _render(text: Text, width: int, color: bool) -> str:
     return buf.getvalue()
 
 
+MEANINGS = {m: ev.Tone[m.name] for m in Meaning}  # an event's tone: a word's meaning
+TONES = {t: m for m, t in MEANINGS.items()}
+
+
 class Console:
+    """A command's events, drawn here on the terminal, or with `sink` (--json) sent there."""
+
     def __init__(self, out: TextIO | None = None, err: TextIO | None = None,
-                 color: bool | None = None, live: bool | None = None) -> None:
+                 color: bool | None = None, live: bool | None = None,
+                 sink: ev.Sink | None = None) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.color = colored(self.out) if color is None else color  # the log stream's tags
         self.err_color = colored(self.err) if color is None else color
         # live: a person watches stderr; waits are drawn as a spinner or bar redrawn in place
-        self.live = interactive(self.err) if live is None else live
+        self.live = (interactive(self.err) if live is None else live) and sink is None
+        self.sink = sink
         self._lock = threading.RLock()
         self._width = 0
         self.drawn = False  # a redrawn line (a progress bar) is on the terminal, unended
@@ -136,10 +147,20 @@ class Console:
         return _render(Text(safe, style=meaning.value), 10_000, True)
 
     def phase(self, host: str, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
-        self._say(f"{host:<{self._width}}  {message}", meaning)
+        self.event(ev.Note(message, MEANINGS[meaning], host))
 
     def info(self, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
-        self._say(message, meaning)
+        self.event(ev.Note(message, MEANINGS[meaning]))
+
+    def event(self, event: ev.Event) -> None:
+        """One event: to the sink, else drawn (fleet.phrases: a Phase draws nothing)."""
+        if self.sink is not None:
+            self.sink.emit(event)
+            return
+        for host, words, tone in terminal_words(event):
+            self._say(f"{host:<{self._width}}  {words}" if host else words, TONES[tone])
+        if isinstance(event, ev.Line):
+            self._lines(event.index, [(event.tag or event.host, event.text)])
 
     def _say(self, message: str, meaning: Meaning) -> None:
         with self._lock:
@@ -150,6 +171,8 @@ class Console:
     def redraw(self, text: str) -> None:
         """One line drawn over the last one (a progress bar), on a terminal; the next line
         printed takes its place."""
+        if self.sink is not None:
+            return
         with self._lock, contextlib.suppress(OSError, ValueError):
             self._bar = self._fit(printable(text))
             self.err.write("\r\033[K" + self._bar)
@@ -245,11 +268,17 @@ class Console:
             self.err.flush()
         self.drawn = True
 
-    def line(self, tag: str, index: int, text: str) -> None:
-        self.lines(index, [(tag, text)])
+    def lines(self, index: int, tagged: list[tuple[str, str]], host: str = "",
+              ranks: Sequence[int | None] = ()) -> None:
+        """Log lines of one node, printed together (a sink gets one Line each)."""
+        if self.sink is None:
+            self._lines(index, tagged)
+            return
+        for i, (tag, text) in enumerate(tagged):
+            self.sink.emit(ev.Line(host or tag.split()[0], ranks[i] if i < len(ranks)
+                                   else None, text.removesuffix("\r"), tag, index))
 
-    def lines(self, index: int, tagged: list[tuple[str, str]]) -> None:
-        """Log lines of one node, printed together: one write for all of them."""
+    def _lines(self, index: int, tagged: list[tuple[str, str]]) -> None:
         if tagged:
             # A CR that ends a line (CRLF) shows nothing: only one inside a line is marked.
             block = "\n".join(self._paint(printable(tag), index) + " | "
@@ -292,6 +321,9 @@ class Console:
     def emit(self, text: str, err: bool = False) -> None:
         """Print what this console drew (`table`, `paint`: every node's word in it already made
         printable, its colours its own), on stdout or stderr, past any wait's line."""
+        if self.sink is not None:
+            self.sink.emit(ev.Note(text))
+            return
         with self._lock:
             self._clear()
             self._print(text, self.err if err else self.out)

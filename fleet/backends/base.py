@@ -21,9 +21,12 @@ from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.console import Console
 from fleet.errors import UsageError
+from fleet.events import NodeEnded as NodeEnded  # the runner's protocol, moved
+from fleet.events import Quiet as Quiet
 from fleet.facts.command import Outcome
 from fleet.facts.gpus import GpuFacts
 from fleet.facts.leases import LeaseOrder, Taken
+from fleet.reports import Detached, Forgotten, Stopped
 from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.states import NodeOutcome, RunStatus
@@ -62,22 +65,8 @@ class GpuSurvey(Protocol):
 
 
 # ---- what a running job reports: pushed by the backend, decided on by the runner -----------
-@dataclass(frozen=True)
-class NodeEnded:
-    """A node's part ended (or was lost: status UNREACHABLE); the runner fails fast on it."""
-
-    outcome: NodeOutcome
-
-
-@dataclass(frozen=True)
-class Quiet:
-    """Nothing else happened: how long no node has printed a line (the watchdog's clock; 0
-    while the job cannot print yet, waiting in a queue)."""
-
-    silent: float
-
-
-Event = NodeEnded | Quiet
+# (the event types themselves are fleet.events, where every view finds them)
+Event = NodeEnded | Quiet  # what Run.events yields
 
 
 @dataclass(frozen=True)
@@ -106,8 +95,8 @@ class Run(ABC):
         """Whether anything of the job may run somewhere: a teardown must then stop it."""
 
     @abstractmethod
-    def detached(self) -> str | None:
-        """After a detached schedule: the run goes on without fleet; what to say of it. None
+    def detached(self) -> Detached | None:
+        """After a detached schedule: the run goes on without fleet; how far it started. None
         where the job already ended: its end is reported as an attached run's."""
 
     @abstractmethod
@@ -121,9 +110,8 @@ class Run(ABC):
         returns per node the problem, where it may still hold a process."""
 
     @abstractmethod
-    def forget(self) -> str:
-        """Nothing ever started: remove what the preparation left (best effort); what to
-        say of it."""
+    def forget(self) -> Forgotten:
+        """Nothing ever started: remove what the preparation left (best effort)."""
 
     def progressed(self) -> float | None:
         """When a rank first printed a line of its own (not a traceback): a failure before it
@@ -137,8 +125,8 @@ class Run(ABC):
                 "(nothing watches its end without fleet): run it attached for [notify]")
 
     @abstractmethod
-    def stopped_words(self, problems: dict[str, str]) -> str:
-        """What a teardown's stop achieved, for the person (and `Interrupted`'s message)."""
+    def stopped(self, problems: dict[str, str]) -> Stopped:
+        """What a teardown's stop (that returned these problems) achieved."""
 
     @abstractmethod
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
@@ -146,7 +134,7 @@ class Run(ABC):
         problems)."""
 
     @abstractmethod
-    def halted_words(self) -> str:
+    def halted(self) -> Stopped:
         """What the watchdog's stop did (the last stop's problems, if any), for the verdict of
         a hung run."""
 

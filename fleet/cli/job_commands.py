@@ -41,6 +41,9 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                 "4h) if given.")] = None,
        ignore_leases: Annotated[bool, typer.Option(
            "--ignore-leases", help="Start on GPUs other users leased (fleet reserve).")] = False,
+       as_json: Annotated[bool, typer.Option(
+           "--json", help="The run's events on stdout, one JSON object a line (docs/EVENTS.md),"
+                          " instead of words and log lines.")] = False,
        ) -> None:
     """Start the job on every host and stream its logs.
 
@@ -48,15 +51,16 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     from fleet import backends
     from fleet.backends.base import Options
     from fleet.config.job import load_job, with_extra_args
-    from fleet.console import Console
     from fleet.lifecycle import runner
+    from fleet.lifecycle.session import Session
 
-    job = with_extra_args(load_job(job_path, inventory), extra or [])
-    if debug_env:
-        job = dataclasses.replace(job, debug=True)
-    runner.up(backends.for_inventory(job.inventory), job, Console(), Options(
-        detach=detach, checks=not skip_checks, force=force, allow_mismatch=allow_mismatch,
-        force_setup=force_setup, wait=wait_seconds(wait), ignore_leases=ignore_leases))
+    with Session.for_command(as_json) as session:
+        job = with_extra_args(load_job(job_path, inventory), extra or [])
+        if debug_env:
+            job = dataclasses.replace(job, debug=True)
+        runner.up(backends.for_inventory(job.inventory), job, session.console, Options(
+            detach=detach, checks=not skip_checks, force=force, allow_mismatch=allow_mismatch,
+            force_setup=force_setup, wait=wait_seconds(wait), ignore_leases=ignore_leases))
 
 
 def wait_seconds(text: str | None) -> float | None:

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from fleet.cli import run_views
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
-from fleet.console import Console, Meaning
-from fleet.errors import FleetError, UsageError
+from fleet.console import Console
+from fleet.errors import FleetError
 from fleet.states import RunStatus
 
 if TYPE_CHECKING:
@@ -64,7 +65,10 @@ def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=compl
 
 
 @app.command()
-def status(run_id: RunArg = None) -> None:
+def status(run_id: RunArg = None,
+           as_json: Annotated[bool, typer.Option(
+               "--json", help="The same as one JSON object: the run's state, its exit code, "
+                              "each node's outcome (docs/EVENTS.md).")] = False) -> None:
     """Show each node's state for a run.
 
     Exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node could not be asked), 4
@@ -77,14 +81,17 @@ def status(run_id: RunArg = None) -> None:
     found = attempts.load(rec)
     every = attempts.records(rec)
     final, lines = backends.for_record(every[-1]).describe(every[-1])
-    if found:
+    if as_json:
+        run_views.status_json(rec, every[-1], final, lines)
+    elif found:
         echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
         echo("\n".join(attempts.lines(*found)))
         for number, rows in _not_over(every, found[1]):
             echo(f"  attempt {number}/{found[0] + 1} ({every[number - 1].run_id}) is not over "
                  f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
             echo("\n".join(f"  {row}" for row in rows))
-    echo("\n".join(lines))
+    if not as_json:
+        echo("\n".join(lines))
     if final.exit_code:
         raise typer.Exit(final.exit_code)
 
@@ -209,46 +216,21 @@ def logs(run_id: RunArg = None,
          since: Annotated[str | None, typer.Option("--since", help="Only lines written at or "
                                                    "after this: 30s, 10m, 2h, 1d back, or an "
                                                    "ISO time (2026-11-24T10:00).")] = None,
+         as_json: Annotated[bool, typer.Option(
+             "--json", help="Events on stdout, one JSON object a line (docs/EVENTS.md): each "
+                            "log line, and with -f the run's verdict.")] = False,
          ) -> None:
     """Print a run's logs from the nodes.
 
     From the start; -f follows a live run to its end, then says the run's state and exits with
     its code (0 succeeded, 1 failed, 3 unknown, 4 stopped)."""
-    from fleet import backends
-    from fleet.lifecycle import attempts
-    from fleet.run import logs as run_logs
-    from fleet.run import record as state
-    from fleet.transport.forward import declared, recorded
+    from fleet.lifecycle.session import Session
 
-    view = run_logs.View(merge, tail, None if since is None
-                         else run_logs.parse_since(since, time.time()))
-    console = Console()
-    every = attempts.records(state.load(run_id))
-    if attempt is not None and not 1 <= attempt <= len(every):
-        raise UsageError(f"run {every[0].run_id} has {len(every)} attempt(s), not {attempt}")
-    chosen = every if attempt is None else [every[attempt - 1]]
-    found = attempts.load(every[0])
-    total = found[0] + 1 if found else len(every)
-    last = every[-1]
-    # The job's `forward` ports of the master, while -f follows (a connection of their own).
-    forwards = recorded(last.dir / "manifest.json") if follow else ()
-    with declared(lambda: backends.for_record(last).tunnel(last, None), forwards, console,
-                  owned=True):
-        for one in chosen:
-            if len(every) > 1:
-                console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
-            backends.for_record(one).logs(one, console, follow and one is every[-1], node,
-                                          rank, view)
-    if follow:
-        final, lines = backends.for_record(every[-1]).describe(every[-1])
-        said = run_logs.final_line(every[0].run_id, final, lines)
-        console.info(said, _MEANING.get(final, Meaning.WARN))
-        if final.exit_code:
-            raise typer.Exit(final.exit_code)
-
-
-_MEANING = {RunStatus.SUCCEEDED: Meaning.OK, RunStatus.FAILED: Meaning.FAIL,
-            RunStatus.NEVER_STARTED: Meaning.FAIL}
+    with Session.for_command(as_json) as session:
+        code = run_views.logs(session.console, run_id, follow, node, rank, attempt, merge,
+                              tail, since)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from fleet import phrases
 from fleet.backends.base import Run
 from fleet.console import Console
 from fleet.errors import Interrupted
+from fleet.events import Phase, Step
 from fleet.lifecycle.signals import SignalGuard
 from fleet.transport.group import reason
 
@@ -41,10 +43,11 @@ class Guard(SignalGuard):
                 if isinstance(exc, Interrupted):
                     raise Interrupted(exc.signame, "the run had already ended") from None
                 return
+            self.console.event(Phase(Step.STOPPING, self.run.run_id))
             if self.run.started():
-                words = self.run.stopped_words(self.run.stop(why(exc)))
+                words = phrases.stopped(self.run.stopped(self.run.stop(why(exc))))
             else:  # no run ever existed: what was prepared for it goes
-                words = self.run.forget()
+                words = phrases.forgotten(self.run.forget())
             if isinstance(exc, Interrupted):
                 raise Interrupted(exc.signame, words) from None
             self.console.info(words)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from fleet import phrases
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
 from fleet.console import Console
 from fleet.errors import JobFailed
@@ -76,6 +77,7 @@ class Monitor:
         # later (an end seen already stands).
         o = outcomes.note(self.run.record_dir, event.outcome, "fleet up")
         self.outcomes[o.name] = o
+        self.console.event(NodeEnded(o))
         if o.status is NodeStatus.SUCCEEDED or self.stopping:
             return
         self.stopping, self.first, self.stopped_at = True, o.name, time.time()
@@ -96,6 +98,7 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
     (or, before any rank started, which node has not joined), keep it, stop the run; returns
     the verdict."""
     limit = run.job.watchdog.hang_timeout
+    console.event(Quiet(silent))
     console.info(f"hang: no node has printed anything for {silent:.0f}s (hang_timeout = "
                  f"{limit:g}s); taking every rank's stack")
     with console.waiting("taking every rank's stack"):
@@ -107,5 +110,5 @@ def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:
     left = run.stop(StopCause.WATCHDOG.says(f"no output for {limit:g}s (a hang)"), skip=skip)
     verdict = f"{lines[0] if lines else 'no stack could be taken'} (stacks kept in {saved})"
     if left:  # not stopped: the guard's teardown tries again, and fleet ends
-        raise JobFailed(f"run {run.run_id} hung: {verdict}; {run.halted_words()}")
+        raise JobFailed(f"run {run.run_id} hung: {verdict}; {phrases.halted(run.halted())}")
     return verdict

@@ -9,10 +9,12 @@ import math
 import time
 from dataclasses import dataclass
 
+from fleet import phrases
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
-from fleet.console import Console, Meaning
+from fleet.console import Console
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
+from fleet.events import Attempt, Phase, Step, Verdict
 from fleet.lifecycle import attempts, notify
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import RunState, monitor
@@ -85,8 +87,8 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
             left.end()
             return conclude(ended, console, told, book.run_id, book.summary())
         wait = policy.wait(nxt)
-        console.info(f"restart: attempt {nxt}/{policy.max + 1} in {wait:g}s "
-                     f"({book.last_why()})")
+        console.event(Attempt(nxt, policy.max + 1, wait, book.last_why()))
+        console.event(Phase(Step.WAITING, book.run_id))
         try:
             deadline = time.monotonic() + wait
             with console.waiting(f"restart: attempt {nxt} in {math.ceil(wait)}s") as w:
@@ -106,6 +108,7 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
             told: notify.Told) -> Ended | str:
     """One whole run of the job on the backend; its run id where it was detached."""
     started = time.time()
+    console.event(Phase(Step.PREPARING, options.run_id or ""))
     try:
         run = backend.prepare(job, console, options)
     except Interrupted as e:
@@ -116,12 +119,14 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
     guard = Guard(run, console)  # its signal handlers from `with` on
     try:
         with guard:
+            console.event(Phase(Step.STARTING, run.run_id))
             run.schedule(options)
             if options.detach:
                 guard.released = True  # from here, an error leaves the started run to itself
-                said = run.detached()
-                if said is not None:
-                    console.info(said)
+                went = run.detached()
+                if went is not None:
+                    console.event(Verdict(run.run_id, RunStatus.RUNNING, 0, (),
+                                          phrases.detached(went)))
                     told.detached = True
                     if job.notify.wanted:
                         console.info(run.watch_end(job.notify))
@@ -130,9 +135,11 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
                 state = RunState({}, False, None)
             else:
                 # Inside the guard: its teardown comes after every forward is closed.
+                console.event(Phase(Step.RUNNING, run.run_id))
                 with declared(run.tunnel, job.forward, console):
                     state = monitor(run, guard, console)
             guard.ended = True
+            console.event(Phase(Step.REPORTING, run.run_id))
             final = run.report(state.outcomes)
     finally:
         told.hang = guard.hang
@@ -148,27 +155,36 @@ def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = ""
     run, final = ended.run, ended.final
     run_id = run_id or run.run_id
     tail = f"; {summary}" if summary else ""
+    nodes = tuple(sorted(ended.state.outcomes.values(), key=lambda o: o.node_rank))
+
+    def verdict(code: int) -> None:
+        console.event(Verdict(run_id, final.status, int(code), nodes, told.said))
+
     if ended.hang is not None:
         told.state = notify.NoticeState.HUNG
-        told.said = (f"run {run_id} hung: {ended.hang}; {run.halted_words()} (logs: "
+        told.said = (f"run {run_id} hung: {ended.hang}; {phrases.halted(run.halted())} (logs: "
                      f"`fleet logs {run_id}`){tail}")
+        verdict(JobFailed.exit_code)
         raise JobFailed(told.said)
     if final.status is RunStatus.SUCCEEDED:
         told.state = notify.NoticeState.SUCCEEDED
         told.said = f"run {run_id} succeeded {final.words}{tail}"
-        console.info(told.said, Meaning.OK)
+        verdict(0)
         return run_id
     if final.status is RunStatus.STOPPED:
         told.state = notify.NoticeState.STOPPED
         told.said = f"run {run_id} was stopped{final.words}{tail}"
+        verdict(RunStopped.exit_code)
         raise RunStopped(told.said)
     if final.status is RunStatus.FAILED:
         told.state = notify.NoticeState.FAILED
         told.said = f"run {run_id} failed{final.words} (logs: `fleet logs {run_id}`){tail}"
+        verdict(JobFailed.exit_code)
         raise JobFailed(told.said)
     told.state = notify.NoticeState.UNKNOWN
     told.said = (f"run {run_id} ended in an unknown state: fleet lost sight of a node (logs: "
                  f"`fleet logs {run_id}`){tail}")
+    verdict(final.status.exit_code)
     raise JobFailed(told.said, exit_code=final.status.exit_code)
 
 

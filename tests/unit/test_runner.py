@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from fleet import phrases
 from fleet.backends.base import Event, Final, NodeEnded, Options, Quiet, Run
 from fleet.backends.slurm import jobs
 from fleet.backends.slurm import run as slurm_run
@@ -40,6 +41,7 @@ from fleet.facts import slurm as sj
 from fleet.lifecycle import runner
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import Monitor
+from fleet.reports import Detached, Forgotten, Stopped
 from fleet.run import outcomes as run_outcomes
 from fleet.shell import sh
 from fleet.states import NodeOutcome, NodeStatus, RunStatus
@@ -47,6 +49,7 @@ from fleet.transport import Result
 from fleet.transport.sync import SyncStats
 
 S = NodeStatus
+DETACHED = Detached("j-1", 3, 3)
 JOB_ID = "12"
 RUN_ID = "j-20260101-000000-abcd"
 RUN_DIR = f"/shared/fleet/runs/{RUN_ID}"
@@ -324,7 +327,8 @@ class FakeRun(Run):
 
     def __init__(self, job: Job, record_dir: Path, script: list[Event] | None = None,
                  final: Final | None = None, starts: bool = True,
-                 schedule_error: Exception | None = None, says: str | None = "detached",
+                 schedule_error: Exception | None = None,
+                 says: Detached | None = DETACHED,
                  on_stacks: Any = None, stop_error: Exception | None = None) -> None:
         self.run_id, self.job, self.record_dir = "j-1", job, record_dir
         record_dir.mkdir(parents=True, exist_ok=True)
@@ -350,7 +354,7 @@ class FakeRun(Run):
     def started(self) -> bool:
         return self.may_run
 
-    def detached(self) -> str | None:
+    def detached(self) -> Detached | None:
         self.calls.append(("detached",))
         return self.says
 
@@ -368,12 +372,12 @@ class FakeRun(Run):
             raise e
         return {}
 
-    def forget(self) -> str:
+    def forget(self) -> Forgotten:
         self.calls.append(("forget",))
-        return "nothing had been started anywhere"
+        return Forgotten()
 
-    def stopped_words(self, problems: dict[str, str]) -> str:
-        return "the fake run was stopped"
+    def stopped(self, problems: dict[str, str]) -> Stopped:
+        return Stopped(self.run_id, tuple(problems.items()))
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
         self.calls.append(("stacks", hung, skip))
@@ -381,8 +385,8 @@ class FakeRun(Run):
             self.on_stacks()
         return ["rank 3 is in all_reduce, every other rank in barrier"], ["n2: no py-spy"]
 
-    def halted_words(self) -> str:
-        return "the fake run was halted"
+    def halted(self) -> Stopped:
+        return Stopped(self.run_id)
 
     def report(self, outcomes: dict[str, NodeOutcome]) -> Final:
         self.calls.append(("report", outcomes))
@@ -465,7 +469,7 @@ def test_silence_past_hang_timeout_takes_the_stacks_keeps_them_and_stops(
         "rank 3 is in all_reduce, every other rank in barrier", "n2: no py-spy"]
     assert str(e.value) == (
         "run j-1 hung: rank 3 is in all_reduce, every other rank in barrier (stacks kept in "
-        f"{saved}); the fake run was halted (logs: `fleet logs j-1`)")
+        f"{saved}); it was stopped on every node (logs: `fleet logs j-1`)")
     assert e.value.exit_code == ExitCode.FAILED
     # The watchdog's stop was the teardown: the guard stopped nothing more.
     assert run.kinds()[-4:] == ["stop", "events closed", "report", "close"]
@@ -523,11 +527,12 @@ def test_an_exception_in_schedule_propagates_after_the_teardown(tmp_path: Path,
 
 def test_a_detached_run_is_left_to_itself(tmp_path: Path) -> None:
     run = FakeRun(make_job(tmp_path), tmp_path / "record",
-                  says="run j-1 submitted; follow it with `fleet logs -f j-1`")
+                  says=Detached("j-1", 3, 3, 30.0, "12"))
     run_id, c = up(run, Options(detach=True))
     assert run_id == "j-1"
     assert run.kinds() == ["schedule", "detached", "close"]
-    assert "fleet: run j-1 submitted; follow it with `fleet logs -f j-1`" in said(c)
+    assert ("fleet: run j-1 submitted, every node (3) started; follow it with "
+            "`fleet logs -f j-1`") in said(c)
 
 
 def test_a_detached_run_that_already_ended_is_reported_as_an_attached_one(
@@ -571,7 +576,7 @@ def test_the_events_are_closed_on_every_way_out(tmp_path: Path, way: str) -> Non
     if way == "a signal":
         assert kinds[closed - 1:] == ["stacks", "events closed", "stop", "close"]
         assert run.named("stop") == [("stop", "fleet up, interrupted (SIGINT)", None)]
-        assert str(e.value) == "interrupted (SIGINT): the fake run was stopped"
+        assert str(e.value) == "interrupted (SIGINT): the job was stopped on every node"
     if way == "a hang":
         assert str(e.value).startswith("run j-1 hung: ")
 
@@ -587,4 +592,4 @@ def test_a_hang_verdict_never_claims_a_cancel_that_failed(tmp_path: Path) -> Non
     assert len(login.cancels()) == 1
     assert str(e.value).startswith(f"run {RUN_ID} hung: ") and "was cancelled" not in str(e.value)
     assert "could not be cancelled" in str(e.value)
-    assert "was cancelled" not in run.halted_words()
+    assert "was cancelled" not in phrases.halted(run.halted())

@@ -23,6 +23,7 @@ from fleet.facts.leases import LeaseAction, LeaseOrder
 from fleet.lifecycle import attempts, notify, runner
 from fleet.lifecycle.monitor import RunState
 from fleet.nodeside import notify_watch
+from fleet.reports import Stopped
 from fleet.run import record as state
 from fleet.states import RunStatus
 
@@ -189,8 +190,8 @@ def test_the_watchers_words_are_notice_states(tmp_path: Path) -> None:
 class FakeRun:
     run_id = "r"
 
-    def halted_words(self) -> str:
-        return "every node was stopped"
+    def halted(self) -> Stopped:
+        return Stopped("r")
 
 
 @pytest.mark.parametrize(("status", "hang", "state", "error"), [

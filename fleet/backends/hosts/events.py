@@ -74,7 +74,8 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
         def on_lines(lines: list[str]) -> None:
             local_log.write("".join(line + "\n" for line in lines))
             tagged = [tag(line) for line in quiet(lines)]
-            console.lines(index[name], [(tg.tag, tg.text) for tg in tagged])
+            console.lines(index[name], [(tg.tag, tg.text) for tg in tagged], name,
+                          [tg.rank for tg in tagged])
             quiet.tell()
             if run.progressed_at is None and any(
                     (tg.tag != name or not ranked) and progress(tg.text) for tg in tagged):

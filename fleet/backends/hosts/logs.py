@@ -39,7 +39,8 @@ def attach(record: RunRecord, console: Console, follow: bool, view: View,
         tagged = [tg for tg in tagged if rank is None or tg.rank == rank]
         with lock:
             shown[0] += len(tagged)
-        console.lines(index[name], [(tg.tag, tg.text) for tg in tagged])
+        console.lines(index[name], [(tg.tag, tg.text) for tg in tagged], name,
+                      [tg.rank for tg in tagged])
 
     if not view.plain:
         return _attach_view(record, console, nodes, follow, view, show), shown[0]

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Generator
 from pathlib import Path
 
-from fleet import manifest
+from fleet import events, manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import setup
@@ -33,6 +33,7 @@ from fleet.console import Console, Meaning
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
 from fleet.plan import NodePlan, Plan, new_run_id
+from fleet.reports import Detached, Forgotten, Stopped
 from fleet.run import faults, hang
 from fleet.run import record as state
 from fleet.run.faults import Phase
@@ -112,9 +113,11 @@ class HostsRun(Run):
         session, plan, console = self.session, self.plan, self.console
         faults.point(Phase.UPLOAD.value)
         assert self.sources is not None
+        console.event(events.Phase(events.Step.UPLOADING, self.run_id))
         sent = upload_checked(session, plan, console, options.checks, self.sources)
         if self.job.setup is not None:
             self.setting_up.update(n.host.name for n in plan.nodes)
+            console.event(events.Phase(events.Step.SETUP, self.run_id))
         hashes = setup.run(session.transports, plan, console, options.force_setup)
         if self.job.python is not None:
             plan = self.plan = check_job_python(session, plan, console, options.allow_mismatch)
@@ -139,7 +142,7 @@ class HostsRun(Run):
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
         pids = {m.host.name: self.start_one(tm, m)}
-        console.phase(m.host.name, f"started master (pid {pids[m.host.name]})")
+        console.event(started_event(m, pids[m.host.name], True))
         faults.point(Phase.MASTER_START.value)
         others = plan.nodes[1:]
         self.may_run.update(n.host.name for n in others)
@@ -149,8 +152,9 @@ class HostsRun(Run):
         if bad:
             raise host_error("starting the job", bad, StartError)
         started = {name: pid for name, pid in results.items() if isinstance(pid, int)}
-        for name, pid in started.items():
-            console.phase(name, f"started (pid {pid})")
+        for n in others:
+            if n.host.name in started:
+                console.event(started_event(n, started[n.host.name]))
         faults.point(Phase.WORKER_START.value)
         pids.update(started)
         if wait_port:
@@ -176,8 +180,8 @@ class HostsRun(Run):
     def progressed(self) -> float | None:
         return self.progressed_at
 
-    def detached(self) -> str:
-        return f"run {self.run_id} started; follow it with `fleet logs -f {self.run_id}`"
+    def detached(self) -> Detached:
+        return Detached(self.run_id, len(self.pids), len(self.plan.nodes))
 
     def watch_end(self, notify: Notify) -> str:
         m = self.plan.master
@@ -208,7 +212,7 @@ class HostsRun(Run):
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 
-    def forget(self) -> str:
+    def forget(self) -> Forgotten:
         """Before any start, the run directories go again (best effort), after a stop of
         whatever of the run may be there (a setup still running); and the local record."""
         def forget(n: NodePlan) -> None:
@@ -220,19 +224,13 @@ class HostsRun(Run):
 
         each(((n.host.name, n) for n in self.plan.nodes), forget)
         shutil.rmtree(self.record_dir, ignore_errors=True)
-        return "nothing had been started on any node"
+        return Forgotten()
 
-    def stopped_words(self, problems: dict[str, str]) -> str:
-        if not problems:
-            return "the job was stopped on every node"
-        names = ", ".join(problems)
-        return (f"the job could not be stopped on {names} (it may still run there); finish the "
-                f"stop with `fleet stop {self.run_id}` once it answers")
+    def stopped(self, problems: dict[str, str]) -> Stopped:
+        return Stopped(self.run_id, tuple(problems.items()))
 
-    def halted_words(self) -> str:
-        if self.problems:
-            return self.stopped_words(self.problems)
-        return "it was stopped on every node"
+    def halted(self) -> Stopped:
+        return self.stopped(self.problems)
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
         live = {n.host.name: (self.session.transports[n.host.name], n.run_dir)
@@ -259,6 +257,13 @@ class HostsRun(Run):
 
     def close(self) -> None:
         self.session.close()
+
+
+def started_event(n: NodePlan, pid: int, master: bool = False) -> events.NodeStarted:
+    """A node's start, with its global ranks where the plan knows them."""
+    ranks = tuple(range(n.rank_base, n.rank_base + n.nproc)) \
+        if n.rank_base is not None and isinstance(n.nproc, int) else ()
+    return events.NodeStarted(n.host.name, n.node_rank, ranks, pid, master)
 
 
 MEANINGS = {NodeStatus.SUCCEEDED: Meaning.OK, NodeStatus.FAILED: Meaning.FAIL,

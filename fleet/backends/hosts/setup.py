@@ -142,7 +142,7 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
         def on_lines(lines: list[str]) -> None:
             tail.extend(lines)
             del tail[:-TAIL_LINES]
-            console.lines(index[name], [(f"{name} setup", line) for line in lines])
+            console.lines(index[name], [(f"{name} setup", line) for line in lines], name)
             faults.point("setup")  # a fault test strikes while a setup runs
 
         t0 = time.monotonic()

@@ -13,6 +13,7 @@ from fleet.backends.hosts.prepare import Session, preflight
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import ConfigError
+from fleet.events import Transfer
 from fleet.nodeside.ferry import part_name
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.render import render_node
@@ -204,8 +205,8 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
             else:
                 m = ls.streamed.get(k, transfer.Moved())
                 files, size, kept, touched = m.files, m.sent, m.kept, m.touched
-            console.phase(node.host.name, f"{label}: sent {files} file(s), {size} bytes "
-                          f"({len(src.manifest) - files} unchanged, {took:.2f}s)")
+            console.event(Transfer(node.host.name, label, files, size,
+                                   len(src.manifest) - files, took))
             if kept:
                 console.phase(node.host.name, f"{label}: {transfer.human(kept)} of the files "
                               "sent were there already (a partial or older copy): verified "

@@ -37,6 +37,7 @@ from fleet.errors import (
 from fleet.facts import slurm as sj
 from fleet.plan import SITE, new_run_id
 from fleet.render import NODESIDE
+from fleet.reports import Detached, Forgotten, Stopped
 from fleet.shell import sh
 from fleet.states import NodeOutcome, RunStatus, StopCause
 from fleet.transport import Transport, open_transport
@@ -139,7 +140,7 @@ class SlurmRun(Run):
     def started(self) -> bool:
         return self.job_id is not None
 
-    def detached(self) -> str | None:
+    def detached(self) -> Detached | None:
         assert self.job_id is not None and self.announce is not None
         nodes = self.cluster.nodes
         self.info, started = wait_started(self.t, self.rec, nodes, self.announce)
@@ -151,14 +152,8 @@ class SlurmRun(Run):
                             f"do not list it): the run's state is unknown; see `fleet status "
                             f"{self.run_id}`", exit_code=3)
         keep_allocation(self.t, self.rec, info, self.console)
-        if info.status is RunStatus.STARTING:
-            where = f"Slurm job {self.job_id} had not started after {DETACH_WAIT_S:.0f}s"
-        elif started < nodes:
-            where = f"{started} of {nodes} node(s) had started after {DETACH_WAIT_S:.0f}s"
-        else:
-            where = f"every node ({nodes}) started"
-        return (f"run {self.run_id} submitted, {where}; follow it with `fleet logs -f "
-                f"{self.run_id}`")
+        return Detached(self.run_id, started, nodes, DETACH_WAIT_S, str(self.job_id),
+                        info.status is RunStatus.STARTING)
 
     def events(self) -> Generator[Event, None, None]:
         w = Watch(self.t, self.rec, self.console, announce=self.announce)
@@ -184,27 +179,21 @@ class SlurmRun(Run):
                 "slurm": f"it is still {info.state} {CANCEL_WAIT_S:g}s after scancel"}
         return self.problems
 
-    def stopped_words(self, problems: dict[str, str]) -> str:
-        if problems:
-            return (f"Slurm job {self.job_id} could not be cancelled ({problems['slurm']}); "
-                    f"finish with `fleet stop {self.run_id}`")
+    def stopped(self, problems: dict[str, str]) -> Stopped:
         info = self.cancelled
-        return f"Slurm job {self.job_id} was cancelled" + (f" ({info.state})" if info else "")
+        return Stopped(self.run_id, tuple(problems.items()), str(self.job_id),
+                       info.state if info else "")
 
-    def forget(self) -> str:
+    def forget(self) -> Forgotten:
         if self.submitting:  # sbatch said nothing fleet could read: the job may exist
-            return (f"sbatch gave no job id: Slurm may still have queued the job (`squeue "
-                    f"--name {self.job.name}` on the login node); its directory "
-                    f"{self.rec.run_dir} and this run's record are kept for it")
+            return Forgotten("Slurm", self.job.name, self.rec.run_dir)
         with contextlib.suppress(FleetError):
             self.t.run(sh("rm", "-rf", self.rec.run_dir), timeout=60)
         shutil.rmtree(self.record_dir, ignore_errors=True)
-        return "nothing had been submitted to Slurm"
+        return Forgotten("Slurm")
 
-    def halted_words(self) -> str:
-        if self.problems:
-            return self.stopped_words(self.problems)
-        return f"Slurm job {self.job_id} was cancelled"
+    def halted(self) -> Stopped:
+        return Stopped(self.run_id, tuple(self.problems.items()), str(self.job_id))
 
     def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
         return take_stacks(self.t, self.rec, hung)

@@ -14,6 +14,7 @@ from fleet.console import Console, Waiting
 from fleet.errors import (
     FleetError,
 )
+from fleet.events import Line
 from fleet.facts import slurm as sj
 from fleet.run.logs import Tagger
 from fleet.shell import sh
@@ -91,7 +92,7 @@ class TaggedSink:
         tagged = self.tagger(line)
         if self.only_rank is None or tagged.rank == self.only_rank:
             self.shown += 1
-            self.console.line(tagged.tag, self.index, tagged.text)
+            self.console.event(Line(self.node, tagged.rank, tagged.text, tagged.tag, self.index))
 
 
 class Announcer:
