@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from fleet.config.inventory import Host, Inventory, TransportKind
 from fleet.config.job import Job, Launcher, RendezvousBackend
+from fleet.config.procs import Nproc
 from fleet.errors import ConfigError
 from fleet.facts.net import NodeNet
 from fleet.facts.stacks import FR_PIPE, FR_TRACE
@@ -22,7 +23,7 @@ class NodePlan:
     host: Host
     node_rank: int
     nnodes: int
-    nproc: int | str
+    nproc: Nproc
     master_addr: str
     master_port: int
     net: NodeNet
@@ -72,7 +73,7 @@ def new_run_id(job_name: str, now: float | None = None) -> str:
     return f"{job_name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def node_nproc(job: Job, host: Host) -> int | str:
+def node_nproc(job: Job, host: Host) -> Nproc:
     """How many processes a node runs: the host's own count, else one per GPU chosen for it,
     else the job's."""
     if host.nproc_per_node is not None:
@@ -82,7 +83,7 @@ def node_nproc(job: Job, host: Host) -> int | str:
     return job.nproc_per_node
 
 
-def rank_span(base: int | None, nproc: int | str | None) -> str:
+def rank_span(base: int | None, nproc: Nproc | None) -> str:
     """The global ranks of a node's processes, "rank 2" or "ranks 2-3"; "" where not known
     before launch."""
     if base is None or not isinstance(nproc, int) or nproc < 1:
@@ -124,8 +125,8 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
     sizes = [c for c in counts if isinstance(c, int)]
     world = sum(sizes) if len(sizes) == len(counts) else None
     firsts = _first_ranks(counts)
-    static = (job.launcher != Launcher.COMMAND
-              and job.rendezvous.backend == RendezvousBackend.STATIC)
+    static = (job.launcher is not Launcher.COMMAND
+              and job.rendezvous.backend is RendezvousBackend.STATIC)
     # The ranks a launcher gives: a static rendezvous numbers nodes in inventory order (c10d in
     # the order they join); a command's script numbers them itself.
     bases = firsts if static else [None] * len(hosts)
@@ -138,7 +139,7 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         notes.append("global ranks are known only at launch (c10d numbers nodes as they join; "
                      "a count like \"gpu\" is resolved on the node; a command's script numbers "
                      "its own): fleet reads each worker's RANK to tag its lines")
-    if job.launcher == Launcher.ACCELERATE and has_gpus is None:
+    if job.launcher is Launcher.ACCELERATE and has_gpus is None:
         notes.append("accelerate runs in GPU mode on nodes with GPUs, CPU mode elsewhere "
                      "(decided at launch from nvidia-smi)")
     nodes = []
@@ -172,17 +173,17 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
                 notes=tuple(notes), storage=tuple(tuple(g) for g in groups))
 
 
-def _check_launcher(inventory: Inventory, job: Job, counts: list[int | str],
+def _check_launcher(inventory: Inventory, job: Job, counts: list[Nproc],
                     has_gpus: dict[str, bool] | None) -> None:
     """What accelerate cannot do, said before anything starts: `accelerate launch` divides
     --num_processes evenly among machines and runs one mode (GPU or CPU) everywhere."""
-    if job.launcher != Launcher.ACCELERATE:
+    if job.launcher is not Launcher.ACCELERATE:
         return
-    if job.rendezvous.backend != RendezvousBackend.STATIC:
+    if job.rendezvous.backend is not RendezvousBackend.STATIC:
         raise ConfigError(job.path, "rendezvous.backend", 'launcher = "accelerate" starts '
                           "with a static rendezvous (machine ranks in inventory order); remove "
                           "the c10d backend")
-    words = [f"{h.name} {c!r}" for h, c in zip(inventory.hosts, counts, strict=True)
+    words = [f"{h.name} {str(c)!r}" for h, c in zip(inventory.hosts, counts, strict=True)
              if not isinstance(c, int)]
     if words:
         raise ConfigError(inventory.path, "nproc_per_node", 'launcher = "accelerate" needs a '
@@ -201,7 +202,7 @@ def _check_launcher(inventory: Inventory, job: Job, counts: list[int | str],
                           "have none; run on nodes of one kind")
 
 
-def _first_ranks(counts: list[int | str]) -> list[int | None]:
+def _first_ranks(counts: list[Nproc]) -> list[int | None]:
     """The global rank of each node's local rank 0 where the nodes are numbered in inventory
     order: the processes of the nodes before it (torchrun's cumulative sum, so node sizes may
     differ). Unknown where a node's count is a word (gpu, auto) torchrun resolves there."""
@@ -260,7 +261,7 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
         # nvidia-smi's numbering, which is the one users see; CUDA's default order differs.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
-    if job.launcher == Launcher.ACCELERATE and cpu_only:
+    if job.launcher is Launcher.ACCELERATE and cpu_only:
         env["ACCELERATE_USE_CPU"] = "true"  # --multi_gpu's workers, as MULTI_CPU over Gloo
     if job.watchdog.nccl_flight_recorder:
         env.update(flight_recorder_env(run_dir))
@@ -286,11 +287,11 @@ def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_di
           code_dir: str) -> tuple[str, ...]:
     rdzv = job.rendezvous
     args = [a.format_map(values) for a in job.args]
-    if job.launcher == Launcher.COMMAND:
+    if job.launcher is Launcher.COMMAND:
         return tuple(a.format_map(values) for a in job.command) + tuple(args)
     target = ["-m", job.module] if job.module else [f"{code_dir}/{job.script}"]
     logs = [f"{run_dir}/torchrun", "3"]
-    if job.launcher == Launcher.ACCELERATE:
+    if job.launcher is Launcher.ACCELERATE:
         # --multi_gpu is accelerate's torchrun launcher; on a CPU node ACCELERATE_USE_CPU turns
         # its workers into MULTI_CPU ones (without either, each node runs one lone process).
         return (python, "-m", "accelerate.commands.launch", "--multi_gpu",
@@ -303,7 +304,7 @@ def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_di
                 *(["--module", job.module] if job.module else target), *args)
     argv = [python, *TORCHRUN, "--nnodes", str(values["nnodes"]),
             "--nproc-per-node", str(values["nproc_per_node"])]
-    if rdzv.backend == RendezvousBackend.STATIC:
+    if rdzv.backend is RendezvousBackend.STATIC:
         argv += ["--node-rank", str(values["node_rank"]),
                  "--master-addr", str(values["master_addr"]), "--master-port", str(rdzv.port),
                  "--rdzv-conf", f"timeout={rdzv.timeout}"]
@@ -319,7 +320,7 @@ def _argv(job: Job, python: str, values: dict[str, object], net: NodeNet, run_di
     if net.address:
         argv += ["--local-addr", net.address]
     argv += ["--log-dir", logs[0], "--tee", logs[1], *job.launcher_args]
-    if job.launcher == Launcher.LEGACY:
+    if job.launcher is Launcher.LEGACY:
         # torch.distributed.launch (deprecated) is torchrun plus the local rank as an argument;
         # fleet's shim adds that argument from LOCAL_RANK, spelt as the script wants it.
         return (*argv, f"{run_dir}/{SITE}/fleet_local_rank.py", job.local_rank_flag, *target,

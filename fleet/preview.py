@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 from fleet.nodedata import number
 from fleet.nodeside.ferry import part_name
@@ -109,16 +110,32 @@ def dir_move(label: str, local: Manifest, there: Manifest | None) -> DirMove:
                    len(local) - len(rels))
 
 
-STREAM, BUNDLE, NOTHING, SHARED, UNLISTED = "stream", "bundle", "nothing", "shared", "unlisted"
+class How(Enum):
+    """How one node would get the files (`fleet plan --json` says the word)."""
+
+    STREAM = "stream"  # relayed along the chain of streamed nodes
+    BUNDLE = "bundle"  # in one bundle of its own
+    NOTHING = "nothing"  # every file is there already
+    SHARED = "shared"  # it sees its leader's storage
+    UNLISTED = "unlisted"  # its listing failed
+
+
+class RouteKind(Enum):
+    """The route's shape, as `fleet plan --json` says it."""
+
+    RELAY = "relay"  # through more than one streamed node
+    DIRECT = "direct"  # to one streamed node
+    BUNDLE = "bundle"  # bundles alone
+    NOTHING = "nothing"
 
 
 @dataclass(frozen=True)
 class NodeMove:
-    """What one node would get: its directories, and how (STREAM, BUNDLE, NOTHING; SHARED for
-    a node that sees its leader's storage; UNLISTED where its listing failed, with why)."""
+    """What one node would get: its directories, and how (SHARED: `shares` names its leader;
+    UNLISTED: `why` says why its listing failed)."""
 
     host: str
-    how: str
+    how: How
     dirs: tuple[DirMove, ...] = ()
     shares: str | None = None
     why: str = ""
@@ -130,11 +147,11 @@ class NodeMove:
         return sum(d.bytes for d in self.dirs)
 
 
-def how_sent(dirs: tuple[DirMove, ...]) -> str:
+def how_sent(dirs: tuple[DirMove, ...]) -> How:
     """hosts.prepare's rule (transport.transfer.streams); NOTHING where no file differs."""
     if streams(sum(d.bytes for d in dirs), any(d.partial for d in dirs)):
-        return STREAM
-    return BUNDLE if any(d.differ for d in dirs) else NOTHING
+        return How.STREAM
+    return How.BUNDLE if any(d.differ for d in dirs) else How.NOTHING
 
 
 @dataclass(frozen=True)
@@ -148,21 +165,22 @@ class Route:
     uplink: int
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> RouteKind:
         if len(self.chain) > 1:
-            return "relay"
-        return "direct" if self.chain else BUNDLE if self.bundled else NOTHING
+            return RouteKind.RELAY
+        return RouteKind.DIRECT if self.chain else RouteKind.BUNDLE if self.bundled else \
+            RouteKind.NOTHING
 
 
 def route(nodes: tuple[NodeMove, ...]) -> Route:
-    chain = tuple(n.host for n in nodes if n.how == STREAM)
-    bundled = tuple(n.host for n in nodes if n.how == BUNDLE)
+    chain = tuple(n.host for n in nodes if n.how is How.STREAM)
+    bundled = tuple(n.host for n in nodes if n.how is How.BUNDLE)
     # A file streamed to several nodes leaves here once (the union of what they lack); each
     # bundle leaves on its own.
-    streamed = {(d.label, rel): size for n in nodes if n.how == STREAM for d in n.dirs
+    streamed = {(d.label, rel): size for n in nodes if n.how is How.STREAM for d in n.dirs
                 for rel, size in zip(d.differ, d.sizes, strict=True)}
     return Route(chain, bundled, sum(streamed.values()) +
-                 sum(n.bytes for n in nodes if n.how == BUNDLE))
+                 sum(n.bytes for n in nodes if n.how is How.BUNDLE))
 
 
 @dataclass(frozen=True)
@@ -202,11 +220,11 @@ def preview(plan: Plan, code: Scan, data: Scan | None,
     for n in plan.nodes:
         name = n.host.name
         if leader[name] != name:
-            nodes.append(NodeMove(name, SHARED, shares=leader[name]))
+            nodes.append(NodeMove(name, How.SHARED, shares=leader[name]))
             continue
         got = listings.get(name, "not listed")
         if isinstance(got, str):
-            nodes.append(NodeMove(name, UNLISTED, why=got))
+            nodes.append(NodeMove(name, How.UNLISTED, why=got))
             continue
         moves = tuple(dir_move(label, scans[label], there)
                       for (label, _), there in zip(dirs[name], got, strict=True))
@@ -225,27 +243,27 @@ def _names(d: DirMove) -> str:
     return f" ({shown}{f' and {more} more' if more > 0 else ''})" if d.differ else ""
 
 
-def _dir_line(d: DirMove, how: str) -> str:
+def _dir_line(d: DirMove, how: How) -> str:
     text = f"{d.label}: {_count(len(d.differ))} differ{_names(d)}, {human(d.bytes)}"
-    if how == STREAM and d.held:
+    if how is How.STREAM and d.held:
         held = [f"{k} with {what} there" for k, what in ((d.partial, "a partial file"),
                                                          (d.older, "an older copy")) if k]
         text += (f"; {' and '.join(held)}: compared block by block, only the blocks that "
                  "differ move (none where only the time changed)")
-    elif how == BUNDLE and d.differ:
+    elif how is How.BUNDLE and d.differ:
         text += " (sent whole)"
     text += f"; {d.unchanged} unchanged"
     return text + ("" if d.present else f" (no {d.label} directory there yet)")
 
 
 def _node_line(n: NodeMove) -> str:
-    if n.how == SHARED:
+    if n.how is How.SHARED:
         return f"{n.host}: shares {n.shares}'s storage: nothing sent"
-    if n.how == UNLISTED:
+    if n.how is How.UNLISTED:
         return f"{n.host}: could not be listed: {n.why}"
-    if n.how == NOTHING:
+    if n.how is How.NOTHING:
         return f"{n.host}: 0 bytes: nothing to send"
-    if n.how == BUNDLE:
+    if n.how is How.BUNDLE:
         return f"{n.host}: {human(n.bytes)} in its one bundle"
     held = any(d.held for d in n.dirs)
     return f"{n.host}: {'at most ' if held else ''}{human(n.bytes)} to stream"
@@ -254,11 +272,11 @@ def _node_line(n: NodeMove) -> str:
 def route_line(r: Route) -> str:
     way = " -> ".join(("this machine", *r.chain))
     bundles = f"{', '.join(r.bundled)}: in one bundle per node"
-    if r.kind == "relay":
+    if r.kind is RouteKind.RELAY:
         text = f"{way} ({RELAY_WORDS})"
-    elif r.kind == "direct":
+    elif r.kind is RouteKind.DIRECT:
         text = way
-    elif r.kind == BUNDLE:
+    elif r.kind is RouteKind.BUNDLE:
         return f"route: in one bundle per node ({human(r.uplink)} in all)"
     else:
         return "route: nothing moves (every file is there with the same size and time)"
@@ -296,13 +314,13 @@ def as_json(p: Preview) -> dict[str, object]:
     if p.nodes is None or p.route is None:
         return out
     out["nodes"] = [{
-        "host": n.host, "how": n.how, "shares": n.shares, "why": n.why or None,
-        "bytes_at_most": n.bytes if n.how != SHARED else 0,
+        "host": n.host, "how": n.how.value, "shares": n.shares, "why": n.why or None,
+        "bytes_at_most": n.bytes if n.how is not How.SHARED else 0,
         "dirs": [{"dir": d.label, "present": d.present, "differ": len(d.differ),
                   "files": list(d.differ[:NAMES_MAX]), "bytes": d.bytes,
                   "partial": d.partial, "older": d.older, "unchanged": d.unchanged}
                  for d in n.dirs]} for n in p.nodes]
-    out["route"] = {"kind": p.route.kind, "chain": list(p.route.chain),
+    out["route"] = {"kind": p.route.kind.value, "chain": list(p.route.chain),
                     "bundle": list(p.route.bundled), "uplink_bytes_at_most": p.route.uplink}
     out["unknown_storage"] = list(p.unknown_storage)
     return out

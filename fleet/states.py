@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from fleet.errors import ExitCode
+
 
 class StopCause(Enum):
     """Who stopped a run, as the first word of its stop records (`fail-fast: n2 failed`,
@@ -64,10 +66,11 @@ class RunStatus(Enum):
                         RunStatus.NEVER_STARTED)
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         """What `fleet status` (and an attached `fleet up`) exits with for a run in this state."""
-        return {RunStatus.FAILED: 1, RunStatus.NEVER_STARTED: 1, RunStatus.UNKNOWN: 3,
-                RunStatus.STOPPED: 4}.get(self, 0)
+        return {RunStatus.FAILED: ExitCode.FAILED, RunStatus.NEVER_STARTED: ExitCode.FAILED,
+                RunStatus.UNKNOWN: ExitCode.UNREACHABLE,
+                RunStatus.STOPPED: ExitCode.STOPPED}.get(self, ExitCode.OK)
 
 
 def overall(nodes: Iterable[NodeStatus]) -> RunStatus:

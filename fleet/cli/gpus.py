@@ -199,7 +199,7 @@ def reserve(targets: Targets = None, inventory: NeedInv = None,
     try:
         with console.waiting("reserving"):
             for host, gpus in wanted:  # in order: the first refusal ends it
-                t = backend.lease(inventory, host, LeaseOrder("take", gpus, seconds, note))
+                t = backend.lease(inventory, host, LeaseOrder.take(gpus, seconds, note))
                 if not t.ok:
                     refused[host] = _refusal(t)
                     break
@@ -214,7 +214,7 @@ def reserve(targets: Targets = None, inventory: NeedInv = None,
     for host, t in taken:
         # Kept everywhere: the caller's leases each new one replaces go now.
         if t.replaces:
-            backend.lease(inventory, host, LeaseOrder("drop", names=t.replaces))
+            backend.lease(inventory, host, LeaseOrder.drop(t.replaces))
         if t.lease is not None:
             console.info(f"{host}: {t.lease.what()} reserved for you ({t.lease.owner}) until "
                          f"{clock(local_until(t.lease, t.now, now), now)} "
@@ -227,7 +227,7 @@ def _undo(backend: Backend, inventory: Path, taken: list[tuple[str, Taken]]) -> 
     failed = []
     for host, t in taken:
         try:
-            back = backend.lease(inventory, host, LeaseOrder("drop", names=(t.name,)))
+            back = backend.lease(inventory, host, LeaseOrder.drop((t.name,)))
         except FleetError as e:
             failed.append(f"{host} ({e})")
             continue
@@ -327,7 +327,7 @@ def release(targets: Targets = None, inventory: NeedInv = None) -> None:
     console = Console()
     failed = {}
     for host, gpus in wanted:
-        t = backend.lease(inventory, host, LeaseOrder("give", gpus))
+        t = backend.lease(inventory, host, LeaseOrder.give(gpus))
         if not t.ok:
             failed[host] = t.error
             continue

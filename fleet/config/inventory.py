@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from fleet.config.job import nproc_value
 from fleet.config.pinned import parse_pinned
+from fleet.config.procs import Nproc, nproc_value
 from fleet.config.schema import Table, load_toml
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
@@ -58,7 +58,7 @@ class Host:
     connect_timeout: float = 10.0
     host_key: str | None = None  # pinned: "ssh-ed25519 AAAA...", as in known_hosts
     env: dict[str, str] = field(default_factory=dict)
-    nproc_per_node: int | str | None = None  # overrides the job's on this node
+    nproc_per_node: Nproc | None = None  # overrides the job's on this node
     gpus: tuple[int, ...] | None = None  # GPU indices (nvidia-smi's) the job may use here
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from fleet.config.notify import Notify, job_notify
 from fleet.config.outputs import take_outputs
+from fleet.config.procs import Nproc, nproc_value
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
 
@@ -44,7 +45,6 @@ PLACEHOLDERS = ("node_rank", "nnodes", "nproc_per_node", "world_size", "first_ra
                 "master_addr", "master_port", "run_id", "code_dir", "data_dir", "host", "python")
 # A word of `args` that stands for the command line's arguments: `fleet up JOB -- A B`.
 ARGS_WORD = "{args}"
-NPROC_WORDS = ("gpu", "cpu", "auto")
 MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 # How the legacy launcher passes the local rank: torch >= 2.0 says --local-rank; scripts written
 # for older torch parse --local_rank only.
@@ -83,7 +83,7 @@ class Job:
     module: str | None = None  # run as `python -m module` (installed, or in the workdir)
     launcher: Launcher = Launcher.TORCHRUN
     command: tuple[str, ...] = ()  # launcher = "command": the argv, with {placeholders}
-    nproc_per_node: int | str = 1
+    nproc_per_node: Nproc = 1
     env: dict[str, str] = field(default_factory=dict)
     rendezvous: Rendezvous = Rendezvous()
     templates: Path | None = None  # a directory whose files override the shipped templates
@@ -147,7 +147,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         raise root.error("workdir", f"directory not found: {workdir}")
     launcher = _one_of(root, "launcher", Launcher, Launcher.TORCHRUN)
     command: tuple[str, ...] = ()
-    if launcher == Launcher.COMMAND:
+    if launcher is Launcher.COMMAND:
         command = tuple(root.take_str_list("command"))
         if not command:
             raise root.error("command", "must not be empty")
@@ -156,13 +156,13 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     script = root.take("script", str, None)
     module = root.take("module", str, None)
     if module is not None:
-        if launcher == Launcher.COMMAND:
+        if launcher is Launcher.COMMAND:
             raise root.error("module", 'not used with launcher = "command" (name it in command)')
         if script is not None:
             raise root.error("module", "give either script or module, not both")
         if not MODULE.match(module):
             raise root.error("module", f"{module!r} is not a python module name (pkg.mod)")
-    elif script is None and launcher != Launcher.COMMAND:
+    elif script is None and launcher is not Launcher.COMMAND:
         raise root.missing("script", "required key is missing (or give module)")
     if script is not None:
         script_path = (workdir / script).resolve()
@@ -173,14 +173,14 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         script = script_path.relative_to(workdir.resolve()).as_posix()
     args, args_at = _args(root)
     launcher_args = tuple(root.take_str_list("launcher_args", []))
-    if launcher_args and launcher == Launcher.COMMAND:
+    if launcher_args and launcher is Launcher.COMMAND:
         raise root.error("launcher_args", 'not used with launcher = "command" (it has no '
                                           "launcher: put them in command)")
     local_rank_flag = root.take("local_rank_flag", str, "--local-rank")
     if local_rank_flag not in LOCAL_RANK_FLAGS:
         raise root.error("local_rank_flag", f"must be one of {', '.join(LOCAL_RANK_FLAGS)}, "
                                             f"not {local_rank_flag!r}")
-    if root.has("local_rank_flag") and launcher != Launcher.LEGACY:
+    if root.has("local_rank_flag") and launcher is not Launcher.LEGACY:
         raise root.error("local_rank_flag", 'only used with launcher = "legacy" (torchrun '
                                             "passes LOCAL_RANK in the environment)")
     nproc = _nproc(root)
@@ -284,26 +284,11 @@ def _check_placeholders(root: Table, key: str, word: str) -> None:
                                   f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
 
 
-def _nproc(root: Table) -> int | str:
+def _nproc(root: Table) -> Nproc:
     if not root.has("nproc_per_node"):
         root.take("nproc_per_node", int, 1)
         return 1
     return nproc_value(root, "nproc_per_node")
-
-
-def nproc_value(t: Table, key: str) -> int | str:
-    """A process count: a positive integer, or one of torchrun's words (gpu, cpu, auto)."""
-    value = t.data[key]
-    if isinstance(value, str):
-        value = t.take(key, str)
-        if value not in NPROC_WORDS:
-            raise t.error(key, f'must be a positive integer or one of '
-                               f'{", ".join(NPROC_WORDS)}, not {value!r}')
-        return value
-    n = t.take(key, int)
-    if n < 1:
-        raise t.error(key, f"must be at least 1, not {n}")
-    return n
 
 
 def _one_of(t: Table, key: str, kind: type[E], default: E) -> E:

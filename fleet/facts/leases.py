@@ -12,6 +12,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from fleet.nodedata import number
@@ -107,24 +108,45 @@ def others(leases: list[Lease], me: str, gpus: tuple[int, ...] | None) -> list[L
     return [lease for lease in leases if lease.owner != me and lease.overlaps(gpus)]
 
 
+class LeaseAction(Enum):
+    """What lease.py is asked to do; its word is lease.py's first argument."""
+
+    TAKE = "take"
+    GIVE = "give"
+    DROP = "drop"
+
+
 @dataclass(frozen=True)
 class LeaseOrder:
     """What fleet/nodeside/lease.py is asked: take `gpus` (None: the whole host) for `seconds`,
     give them back, or drop the caller's leases named."""
 
-    action: str  # take, give, drop
+    action: LeaseAction
     gpus: tuple[int, ...] | None = None
     seconds: float = 0.0
     note: str = ""
     names: tuple[str, ...] = ()
 
+    @classmethod
+    def take(cls, gpus: tuple[int, ...] | None, seconds: float, note: str = "") -> LeaseOrder:
+        return cls(LeaseAction.TAKE, gpus, seconds, note)
+
+    @classmethod
+    def give(cls, gpus: tuple[int, ...] | None) -> LeaseOrder:
+        return cls(LeaseAction.GIVE, gpus)
+
+    @classmethod
+    def drop(cls, names: tuple[str, ...]) -> LeaseOrder:
+        """The caller's own leases, by their files' names (undoing or finishing a take)."""
+        return cls(LeaseAction.DROP, names=names)
+
     def argv(self, origin: str) -> list[str]:
         which = "all" if self.gpus is None else ",".join(map(str, self.gpus))
-        if self.action == "take":
-            return ["take", which, f"{self.seconds:.0f}", self.note, origin]
-        if self.action == "give":
-            return ["give", which]
-        return ["drop", *self.names]
+        if self.action is LeaseAction.TAKE:
+            return [self.action.value, which, f"{self.seconds:.0f}", self.note, origin]
+        if self.action is LeaseAction.GIVE:
+            return [self.action.value, which]
+        return [self.action.value, *self.names]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ class Attempt:
     hosts: list[str]
     started: float
     ended: float
-    status: str  # RunStatus.value
+    status: RunStatus  # written as its word (`failed`), as before it was a type
     why: str = ""  # how it ended badly: `node2 was lost`, `node1 failed (exit 1)`, `a hang`
     stopped_at: float | None = None  # when fleet began to stop it (the failure known)
     progressed_at: float | None = None  # a rank's first line of its own
@@ -87,7 +87,7 @@ class Book:
         kind, why = ending(final, run_state, hang)
         ordered = sorted(run_state.outcomes.values(), key=lambda o: o.node_rank)
         a = Attempt(len(self.attempts) + 1, run.run_id, [o.name for o in ordered], started,
-                    ended, final.status.value if not hang else RunStatus.FAILED.value, why,
+                    ended, final.status if not hang else RunStatus.FAILED, why,
                     run_state.stopped_at, run.progressed(),
                     lost=[o.name for o in ordered if o.status is NodeStatus.UNREACHABLE])
         self.attempts.append(a)
@@ -176,15 +176,15 @@ class Book:
     def summary(self) -> str:
         total = self.policy.max + 1
         return "attempts: " + ", ".join(
-            f"{a.number}/{total} {a.status}" + (f" ({a.why})" if a.why else "")
+            f"{a.number}/{total} {a.status.value}" + (f" ({a.why})" if a.why else "")
             for a in self.attempts)
 
     def save(self) -> None:
         d = state.state_dir() / self.run_id
         if d.is_dir():
             state.write_atomic(d / FILE, json.dumps(
-                {"max": self.policy.max, "attempts": [dataclasses.asdict(a)
-                                                     for a in self.attempts]}, indent=2) + "\n")
+                {"max": self.policy.max, "attempts": [as_dict(a) for a in self.attempts]},
+                indent=2) + "\n")
 
 
 LEFT_POLL_S = 5.0  # how often the nodes an attempt lost are tried again while the run goes on
@@ -250,6 +250,22 @@ class Left:
         self.done.set()
 
 
+def as_dict(a: Attempt) -> dict[str, Any]:
+    """The attempt as attempts.json (and `status --json`) has it: its status as its word."""
+    return {**dataclasses.asdict(a), "status": a.status.value}
+
+
+def from_dict(item: dict[str, Any]) -> Attempt:
+    """An attempt from attempts.json (ValueError, KeyError or TypeError where it is not one)."""
+    word = item["status"]
+    try:
+        status = RunStatus(word)
+    except ValueError:
+        raise ValueError(f"attempt {item.get('number')}'s status {word!r} is none of "
+                         f"{', '.join(s.value for s in RunStatus)}") from None
+    return Attempt(**{**item, "status": status})
+
+
 def load(rec: state.RunRecord) -> tuple[int, list[Attempt]] | None:
     """A run's attempts (and `max`), where it had a restart policy."""
     path = rec.dir / FILE
@@ -257,7 +273,7 @@ def load(rec: state.RunRecord) -> tuple[int, list[Attempt]] | None:
         return None
     try:
         data: dict[str, Any] = json.loads(path.read_text())
-        return int(data["max"]), [Attempt(**a) for a in data["attempts"]]
+        return int(data["max"]), [from_dict(a) for a in data["attempts"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DamagedRecord(f"{path}: the attempts of run {rec.run_id} are damaged ({e})") from e
 
@@ -268,7 +284,7 @@ def lines(max_: int, items: list[Attempt]) -> list[str]:
     out = []
     for a, after in zip(items, [*items[1:], None], strict=True):
         when = time.strftime("%H:%M:%S", time.localtime(a.stopped_at or a.ended))
-        words = f"  attempt {a.number}/{max_ + 1} ({a.run_id}): {a.status}"
+        words = f"  attempt {a.number}/{max_ + 1} ({a.run_id}): {a.status.value}"
         if a.why:
             words += f", {a.why} at {when}"
         for host, spare in a.replaced.items():
@@ -317,4 +333,4 @@ def records(rec: state.RunRecord) -> list[state.RunRecord]:
 def as_json(rec: state.RunRecord) -> dict[str, Any] | None:
     found = load(rec)
     return None if not found else {"max": found[0],
-                                   "attempts": [dataclasses.asdict(a) for a in found[1]]}
+                                   "attempts": [as_dict(a) for a in found[1]]}

@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
+from enum import Enum
 
 from fleet.config.notify import Format, Notify, redact
 from fleet.console import Console, Meaning, printable
@@ -22,15 +23,27 @@ TIMEOUT_S = 10.0  # one webhook POST (all of it: connect, TLS, answer), or the l
 TRACE_LINES = 30  # of the first failure's report, the message keeps at most this many lines
 
 
+class NoticeState(Enum):
+    """How a run ended, as its notice says it. Its word goes out as it is (the headline, the
+    JSON body's `state`, FLEET_STATE); a detached run's watcher on its master
+    (fleet/nodeside/notify_watch.py) sends the same words."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    HUNG = "hung"  # the watchdog found no output for hang_timeout
+    STOPPED = "stopped"  # by a person, `fleet stop` or a signal to fleet
+    UNKNOWN = "unknown"  # fleet lost sight of a node
+
+
 @dataclass(frozen=True)
 class Notice:
-    """What a run's end says: `state` is succeeded, failed, hung, stopped or unknown; `said`
+    """What a run's end says: `state` how it ended; `said`
     fleet's own last words on it; `failure` the first failing rank's report (where, which rank,
     its traceback's last lines); `hang` the watchdog's verdict."""
 
     run_id: str
     job: str
-    state: str
+    state: NoticeState
     seconds: float
     said: str
     failure: tuple[str, ...] = ()
@@ -47,7 +60,7 @@ class Told:
     started: float
     run_id: str = ""
     detached: bool = False  # fleet does not see its end: the master's watcher tells
-    state: str = ""
+    state: NoticeState | None = None  # None: not decided yet
     said: str = ""
     failure: tuple[str, ...] = ()
     hang: str | None = None
@@ -61,10 +74,10 @@ def notice(told: Told, exc: BaseException | None, now: float) -> Notice | None:
     state, said = told.state, told.said
     if exc is not None and not said:  # it ended before the final state was decided
         said = str(exc)
-        state = "stopped" if isinstance(exc, (Interrupted, RunStopped)) else \
-            "hung" if told.hang else "failed"
-    return Notice(told.run_id, told.job, state or "succeeded", now - told.started, said,
-                  told.failure, told.hang)
+        state = NoticeState.STOPPED if isinstance(exc, (Interrupted, RunStopped)) else \
+            NoticeState.HUNG if told.hang else NoticeState.FAILED
+    return Notice(told.run_id, told.job, state or NoticeState.SUCCEEDED, now - told.started,
+                  said, told.failure, told.hang)
 
 
 def tell(cfg: Notify, told: Told, exc: BaseException | None, console: Console) -> None:
@@ -89,7 +102,7 @@ def duration(seconds: float) -> str:
 
 
 def headline(n: Notice) -> str:
-    return f"fleet: run {n.run_id} ({n.job}) {n.state} after {duration(n.seconds)}"
+    return f"fleet: run {n.run_id} ({n.job}) {n.state.value} after {duration(n.seconds)}"
 
 
 def message(n: Notice) -> str:
@@ -115,7 +128,7 @@ def request(url: str, fmt: Format, n: Notice) -> urllib.request.Request:
             "Title": title, "Content-Type": "text/plain; charset=utf-8"})
     body: dict[str, object] = {"text": text}
     if fmt is Format.JSON:
-        body.update(run=n.run_id, job=n.job, state=n.state, seconds=round(n.seconds, 1),
+        body.update(run=n.run_id, job=n.job, state=n.state.value, seconds=round(n.seconds, 1),
                     said=n.said, failure=list(n.failure), hang=n.hang)
     return urllib.request.Request(url, json.dumps(body).encode(), method="POST",
                                   headers={"Content-Type": "application/json"})
@@ -129,7 +142,7 @@ def post(url: str, fmt: Format, n: Notice) -> str | None:
 
 def env(n: Notice) -> dict[str, str]:
     """What the local command finds in its environment, beside the message on its stdin."""
-    return {"FLEET_RUN": n.run_id, "FLEET_JOB": n.job, "FLEET_STATE": n.state,
+    return {"FLEET_RUN": n.run_id, "FLEET_JOB": n.job, "FLEET_STATE": n.state.value,
             "FLEET_SECONDS": str(int(n.seconds)), "FLEET_SUMMARY": headline(n)}
 
 
@@ -155,7 +168,7 @@ def send(cfg: Notify, n: Notice, console: Console) -> None:
         why = post(cfg.webhook, cfg.format, n)
         where = redact(cfg.webhook)
         if why is None:
-            console.info(f"notify: told {where} that run {n.run_id} {n.state}")
+            console.info(f"notify: told {where} that run {n.run_id} {n.state.value}")
         else:
             console.info(f"warning: notify: {where} was not told: {why}", Meaning.WARN)
     if cfg.command:

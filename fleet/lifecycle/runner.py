@@ -161,25 +161,27 @@ def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = ""
         console.event(Verdict(run_id, final.status, int(code), nodes, told.said))
 
     if ended.hang is not None:
-        told.state, told.said = "hung", (f"run {run_id} hung: {ended.hang}; "
-                                         f"{phrases.halted(run.halted())} (logs: "
-                                         f"`fleet logs {run_id}`){tail}")
+        told.state = notify.NoticeState.HUNG
+        told.said = (f"run {run_id} hung: {ended.hang}; {phrases.halted(run.halted())} (logs: "
+                     f"`fleet logs {run_id}`){tail}")
         verdict(JobFailed.exit_code)
         raise JobFailed(told.said)
     if final.status is RunStatus.SUCCEEDED:
-        told.state, told.said = "succeeded", f"run {run_id} succeeded {final.words}{tail}"
+        told.state = notify.NoticeState.SUCCEEDED
+        told.said = f"run {run_id} succeeded {final.words}{tail}"
         verdict(0)
         return run_id
     if final.status is RunStatus.STOPPED:
-        told.state, told.said = "stopped", f"run {run_id} was stopped{final.words}{tail}"
+        told.state = notify.NoticeState.STOPPED
+        told.said = f"run {run_id} was stopped{final.words}{tail}"
         verdict(RunStopped.exit_code)
         raise RunStopped(told.said)
     if final.status is RunStatus.FAILED:
-        told.state = "failed"
+        told.state = notify.NoticeState.FAILED
         told.said = f"run {run_id} failed{final.words} (logs: `fleet logs {run_id}`){tail}"
         verdict(JobFailed.exit_code)
         raise JobFailed(told.said)
-    told.state = "unknown"
+    told.state = notify.NoticeState.UNKNOWN
     told.said = (f"run {run_id} ended in an unknown state: fleet lost sight of a node (logs: "
                  f"`fleet logs {run_id}`){tail}")
     verdict(final.status.exit_code)

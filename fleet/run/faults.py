@@ -31,27 +31,44 @@ class Phase(Enum):
     STOP = "stop"
 
 
+class Action(Enum):
+    """What a fault point does (FLEET_FAULT's word after the colon)."""
+
+    KILL = "kill"
+    INT = "int"
+    INT2 = "int2"
+    TERM = "term"
+    RAISE = "raise"
+    PAUSE = "pause"
+
+
 def point(phase: str) -> None:
     spec = os.environ.get("FLEET_FAULT", "")
     if not spec:
         return
-    want, _, action = spec.partition(":")
+    want, _, word = spec.partition(":")
     if want != phase:
         return
+    try:
+        action = Action(word)
+    except ValueError:
+        # A test's typo must fail the test, not leave the fault out and pass.
+        raise RuntimeError(f"FLEET_FAULT={spec!r}: {word!r} is none of "
+                           f"{', '.join(a.value for a in Action)}") from None
     me = os.getpid()
-    if action == "kill":
+    if action is Action.KILL:
         os.kill(me, signal.SIGKILL)
-    elif action == "int":
+    elif action is Action.INT:
         os.kill(me, signal.SIGINT)
-    elif action == "int2":
+    elif action is Action.INT2:
         os.kill(me, signal.SIGINT)
         time.sleep(0.005)
         os.kill(me, signal.SIGINT)
-    elif action == "term":
+    elif action is Action.TERM:
         os.kill(me, signal.SIGTERM)
-    elif action == "raise":
+    elif action is Action.RAISE:
         raise RuntimeError(f"injected fault at {phase}")
-    elif action == "pause":
+    elif action is Action.PAUSE:
         print(f"fleet: fault point {phase} reached", file=sys.stderr, flush=True)
         resume = os.environ.get("FLEET_FAULT_RESUME", "")
         deadline = time.monotonic() + 120

@@ -405,7 +405,7 @@ def test_slurm_refuses_gpu_sharing_with_its_reason(tmp_path: Path) -> None:
     cluster.write_text('[slurm]\nlogin = "hpc.example.org"\nnodes = 2\n')
     backend = backends.for_inventory(cluster)
     for call in (lambda: backend.survey(cluster, []),
-                 lambda: backend.lease(cluster, "n1", LeaseOrder("take", (0,), 60))):
+                 lambda: backend.lease(cluster, "n1", LeaseOrder.take((0,), 60))):
         with pytest.raises(UsageError, match="Slurm allocates a cluster's GPUs itself"):
             call()
     job = tmp_path / "job.toml"

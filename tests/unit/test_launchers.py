@@ -13,6 +13,7 @@ import pytest
 
 from fleet.config.inventory import Host, Inventory, load_inventory
 from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend, load_job
+from fleet.config.procs import Procs
 from fleet.errors import ConfigError
 from fleet.facts import run_state
 from fleet.facts.failure import log_traceback, parse_report
@@ -70,7 +71,7 @@ def test_c10d_passes_no_node_rank_and_ranks_are_learnt_at_launch() -> None:
 
 
 def test_a_word_count_leaves_ranks_to_launch() -> None:
-    p = plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2", nproc_per_node="gpu")])
+    p = plan_of([Host("a", "10.0.0.1"), Host("b", "10.0.0.2", nproc_per_node=Procs.GPU)])
     assert [n.rank_base for n in p.nodes] == [None, None] and p.nodes[0].world_size is None
 
 

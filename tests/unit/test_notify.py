@@ -28,7 +28,7 @@ from fleet.config.notify import Format, Notify, redact
 from fleet.console import Console
 from fleet.errors import ConfigError, Interrupted, JobFailed, RunStopped
 from fleet.lifecycle import notify
-from fleet.lifecycle.notify import Notice, Told
+from fleet.lifecycle.notify import Notice, NoticeState, Told
 from fleet.nodeside import notify_watch
 
 
@@ -107,7 +107,8 @@ def test_redact_keeps_scheme_and_host_only(url: str, shown: str) -> None:
     assert Notify(url).view()["webhook"] == shown
 
 
-FAILED = Notice("mnist-1a2b", "mnist", "failed", 3723.0, "run mnist-1a2b failed (logs: ...)",
+FAILED = Notice("mnist-1a2b", "mnist", NoticeState.FAILED, 3723.0,
+                "run mnist-1a2b failed (logs: ...)",
                 ("first failure: node2 (node rank 1), rank 3 (local rank 1), exit code 1:",
                  "    Traceback (most recent call last):", "    ZeroDivisionError: \x1b[31m"))
 
@@ -122,7 +123,8 @@ def test_message_carries_state_duration_and_failure() -> None:
 
 
 def test_message_bounds_a_long_traceback() -> None:
-    long = Notice("r", "j", "failed", 5, "x", ("first failure: n", *[f"l{i}" for i in range(99)]))
+    long = Notice("r", "j", NoticeState.FAILED, 5, "x",
+                  ("first failure: n", *[f"l{i}" for i in range(99)]))
     lines = notify.message(long).splitlines()
     assert len(lines) == 2 + notify.TRACE_LINES + 1
     assert lines[2] == "first failure: n" and lines[-1] == "l98"
@@ -130,29 +132,30 @@ def test_message_bounds_a_long_traceback() -> None:
 
 
 def test_hang_verdict_in_message() -> None:
-    hung = Notice("r", "j", "hung", 65, "run r hung on node2", (), "rank 3 on node2 is in f()")
+    hung = Notice("r", "j", NoticeState.HUNG, 65, "run r hung on node2", (),
+                  "rank 3 on node2 is in f()")
     assert notify.message(hung).splitlines() == [
         "fleet: run r (j) hung after 1m 05s", "run r hung on node2", "hang: rank 3 on node2 is "
         "in f()"]
 
 
 @pytest.mark.parametrize(("exc", "state"), [
-    (None, "succeeded"),
-    (Interrupted("SIGINT", "the job was stopped on every node"), "stopped"),
-    (RunStopped("run r was stopped by fleet stop during the wait"), "stopped"),
-    (JobFailed("node2: the master's launcher ended"), "failed"),
+    (None, NoticeState.SUCCEEDED),
+    (Interrupted("SIGINT", "the job was stopped on every node"), NoticeState.STOPPED),
+    (RunStopped("run r was stopped by fleet stop during the wait"), NoticeState.STOPPED),
+    (JobFailed("node2: the master's launcher ended"), NoticeState.FAILED),
 ])
-def test_notice_of_each_end(exc: BaseException | None, state: str) -> None:
+def test_notice_of_each_end(exc: BaseException | None, state: NoticeState) -> None:
     told = Told("j", 100.0, run_id="r")
     n = notify.notice(told, exc, 112.0)
-    assert n is not None and n.state == state and n.seconds == 12.0
+    assert n is not None and n.state is state and n.seconds == 12.0
     assert n.said == ("" if exc is None else str(exc))
 
 
 def test_notice_once_decided_and_when_nothing_to_tell() -> None:
-    told = Told("j", 0.0, run_id="r", state="hung", said="run r hung: x", hang="x")
+    told = Told("j", 0.0, run_id="r", state=NoticeState.HUNG, said="run r hung: x", hang="x")
     n = notify.notice(told, JobFailed("run r hung: x"), 1.0)
-    assert n is not None and (n.state, n.said, n.hang) == ("hung", "run r hung: x", "x")
+    assert n is not None and (n.state, n.said, n.hang) == (NoticeState.HUNG, "run r hung: x", "x")
     assert notify.notice(Told("j", 0.0), JobFailed("x"), 1.0) is None  # never prepared
     assert notify.notice(Told("j", 0.0, run_id="r", detached=True), None, 1.0) is None
 

@@ -17,6 +17,8 @@ from fleet.render import render_node
 from fleet.run.record import NodeRecord
 from fleet.transport.sync import Scan
 
+H = preview.How
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
@@ -233,10 +235,10 @@ def test_how_sent_follows_the_upload_rule() -> None:
     small = preview.dir_move("code", CODE, {})
     resume = preview.dir_move("code", CODE, {".train.py.fleet-part": (10, 1)})
     same = preview.dir_move("code", CODE, CODE)
-    assert preview.how_sent((big,)) == preview.STREAM
-    assert preview.how_sent((small,)) == preview.BUNDLE
-    assert preview.how_sent((resume,)) == preview.STREAM  # a partial file is resumed
-    assert preview.how_sent((same,)) == preview.NOTHING
+    assert preview.how_sent((big,)) is H.STREAM
+    assert preview.how_sent((small,)) is H.BUNDLE
+    assert preview.how_sent((resume,)) is H.STREAM  # a partial file is resumed
+    assert preview.how_sent((same,)) is H.NOTHING
 
 
 def test_a_first_sync_to_two_nodes_is_relayed_and_a_sharer_gets_nothing() -> None:
@@ -245,8 +247,8 @@ def test_a_first_sync_to_two_nodes_is_relayed_and_a_sharer_gets_nothing() -> Non
     p = preview.preview(plan, code, data, {"n1": [None, None], "n2": [None, None]}, ("n1",))
     assert p.nodes is not None and p.route is not None
     assert [(n.host, n.how, n.shares) for n in p.nodes] == [
-        ("n1", "stream", None), ("n2", "stream", None), ("n3", "shared", "n2")]
-    assert p.route.kind == "relay" and p.route.chain == ("n1", "n2")
+        ("n1", H.STREAM, None), ("n2", H.STREAM, None), ("n3", H.SHARED, "n2")]
+    assert p.route.kind is preview.RouteKind.RELAY and p.route.chain == ("n1", "n2")
     assert p.route.uplink == 20 * MiB + 1000 + 4000  # once, not once per node
     text = "\n".join(preview.lines(p))
     assert "data: 4 file(s), 20.0 MiB to sync (code 1 file(s), 1000 bytes; data 3 file(s)" in text
@@ -270,7 +272,7 @@ def test_one_streamed_node_is_fed_directly_and_small_changes_go_in_bundles() -> 
     p = preview.preview(plan, code, data, {
         "n1": [CODE, touched], "n2": [{}, DATA], "n3": "RemoteCommandError: no"})
     assert p.nodes is not None and p.route is not None
-    assert [n.how for n in p.nodes] == ["stream", "bundle", "unlisted"]
+    assert [n.how for n in p.nodes] == [H.STREAM, H.BUNDLE, H.UNLISTED]
     text = "\n".join(preview.lines(p))
     assert "  n1: at most 12.0 MiB to stream" in text
     assert ("data: 1 file(s) differ (a.bin), 12.0 MiB; 1 with an older copy there: compared "
@@ -279,7 +281,7 @@ def test_one_streamed_node_is_fed_directly_and_small_changes_go_in_bundles() -> 
     assert "  n3: could not be listed: RemoteCommandError: no" in text
     assert "route: this machine -> n1; n2: in one bundle per node" in text
     only_small = preview.preview(plan, code, data, {n: [{}, DATA] for n in ("n1", "n2", "n3")})
-    assert only_small.route is not None and only_small.route.kind == "bundle"
+    assert only_small.route is not None and only_small.route.kind is preview.RouteKind.BUNDLE
     assert preview.route_line(only_small.route) == \
         "route: in one bundle per node (2.9 KiB in all)"
     same = preview.preview(plan, code, data, {n: [CODE, DATA] for n in ("n1", "n2", "n3")})

@@ -182,9 +182,9 @@ def test_a_lost_node_is_replaced_by_the_first_free_spare_each_time(
 
 
 def test_status_words_for_the_attempts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    items = [attempts.Attempt(1, "r", ["n1", "n2"], 1.0, 2.0, "failed", "n2 was lost",
+    items = [attempts.Attempt(1, "r", ["n1", "n2"], 1.0, 2.0, RunStatus.FAILED, "n2 was lost",
                               stopped_at=100.0, progressed_at=50.0, replaced={"n2": "s1"}),
-             attempts.Attempt(2, "r-a2", ["n1", "s1"], 3.0, 4.0, "succeeded",
+             attempts.Attempt(2, "r-a2", ["n1", "s1"], 3.0, 4.0, RunStatus.SUCCEEDED,
                               progressed_at=109.5)]
     lines = attempts.lines(2, items)
     assert lines[0].startswith("  attempt 1/3 (r): failed, n2 was lost at ")
@@ -267,9 +267,9 @@ def test_what_an_attempt_left_on_a_lost_node_is_stopped_once_it_answers_else_nam
     c = Console(out=io.StringIO(), err=io.StringIO())
     backend = Stopper({"n2": 2, "n3": 99})
     left = attempts.Left(backend, c, "r")  # type: ignore[arg-type]
-    left.add(attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, "unknown",
+    left.add(attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, RunStatus.UNKNOWN,
                               lost=["n2", "n3"]))
-    left.add(attempts.Attempt(2, "r-a2", ["n1", "n4", "n5"], 2.0, 3.0, "succeeded"))
+    left.add(attempts.Attempt(2, "r-a2", ["n1", "n4", "n5"], 2.0, 3.0, RunStatus.SUCCEEDED))
     left.sweep()  # neither answers yet
     assert set(left.parts) == {("r", "n2"), ("r", "n3")}
     left.sweep()
@@ -296,7 +296,7 @@ def test_a_lost_part_that_had_ended_by_itself_is_not_called_stopped(
         dir=tmp_path / run_id))
     c = Console(out=io.StringIO(), err=io.StringIO())
     left = attempts.Left(Stopper({"n2": 1}, gone={"n2"}), c, "r")  # type: ignore[arg-type]
-    left.add(attempts.Attempt(1, "r", ["n1", "n2"], 0.0, 1.0, "unknown", lost=["n2"]))
+    left.add(attempts.Attempt(1, "r", ["n1", "n2"], 0.0, 1.0, RunStatus.UNKNOWN, lost=["n2"]))
     left.end()
     err = c.err.getvalue()  # type: ignore[attr-defined]
     assert "n2 answered again: attempt 1's part there had already ended\n" in err, err
@@ -325,10 +325,12 @@ def test_ps_asks_only_the_lost_nodes_whose_end_fleet_has_not_seen(
     every = [SimpleNamespace(run_id=r, dir=tmp_path / r) for r in ("r", "r-a2", "r-a3", "r-a4")]
     for rec in every:
         rec.dir.mkdir()
-    items = [attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, "unknown", lost=["n2", "n3"]),
-             attempts.Attempt(2, "r-a2", ["n1", "n4", "n3"], 2.0, 3.0, "failed"),
-             attempts.Attempt(3, "r-a3", ["n1", "n4", "n5"], 4.0, 5.0, "unknown", lost=["n5"]),
-             attempts.Attempt(4, "r-a4", ["n1", "n4", "n6"], 6.0, 7.0, "succeeded")]
+    items = [attempts.Attempt(1, "r", ["n1", "n2", "n3"], 0.0, 1.0, RunStatus.UNKNOWN,
+                              lost=["n2", "n3"]),
+             attempts.Attempt(2, "r-a2", ["n1", "n4", "n3"], 2.0, 3.0, RunStatus.FAILED),
+             attempts.Attempt(3, "r-a3", ["n1", "n4", "n5"], 4.0, 5.0, RunStatus.UNKNOWN,
+                              lost=["n5"]),
+             attempts.Attempt(4, "r-a4", ["n1", "n4", "n6"], 6.0, 7.0, RunStatus.SUCCEEDED)]
     # n5's part was stopped once it answered again: its end is kept.
     attempts.outcomes.note(every[2].dir, NodeOutcome("n5", 2, NodeStatus.STOPPED, 143), "fleet up")
     assert _not_over(every, items) == [(1, ["  n2  running", "  n3  running"])]  # type: ignore[arg-type]

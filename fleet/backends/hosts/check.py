@@ -14,6 +14,7 @@ from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
 from fleet.backends.hosts.ports import port_checks
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import DEFAULT_EXCLUDE, Job
+from fleet.config.procs import Nproc, Procs
 from fleet.errors import FleetError
 from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
 from fleet.facts.net import NodeNet
@@ -270,13 +271,13 @@ def _chosen_gpu_check(host: Host, g: GpuFacts | Exception) -> Check:
                  f"gpus = {chosen}: present, no other user's process on them")
 
 
-def _node_checks(name: str, hostname: str, h: Health, skew: float, nproc: int | str,
+def _node_checks(name: str, hostname: str, h: Health, skew: float, nproc: Nproc,
                  alone: bool, chosen: bool = False) -> list[Check]:
     """GPUs, name resolution, reverse lookup, clock (`skew`: the node's clock minus this
     machine's) and disk, as the node's deep probe said them."""
     out = []
     gpus = h.gpus
-    if nproc == "gpu" and gpus == 0:
+    if nproc is Procs.GPU and gpus == 0:
         out.append(Check(name, "gpus", Status.FAIL,
                          "nproc_per_node = \"gpu\" but no GPU is visible",
                          "use a number (CPU processes) or check the driver (nvidia-smi)"))

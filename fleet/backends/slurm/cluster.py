@@ -19,7 +19,8 @@ from fleet.config.inventory import (
     load_inventory,
     take_host_key,
 )
-from fleet.config.job import Launcher, nproc_value
+from fleet.config.job import Launcher
+from fleet.config.procs import Nproc, nproc_value
 from fleet.config.schema import Table, load_toml
 from fleet.errors import ConfigError
 
@@ -44,7 +45,7 @@ class Cluster:
     time: str | None = None  # sbatch --time: minutes, HH:MM:SS, D-HH:MM...
     gpus_per_node: str | None = None
     cpus_per_task: int | None = None
-    nproc_per_node: int | str | None = None  # processes per node (default: the job's)
+    nproc_per_node: Nproc | None = None  # processes per node (default: the job's)
     python: str = "python3"  # the interpreter on the compute nodes
     workdir: str | None = "~/fleet"  # on the shared filesystem; None: the job's own directory
     interface: str | None = None  # pin the NIC instead of detecting it on each node

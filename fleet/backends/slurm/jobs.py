@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.config.inventory import BackendKind, Host
+from fleet.config.procs import Nproc, parse_nproc
 from fleet.console import Console
 from fleet.errors import (
     DamagedRecord,
@@ -35,7 +36,7 @@ class SlurmRecord:
     login: Host
     run_dir: str  # on the shared filesystem, as the login node sees it
     job_id: str | None = None
-    nproc: int | str = 1
+    nproc: Nproc = 1
     static: bool = True  # ranks known from the node rank (a static rendezvous)
     final: str = ""  # Slurm's last word, once fleet saw the job end
     submitting: bool = False  # sbatch was asked and gave no job id: a job may exist
@@ -66,7 +67,8 @@ def load(rec: state.RunRecord) -> SlurmRecord:
     path = rec.dir / RECORD
     try:
         data = json.loads(path.read_text())
-        return SlurmRecord(**{**data, "login": Host(**data["login"])})
+        return SlurmRecord(**{**data, "login": Host(**data["login"]),
+                              "nproc": parse_nproc(data.get("nproc", 1), "nproc")})
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DamagedRecord(f"{path}: the record of run {rec.run_id} is damaged ({e})") from e
 

@@ -18,6 +18,7 @@ from fleet.config.inventory import (
     load_inventory,
 )
 from fleet.config.job import Job, RendezvousBackend
+from fleet.config.procs import Nproc
 from fleet.errors import ConfigError
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
 from fleet.render import environment
@@ -62,7 +63,7 @@ class Script:
     env_file: str | None = None  # fleet up: the env (secrets too), sourced; else inline
 
 
-def nproc(job: Job, cluster: Cluster) -> int | str:
+def nproc(job: Job, cluster: Cluster) -> Nproc:
     """Processes per node: the cluster's count, else the job's (on a host list, the master's
     own, which check_job made sure every host shares)."""
     if cluster.nproc_per_node is not None:
