@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet import backends
 from fleet.backends.base import Final
 from fleet.backends.slurm import jobs as slurm_jobs
 from fleet.config.inventory import Host, load_inventory
@@ -111,7 +112,8 @@ def test_old_attempts_load_as_types_and_are_written_byte_for_byte(
     (tmp_path / "job.toml").write_text('inventory = "inv.toml"\nscript = "train.py"\n'
                                        "[restart]\nmax = 2\n")
     job = load_job(tmp_path / "job.toml")
-    book = attempts.Book(job, job.restart, Console(out=io.StringIO(), err=io.StringIO()))
+    book = attempts.Book(job, job.restart, Console(out=io.StringIO(), err=io.StringIO()),
+                         backends.for_inventory(job.inventory))
     book.run_id, book.attempts = "r", found[1]
     (rec.dir / attempts.FILE).unlink()
     book.save()
@@ -126,7 +128,8 @@ def test_a_recorded_attempt_gets_the_run_status_itself(
     (tmp_path / "job.toml").write_text('inventory = "inv.toml"\nscript = "train.py"\n'
                                        "[restart]\nmax = 1\n")
     job = load_job(tmp_path / "job.toml")
-    book = attempts.Book(job, job.restart, Console(out=io.StringIO(), err=io.StringIO()))
+    book = attempts.Book(job, job.restart, Console(out=io.StringIO(), err=io.StringIO()),
+                         backends.for_inventory(job.inventory))
 
     class Ran:
         run_id = book.run_id
