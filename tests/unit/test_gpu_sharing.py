@@ -11,12 +11,12 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleet import backends
+from fleet import backends, nodeside
 from fleet.backends.base import Options
 from fleet.cli.app import optional_values
 from fleet.cli.job_commands import wait_seconds
@@ -36,7 +36,6 @@ from fleet.facts.leases import (
     parse_lease,
 )
 from fleet.gpuview import as_json, blockers, clock, idle, lease_blockers, rows, span
-from fleet import nodeside
 
 NOW = 1_795_534_438.0
 LEASE = json.dumps({"gpus": [1], "since": NOW - 60, "until": NOW + 3 * 3600, "note": "deadline",

@@ -5,8 +5,23 @@ too, so no block of code stands both in fleet/nodeside/ and elsewhere in fleet/.
 from __future__ import annotations
 
 import ast
+import glob
 import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
+
+import pytest
+
+from fleet import nodeside
+from fleet.lifecycle import notify
+from fleet.nodeside.shared import nodemap, run_end, scrub
+from fleet.shell import quote
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fleet"
@@ -77,6 +92,22 @@ def test_detector_finds_a_copied_block() -> None:
     assert not shared({Path("node.py"): imports_only}, {Path("laptop.py"): rule})
 
 
+def node_files() -> dict[Path, str]:
+    return {p.relative_to(ROOT): p.read_text() for p in sorted(NODESIDE.rglob("*.py"))}
+
+
+def test_no_block_shared_between_two_node_programs() -> None:
+    """Two node programs (or ferry and a program) share a module, never a copy."""
+    seen: dict[str, tuple[Path, int]] = {}
+    found = []
+    for path, source in node_files().items():
+        for h, line in windows(source).items():
+            other = seen.setdefault(h, (path, line))
+            if other[0] != path:
+                found.append(f"{path}:{line} ~ {other[0]}:{other[1]}")
+    assert not found, "a block of code stands in two node-side files:\n" + "\n".join(found)
+
+
 def test_no_block_shared_between_nodeside_and_the_rest() -> None:
     every = {p.relative_to(ROOT): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
     node = {p: s for p, s in every.items() if (ROOT / p).is_relative_to(NODESIDE)}
@@ -85,3 +116,78 @@ def test_no_block_shared_between_nodeside_and_the_rest() -> None:
     assert not found, ("a block of code stands both on the node's side and the laptop's (put it "
                        "in one shared fleet/nodeside module that both import):\n"
                        + "\n".join(found))
+
+
+# ---- the shared modules, from both sides --------------------------------------------------------
+def test_the_node_map() -> None:
+    assert nodemap.run_dir("~/fleet/", "r1", "n1") == "~/fleet/runs/r1/n1"
+    assert nodemap.run_dir("/scratch", "r1") == "/scratch/runs/r1"
+    assert nodemap.code_dir("/", "job-1") == "/code/job-1"
+    assert nodemap.data_dir("~/fleet", "d-1") == "~/fleet/data/d-1"
+    assert nodemap.data_dir("~/fleet", None) is None
+    assert nodemap.runs_dir("~/fleet") == "~/fleet/runs"
+    assert nodemap.run_vars("r1", "n1", 2, "/w/runs/r1/n1") == {
+        "FLEET_RUN_ID": "r1", "FLEET_NODE": "n1", "FLEET_NODE_RANK": "2",
+        "FLEET_RUN_DIR": "/w/runs/r1/n1"}
+
+
+def test_the_scrubs() -> None:
+    assert scrub.printable("a\x1b[31mb\r\n\u202e") == "a^[[31mb^M^J<U+202E>"
+    assert scrub.printable("a\nb", lines=True) == "a\nb"
+    assert scrub.masked("Müller\x1b[0m\t") == "Müller?[0m?"
+
+
+def pythons() -> list[str]:
+    """This python, and a Python 3.8 (the oldest a node may have) where one is here."""
+    old = [*sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))),
+           shutil.which("python3.8")]  # pyenv's shim may name none
+    return [sys.executable, *[p for p in old if p][:1]]
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    """A webhook that keeps what it was sent."""
+
+    got: list[bytes] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        Hook.got.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("python", pythons())
+def test_the_bundled_watcher_tells_what_fleet_would(tmp_path: Path, python: str) -> None:
+    """notify_watch.py as a node runs it (bundled, `-I -S`, from a here-document): its notice
+    opens with the headline fleet's own notify writes for the same run (one run_end for both),
+    and its traceback is found by the header fleet's failure reports use."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Hook.got = []
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / nodemap.NODE_LOG).write_text(f"hi\n{run_end.TRACEBACK}\nValueError: bad\x1b[0m\n")
+    (run / nodemap.EXIT_CODE).write_text("1\n")
+    (run / nodemap.STARTED).write_text(f"{int((run / nodemap.EXIT_CODE).stat().st_mtime) - 61}\n")
+    (run / nodemap.NOTIFY_JSON).write_text(json.dumps({
+        "webhook": f"http://127.0.0.1:{server.server_port}/hook", "format": "json",
+        "run_id": "r1", "job": "j", "node": "n1", "where": "the hook", "proof": "x"}))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        r = subprocess.run(["sh", "-c", nodeside.python_program(
+            quote(python), "notify_watch.py", str(run), gone.pid, flags=("-I", "-S"))],
+            capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    body = json.loads(Hook.got[0])
+    said = body["text"].splitlines()
+    assert said[0] == notify.headline(notify.Notice("r1", "j", "failed", 61, "")) == \
+        "fleet: run r1 (j) failed after 1m 01s"
+    assert said[-2:] == [f"    {run_end.TRACEBACK}", "    ValueError: bad?[0m"]
+    assert not (run / nodemap.NOTIFY_JSON).exists()
+    assert "failed: told the hook" in (run / nodemap.NOTIFY_LOG).read_text()

@@ -35,6 +35,7 @@ from fleet.errors import (
     UsageError,
 )
 from fleet.facts import slurm as sj
+from fleet.nodeside.shared import nodemap
 from fleet.plan import SITE, new_run_id
 from fleet.render import NODESIDE
 from fleet.shell import sh
@@ -58,9 +59,9 @@ def prepare(cluster: Cluster, job: Job, console: Console, options: Options) -> S
     t = open_transport(cluster.login)
     try:
         workdir = t.path(cluster.workdir).rstrip("/") or "/"
-        run_dir = f"{workdir}/runs/{run_id}"
-        code_dir = f"{workdir}/code/{job.slot}"
-        data_dir = f"{workdir}/data/{job.data_slot}" if job.data_slot else None
+        run_dir = nodemap.run_dir(workdir, run_id)
+        code_dir = nodemap.code_dir(workdir, job.slot)
+        data_dir = nodemap.data_dir(workdir, job.data_slot)
         s = Script(code_dir=code_dir, data_dir=data_dir, run_dir=run_dir, run_id=run_id,
                    env_file=f"{run_dir}/env.sh")
         text = render(job, cluster, s)

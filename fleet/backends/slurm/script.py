@@ -19,6 +19,7 @@ from fleet.config.inventory import (
 )
 from fleet.config.job import Job, RendezvousBackend
 from fleet.errors import ConfigError
+from fleet.nodeside.shared import nodemap
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
 from fleet.render import environment
 from fleet.shell import quote
@@ -97,14 +98,14 @@ def env_of(job: Job, cluster: Cluster, run_id: str | None = None,
     cluster's, the debug env; FLEET_RUN_ID (fleet up) last, so nothing overrides it."""
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
-        env["FLEET_DATA_DIR"] = data_dir
+        env[nodemap.DATA_DIR_VAR] = data_dir
     env.update(socket_env(cluster.interface))
     env.update(job.env)
     env.update(cluster.env)
     if job.debug:
         env.update(DEBUG_ENV)
     if run_id:
-        env["FLEET_RUN_ID"] = run_id
+        env[nodemap.RUN_ID_VAR] = run_id
     return env
 
 
@@ -201,7 +202,6 @@ def export_script(job: Job, cluster: Cluster) -> str:
         code_dir = str(job.workdir)
         data_dir = str(job.data) if job.data else None
     else:
-        wd = cluster.workdir.rstrip("/") or "/"
-        code_dir = f"{wd}/code/{job.slot}"
-        data_dir = f"{wd}/data/{job.data_slot}" if job.data_slot else None
+        code_dir = nodemap.code_dir(cluster.workdir, job.slot)
+        data_dir = nodemap.data_dir(cluster.workdir, job.data_slot)
     return render(job, cluster, Script(code_dir=code_dir, data_dir=data_dir))
