@@ -63,6 +63,6 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
         "env.sh": (env_sh.render(ctx), 0o600),
         "run.sh": (run_sh.render(ctx), 0o700),
         "stop.sh": (stop_sh.render(ctx), 0o700),
-        **{f"{SITE}/{name}": ((NODESIDE / name).read_text(), 0o644) for name in SITE_FILES},
+        **{f"{SITE}/{name}": (fleet.nodeside.text(name) + "\n", 0o644) for name in SITE_FILES},
         TREE_FILE: ((NODESIDE / TREE_FILE).read_text(), 0o644),
     })

@@ -1,7 +1,7 @@
-"""How a program that runs on a node is made one text from fleet's modules (ferry's, or a
-program in fleet/nodeside with the shared modules of fleet/nodeside/shared it imports), so
-that a node needs nothing installed but a python, and no rule is copied between the laptop's
-side and the node's: the laptop imports the same modules."""
+"""How a Python program that runs on a node is made one text from fleet's modules (`amalgamate`:
+ferry's modules, or `program`: a program in fleet/nodeside with the modules of
+fleet/nodeside/shared it imports), so that a node needs nothing installed but a python, and no
+rule is copied between the laptop's side and the node's: the laptop imports the same modules."""
 
 from __future__ import annotations
 
@@ -130,7 +130,8 @@ def _stored(targets: Sequence[ast.expr], module: str) -> list[tuple[str, str]]:
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
 
 
-SHARED = "fleet.nodeside.shared"  # the modules a node program may import
+NODESIDE = "fleet.nodeside"
+SHARED = f"{NODESIDE}.shared"  # the modules a node program may import
 
 
 def program(path: Path) -> str:
@@ -147,7 +148,7 @@ def program(path: Path) -> str:
         tree.body[0]) else ""
     shared = path.parent / "shared"
     modules = [(f"shared.{m}", (shared / f"{m}.py").read_text()) for m in order]
-    return amalgamate(doc or "", [*modules, (path.stem, source)], SHARED.rpartition(".")[0])
+    return amalgamate(doc or "", [*modules, (path.stem, source)], NODESIDE)
 
 
 def _needs(name: str, source: str, shared: Path, order: list[str],

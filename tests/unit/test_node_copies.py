@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from fleet import nodeside
+from fleet.errors import InternalError
 from fleet.lifecycle import notify
+from fleet.nodeside import bundle
 from fleet.nodeside.shared import nodemap, run_end, scrub
 from fleet.shell import quote
 
@@ -191,3 +193,56 @@ def test_the_bundled_watcher_tells_what_fleet_would(tmp_path: Path, python: str)
     assert said[-2:] == [f"    {run_end.TRACEBACK}", "    ValueError: bad?[0m"]
     assert not (run / nodemap.NOTIFY_JSON).exists()
     assert "failed: told the hook" in (run / nodemap.NOTIFY_LOG).read_text()
+
+
+# ---- bundling --------------------------------------------------------------------------------
+PY_PROGRAMS = sorted(p.name for p in NODESIDE.glob("*.py") if p.name not in (
+    "__init__.py", "bundle.py"))
+
+
+@pytest.mark.parametrize("name", PY_PROGRAMS)
+def test_every_python_program_ships_as_one_python_3_8_text(name: str) -> None:
+    text = nodeside.text(name)
+    tree = ast.parse(text, feature_version=(3, 8))
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom):
+            assert not (n.module or "").startswith("fleet") and not n.level, ast.unparse(n)
+        if isinstance(n, ast.Import):
+            assert not any(a.name.startswith("fleet") for a in n.names), ast.unparse(n)
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_a_program_is_bundled_with_what_it_imports_in_order(tmp_path: Path) -> None:
+    write_tree(tmp_path, {
+        "shared/a.py": '"""a."""\nimport os\n\nA = os.sep\n',
+        "shared/b.py": '"""b."""\nfrom fleet.nodeside.shared.a import A\n\nB = A * 2\n',
+        "prog.py": '"""prog."""\nimport os\n\nfrom fleet.nodeside.shared.b import B\n'
+                   'from fleet.nodeside.shared.a import A\n\nprint(B + A)\n',
+        "plain.py": '"""plain."""\nprint(1)\n'})
+    text = bundle.program(tmp_path / "prog.py")
+    assert text.startswith('"""prog."""') and "from fleet" not in text
+    assert text.index("A = os.sep") < text.index("B = A * 2") < text.index("print(B + A)")
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", text], capture_output=True, text=True,
+                       timeout=30)
+    assert r.stdout == "///\n", r.stderr
+    assert bundle.program(tmp_path / "plain.py") == '"""plain."""\nprint(1)\n'
+
+
+@pytest.mark.parametrize(("files", "why"), [
+    ({"shared/a.py": "from fleet.nodeside.shared.b import B\nA = 1\n",
+      "shared/b.py": "from fleet.nodeside.shared.a import A\nB = 1\n"}, "imports itself"),
+    ({}, "not a module"),
+    ({"shared/a.py": "from fleet.shell import quote\nA = 1\n"}, "imports from fleet"),
+    ({"shared/a.py": "A = 1\n\n\ndef main():\n    pass\n"}, "both bind main"),
+])
+def test_a_bundle_that_would_be_wrong_is_refused(tmp_path: Path, files: dict[str, str],
+                                                 why: str) -> None:
+    write_tree(tmp_path, {**files, "prog.py": "from fleet.nodeside.shared.a import A\n\n\n"
+                          "def main():\n    print(A)\n"})
+    with pytest.raises(InternalError, match=why):
+        bundle.program(tmp_path / "prog.py")

@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Generator
 
-from fleet import manifest
+from fleet import manifest, nodeside
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.slurm import manifest as slurm_manifest
 from fleet.backends.slurm.cluster import Cluster
@@ -37,7 +37,6 @@ from fleet.errors import (
 from fleet.facts import slurm as sj
 from fleet.nodeside.shared import nodemap
 from fleet.plan import SITE, new_run_id
-from fleet.render import NODESIDE
 from fleet.shell import sh
 from fleet.states import NodeOutcome, RunStatus, StopCause
 from fleet.transport import Transport, open_transport
@@ -74,7 +73,7 @@ def prepare(cluster: Cluster, job: Job, console: Console, options: Options) -> S
             t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)
             # fleet's sitecustomize: each worker's rank and stack dump (fleet dump, the watchdog)
             t.write(f"{run_dir}/{SITE}/sitecustomize.py",
-                    (NODESIDE / "sitecustomize.py").read_bytes(), 0o644)
+                    (nodeside.text("sitecustomize.py") + "\n").encode(), 0o644)
             t.write(f"{run_dir}/job.sbatch", text.encode(), 0o700)
             if options.checks:
                 preflight(t, run_dir, console)

@@ -18,6 +18,8 @@ NODE_TIMES = "node.times"  # node.log's time index (fleet/nodeside/log_times.py)
 STARTED = "started"  # the wrapper's start (seconds since the epoch)
 EXIT_CODE = "exit_code"  # the wrapper's exit code, once it has ended
 STOPPED = "stopped"  # fleet's stop record (who stopped it, and a line fleet can prove)
+RANKS = "ranks"  # ranks/<local rank>: its global rank, as each worker's sitecustomize wrote it
+STACKS = "stacks"  # stacks/<pid>: a worker's stack, dumped on fleet's signal (fleet dump)
 NOTIFY_JSON = "notify.json"  # a detached run's [notify], read once by its watcher
 NOTIFY_LOG = "notify.log"  # what the watcher did
 
