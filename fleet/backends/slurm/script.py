@@ -182,6 +182,7 @@ def render(job: Job, cluster: Cluster, s: Script) -> str:
         "python": path_word(node_python(job, Host("slurm", "slurm", python=cluster.python),
                                         s.code_dir)),
         "world": n * cluster.nodes if isinstance(n, int) else None,
+        "map": nodemap,  # where things live on a node, and its variables' names
     }
     jinja = environment(job.templates)
     jinja.trim_blocks = jinja.lstrip_blocks = True  # this template's {% %} lines print nothing
