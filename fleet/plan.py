@@ -14,6 +14,7 @@ from fleet.config.procs import Nproc
 from fleet.errors import ConfigError
 from fleet.facts.net import NodeNet
 from fleet.facts.stacks import FR_PIPE, FR_TRACE
+from fleet.nodeside.shared import nodemap
 
 TORCHRUN = ("-m", "torch.distributed.run")
 
@@ -149,9 +150,9 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
                                              else "detected at launch")
         workdir = _expand(host.workdir, homes.get(host.name))
         # One directory per node, even in one run: nodes may share the workdir (an NFS home).
-        run_dir = f"{workdir}/runs/{run_id}/{host.name}"
-        code_dir = f"{workdir}/code/{job.slot}"
-        data_dir = f"{workdir}/data/{job.data_slot}" if job.data_slot else None
+        run_dir = nodemap.run_dir(workdir, run_id, host.name)
+        code_dir = nodemap.code_dir(workdir, job.slot)
+        data_dir = nodemap.data_dir(workdir, job.data_slot)
         cpu_only = has_gpus is not None and not has_gpus.get(host.name, False)
         python = node_python(job, host, code_dir)
         env = _env(job, host, run_id, rank, net, run_dir, data_dir, cpu_only)
@@ -223,7 +224,7 @@ def _expand(path: str, home: str | None) -> str:
     return path
 
 
-SITE = "site"  # in the run directory: fleet's sitecustomize (and the legacy shim)
+SITE = nodemap.SITE  # in the run directory: fleet's sitecustomize (and the legacy shim)
 # `fleet up --debug`: what the seed guides have users export by hand on every node. INIT,NET
 # is where multi-node NCCL goes wrong (interfaces, transports, connections); LOGLEVEL=INFO
 # makes torchrun print the rendezvous and the ranks it assigned.
@@ -255,7 +256,7 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
          data_dir: str | None, cpu_only: bool) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
-        env["FLEET_DATA_DIR"] = data_dir
+        env[nodemap.DATA_DIR_VAR] = data_dir
     env.update(socket_env(net.interface))
     if host.gpus:
         # nvidia-smi's numbering, which is the one users see; CUDA's default order differs.
@@ -270,8 +271,7 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
     if job.debug:  # asked for on the command line: wins over the files
         env.update(DEBUG_ENV)
     # fleet finds and stops a run's processes by these; a job cannot override them.
-    env.update(FLEET_RUN_ID=run_id, FLEET_NODE=host.name, FLEET_NODE_RANK=str(rank),
-               FLEET_RUN_DIR=run_dir)
+    env.update(nodemap.run_vars(run_id, host.name, rank, run_dir))
     return env
 
 

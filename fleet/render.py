@@ -11,6 +11,7 @@ import jinja2
 
 import fleet.nodeside
 import fleet.templates
+from fleet.nodeside.shared import nodemap
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.shell import MACHINE_ID, join, quote
 
@@ -55,7 +56,8 @@ def environment(override: Path | None = None) -> jinja2.Environment:
 def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFiles:
     env = environment(plan.job.templates)
     ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace,
-           "machine_id": MACHINE_ID, "run_pids": fleet.nodeside.text("run_pids.sh")}
+           "machine_id": MACHINE_ID, "run_pids": fleet.nodeside.text("run_pids.sh"),
+           "map": nodemap}  # where things live on a node, and its variables' names
     with _LOADING:  # every node's thread at once would each compile them: one does, once
         env_sh, run_sh, stop_sh = (env.get_template(f"{name}.j2")
                                    for name in ("env.sh", "run.sh", "stop.sh"))
@@ -63,6 +65,6 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
         "env.sh": (env_sh.render(ctx), 0o600),
         "run.sh": (run_sh.render(ctx), 0o700),
         "stop.sh": (stop_sh.render(ctx), 0o700),
-        **{f"{SITE}/{name}": ((NODESIDE / name).read_text(), 0o644) for name in SITE_FILES},
+        **{f"{SITE}/{name}": (fleet.nodeside.text(name) + "\n", 0o644) for name in SITE_FILES},
         TREE_FILE: ((NODESIDE / TREE_FILE).read_text(), 0o644),
     })

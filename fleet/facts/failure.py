@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.nodeside import shell_program
+from fleet.nodeside.shared.run_end import TRACEBACK
 from fleet.transport import Transport
 
 RANK_PREFIX = re.compile(r"\[default(\d+)\]:(.*)\Z", re.S)  # torchrun's tag on a line
@@ -19,7 +20,7 @@ _ROOT_CAUSE = re.compile(
     r"Root Cause \(first observed failure\):.*?time\s*:\s*(\S+).*?rank\s*:\s*(\d+) "
     r"\(local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?", re.S)
 _LOCAL_DIR = re.compile(r"attempt_\d+/(\d+)/(error\.json|stderr\.log) ([\d.]+)$")
-HEADER = "Traceback (most recent call last):"
+HEADER = TRACEBACK  # a Python traceback's first line, as the node's notify watcher finds it
 # torch.distributed's excepthook (after init_process_group) prefixes each line of an uncaught
 # exception with the rank; the summary names the rank already.
 _RANK_HOOK = re.compile(r"^\[rank\d+\]: ?")

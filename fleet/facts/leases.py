@@ -9,25 +9,29 @@ fleet runs off GPUs, they never stop a process."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from fleet.nodedata import number
+from fleet.nodeside.shared.lease_rules import (
+    LEASE_FILE,
+    lease_end,
+    lease_gpus,
+    lease_time,
+)
+from fleet.nodeside.shared.lease_rules import MAX_LEASE_S as MAX_LEASE_S  # fleet.cli.gpus
+from fleet.nodeside.shared.lease_rules import MAX_NAMES as MAX_NAMES  # fleet.facts.gpus
+from fleet.nodeside.shared.lease_rules import MAX_RECORDS as MAX_RECORDS
+from fleet.nodeside.shared.scrub import masked
 
 # Per machine, not per user (everyone's fleet reads the same place) and not in a home (an NFS
 # home is shared by many machines); /var/tmp survives a reboot, where /tmp may not.
 LEASE_DIR = "/var/tmp/fleet-leases"
 NOTE_MAX = 200
-MAX_LEASE_S = 7 * 86400  # as lease.py: the longest lease, from its file's ctime
-# As lease.py and fleet.facts.gpus's listing: past these, a host's leases are unknown.
-MAX_NAMES = 10000  # names of any kind, an empty *.lease file among them
-MAX_RECORDS = 500  # *.lease files that are not empty, 4 KiB of each read
 _OWNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
 _TEXT = re.compile(r"[^\x20-\x7e]")
-LEASE_FILE = re.compile(r"[0-9]{1,10}-[0-9a-f]{12}\.lease")  # lease.py's names
 
 
 @dataclass(frozen=True)
@@ -54,26 +58,6 @@ class Lease:
         return ("GPU " if len(self.gpus) == 1 else "GPUs ") + ",".join(map(str, self.gpus))
 
 
-def _time(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and 0 <= value < 1e11 else None
-
-
-def _gpus(value: object) -> tuple[int, ...] | None | bool:
-    """The GPU indices a lease names, None for the whole host, False where it is not either."""
-    if value is None:
-        return None
-    if not isinstance(value, list) or not value or len(value) > 256:
-        return False
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 16:
-            return False
-        out.append(v)
-    return tuple(sorted(set(out)))
-
-
 def parse_lease(owner: str, text: str, changed: float | None = None) -> Lease | None:
     """A lease file's JSON (a node's: anything may be in it) with the owner its file has; None
     where it is not a lease. Its end is at most MAX_LEASE_S after the file's last status change
@@ -85,22 +69,16 @@ def parse_lease(owner: str, text: str, changed: float | None = None) -> Lease | 
         return None
     if not isinstance(said, dict) or not _OWNER.fullmatch(owner):
         return None
-    gpus, until = _gpus(said.get("gpus")), _time(said.get("until"))
+    gpus, until = lease_gpus(said.get("gpus")), lease_time(said.get("until"))
     if gpus is False or until is None:
         return None
     if changed is not None:
-        until = min(until, changed + MAX_LEASE_S)
+        until = lease_end(until, changed)
     note, origin = said.get("note", ""), said.get("origin", "")
     return Lease(owner, gpus if isinstance(gpus, tuple) else None, until,
-                 _time(said.get("since")) or 0.0,
-                 _shown(note)[:NOTE_MAX] if isinstance(note, str) else "",
-                 _shown(origin)[:100] if isinstance(origin, str) else "")
-
-
-def _shown(text: str) -> str:
-    """A colleague's words as printed: any printable character (Müller stays Müller), anything
-    a terminal would obey as "?"."""
-    return "".join(c if c.isprintable() else "?" for c in text)
+                 lease_time(said.get("since")) or 0.0,
+                 masked(note)[:NOTE_MAX] if isinstance(note, str) else "",
+                 masked(origin)[:100] if isinstance(origin, str) else "")
 
 
 def others(leases: list[Lease], me: str, gpus: tuple[int, ...] | None) -> list[Lease]:
@@ -183,7 +161,7 @@ def parse_answer(out: str) -> Taken:
             return tuple(x for x in found if x is not None)
 
         error = said.get("error")
-        now = _time(said.get("now")) or 0.0
+        now = lease_time(said.get("now")) or 0.0
         mine = leases("lease")
         name, replaces = said.get("name"), said.get("replaces")
         return Taken(ok=said.get("ok") is True, lease=mine[0] if mine else None,

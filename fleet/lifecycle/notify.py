@@ -18,6 +18,7 @@ from fleet.config.notify import Format, Notify, redact
 from fleet.console import Console, Meaning, printable
 from fleet.errors import Interrupted, RunStopped
 from fleet.nodeside import notify_watch
+from fleet.nodeside.shared import run_end
 
 TIMEOUT_S = 10.0  # one webhook POST (all of it: connect, TLS, answer), or the local command
 TRACE_LINES = 30  # of the first failure's report, the message keeps at most this many lines
@@ -91,18 +92,8 @@ def tell(cfg: Notify, told: Told, exc: BaseException | None, console: Console) -
         console.info(f"warning: notify: not sent ({type(e).__name__}: {e})", Meaning.WARN)
 
 
-def duration(seconds: float) -> str:
-    """`2h 03m`, `4m 05s`, `12s`."""
-    s = max(int(seconds), 0)
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s}s"
-
-
 def headline(n: Notice) -> str:
-    return f"fleet: run {n.run_id} ({n.job}) {n.state.value} after {duration(n.seconds)}"
+    return run_end.headline(n.run_id, n.job, n.state.value, n.seconds)
 
 
 def message(n: Notice) -> str:

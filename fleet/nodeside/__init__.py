@@ -1,23 +1,39 @@
 """Programs that run on nodes, each a file here that ruff, mypy and a unit test under `sh` see,
 and how a command carries one: a shell program as sh text with its arguments, a Python program
-(standard library only, Python 3.8+) from a here-document. Also the files a run directory's site/
+(standard library only, Python 3.8+, bundled with the modules of fleet/nodeside/shared it
+imports: fleet.nodeside.bundle) from a here-document. Also the files a run directory's site/
 holds for the job's python processes (sitecustomize.py, fleet_local_rank.py)."""
 
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 
 from fleet.shell import quote, sh
 
 HERE = Path(__file__).parent
 PY_END = "FLEET_PY_CODE"  # ends the here-document that carries a Python program
+# Nodes are asked from one thread each: one makes a Python program's text (CPython 3.11's ast is
+# not safe in two threads at a time, cpython#106905), the others wait for it.
+_MAKING = threading.Lock()
+
+
+def text(name: str) -> str:
+    """A program's text, as shipped: a Python program bundled with the shared modules it
+    imports (fleet.nodeside.bundle)."""
+    with _MAKING:
+        return _text(name)
 
 
 @functools.cache
-def text(name: str) -> str:
-    """A program's text, as shipped."""
-    body = (HERE / name).read_text().rstrip("\n")
+def _text(name: str) -> str:
+    if name.endswith(".py"):
+        from fleet.nodeside import bundle  # ast, only once a Python program is sent
+
+        body = bundle.program(HERE / name).rstrip("\n")
+    else:
+        body = (HERE / name).read_text().rstrip("\n")
     if PY_END in body.splitlines():
         raise ValueError(f"{name} holds the line {PY_END}, which would end its here-document")
     return body

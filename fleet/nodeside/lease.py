@@ -14,27 +14,25 @@ import errno
 import fcntl
 import itertools
 import json
-import math
 import os
 import pwd
-import re
 import secrets
 import stat
 import sys
 import time
 from typing import Any, NoReturn
 
+from fleet.nodeside.shared.lease_rules import (
+    LEASE_FILE,
+    MAX_LEASE_S,
+    MAX_NAMES,
+    MAX_RECORDS,
+    lease_end,
+    lease_gpus,
+    lease_time,
+)
+
 LOCK_WAIT_S = 5.0  # fleet's own reserve holds the lock for well under a second
-# What a directory anyone may write to can hold before fleet stops reading it and says so:
-# names of any kind (an empty *.lease file is skipped at the cost of a name), and records
-# read (4 KiB each). As fleet.facts.gpus's listing: past either, the leases are unknown,
-# never "none".
-MAX_NAMES = 10000
-MAX_RECORDS = 500
-# A lease ends within a week of its file's last status change (ctime: the kernel sets it on
-# every write, rename or chmod; its owner cannot set it back, as `touch -d` sets an mtime).
-MAX_LEASE_S = 7 * 86400
-NAME = re.compile(r"[0-9]{1,10}-[0-9a-f]{12}\.lease")
 
 
 def answer(**said: Any) -> NoReturn:
@@ -137,16 +135,10 @@ def lock(fd: int, path: str) -> None:
 def valid(said: Any, changed: float) -> dict[str, Any] | None:
     """A lease's record as fleet.facts.leases.parse_lease accepts one (its end no later than a
     week after its file's last status change, `changed`); None for anything else."""
-    if not isinstance(said, dict):
+    if not isinstance(said, dict) or lease_gpus(said.get("gpus")) is False:
         return None
-    gpus, until = said.get("gpus"), said.get("until")
-    if gpus is not None and not (isinstance(gpus, list) and 0 < len(gpus) <= 256 and all(
-            type(g) is int and 0 <= g < 1 << 16 for g in gpus)):
-        return None
-    if isinstance(until, bool) or not isinstance(until, (int, float)) or not (
-            math.isfinite(until) and 0 <= until < 1e11):
-        return None
-    return dict(said, until=min(float(until), changed + MAX_LEASE_S))
+    until = lease_time(said.get("until"))
+    return None if until is None else dict(said, until=lease_end(until, changed))
 
 
 class Flooded(Exception):
@@ -237,7 +229,7 @@ def main() -> None:
     if action == "drop":  # the caller's own leases, by name (undoing or finishing a take)
         for name in args:
             full = os.path.join(path, name)
-            if NAME.fullmatch(name) and os.path.lexists(full) and os.lstat(full).st_uid == me:
+            if LEASE_FILE.fullmatch(name) and os.path.lexists(full) and os.lstat(full).st_uid == me:
                 os.unlink(full)
         answer(ok=True, now=now)
     try:

@@ -9,21 +9,11 @@ import os
 import sys
 import time
 
+from fleet.nodeside.shared.nodemap import NODE_LOG, NODE_TIMES
+from fleet.nodeside.shared.run_end import ended
+
 TICK_S = 0.05
 CHUNK = 1 << 20  # read at most this much at a time: a large log never sits in memory whole
-
-
-def ended(run_dir: str, pid: int) -> bool:
-    """Whether the wrapper has ended (a zombie nobody reaps has: its exit code is written)."""
-    if os.path.exists(os.path.join(run_dir, "exit_code")):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def main() -> None:
@@ -31,8 +21,8 @@ def main() -> None:
     done = 0  # bytes of whole lines stamped
     seen = 0  # bytes read (a line still being written may follow `done`)
     stamped = 0
-    with open(os.path.join(run_dir, "node.log"), "rb") as log, \
-            open(os.path.join(run_dir, "node.times"), "a", encoding="ascii") as out:
+    with open(os.path.join(run_dir, NODE_LOG), "rb") as log, \
+            open(os.path.join(run_dir, NODE_TIMES), "a", encoding="ascii") as out:
         while True:
             last = ended(run_dir, pid)  # asked before reading: what came before the end is read
             log.seek(seen)

@@ -23,26 +23,23 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from fleet.nodeside.shared.nodemap import (
+    EXIT_CODE,
+    NODE_LOG,
+    NOTIFY_JSON,
+    NOTIFY_LOG,
+    STARTED,
+    STOPPED,
+)
+from fleet.nodeside.shared.run_end import TRACEBACK, ended, headline
+from fleet.nodeside.shared.scrub import masked
+
 POLL_S = 1.0
 TIMEOUT_S = 10.0
 TRIES = 3  # a lost answer is tried again PAUSE_S later: at most ~40 s after the run's end
 PAUSE_S = 5.0
 TAIL_BYTES = 64 << 10  # of node.log, the last traceback is looked for in this much
 TRACE_LINES = 30
-TRACEBACK = "Traceback (most recent call last):"
-
-
-def ended(run_dir: str, pid: int) -> bool:
-    """Whether the wrapper has ended (a zombie nobody reaps has: its exit code is written)."""
-    if os.path.exists(os.path.join(run_dir, "exit_code")):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def read(path: str, limit: int = 4096) -> str:
@@ -61,7 +58,7 @@ def last_traceback(log: str) -> list[str]:
     lines = log.splitlines()
     at = max((i for i, line in enumerate(lines) if TRACEBACK in line), default=-1)
     block = lines[at:] if at >= 0 else lines[-10:]
-    return ["    " + "".join(c if c.isprintable() else "?" for c in line)[:300]
+    return ["    " + masked(line)[:300]
             for line in block[-TRACE_LINES:]]
 
 
@@ -76,17 +73,17 @@ def stopped_by(text: str, proof: str) -> str | None:
 def verdict(run_dir: str, cfg: dict[str, Any]) -> tuple[str, str, list[str], float]:
     """(state, words, failure lines, seconds) of the master's part, from its run directory."""
     node = cfg["node"]
-    code_text = read(os.path.join(run_dir, "exit_code")).strip()
+    code_text = read(os.path.join(run_dir, EXIT_CODE)).strip()
     code = int(code_text) if code_text.lstrip("-").isdigit() else None
-    started = read(os.path.join(run_dir, "started")).strip()
+    started = read(os.path.join(run_dir, STARTED)).strip()
     try:
-        end = os.stat(os.path.join(run_dir, "exit_code")).st_mtime
+        end = os.stat(os.path.join(run_dir, EXIT_CODE)).st_mtime
     except OSError:
         end = time.time()
     seconds = end - int(started) if started.isdigit() else 0.0
     seen = (f"seen on {node} (the master) alone: a detached run's other nodes are not "
             f"watched (`fleet status {cfg['run_id']}`)")
-    by = stopped_by(read(os.path.join(run_dir, "stopped")), cfg["proof"])
+    by = stopped_by(read(os.path.join(run_dir, STOPPED)), cfg["proof"])
     if by is not None:
         return "stopped", f"{node} was stopped by {by} (exit {code}); {seen}", [], seconds
     if code is None:
@@ -94,23 +91,14 @@ def verdict(run_dir: str, cfg: dict[str, Any]) -> tuple[str, str, list[str], flo
     if code == 0:
         return "succeeded", f"{node}'s part succeeded (exit 0); {seen}", [], seconds
     failure = [f"{node}'s last traceback:"] + last_traceback(
-        read(os.path.join(run_dir, "node.log"), TAIL_BYTES))
+        read(os.path.join(run_dir, NODE_LOG), TAIL_BYTES))
     return "failed", f"{node}'s part failed (exit {code}); {seen}", failure, seconds
-
-
-def duration(seconds: float) -> str:
-    s = max(int(seconds), 0)
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s}s"
 
 
 def request(cfg: dict[str, Any], state: str, said: str, failure: list[str],
             seconds: float) -> urllib.request.Request:
     """The POST, as fleet.lifecycle.notify writes it for an attached run."""
-    head = f"fleet: run {cfg['run_id']} ({cfg['job']}) {state} after {duration(seconds)}"
+    head = headline(cfg["run_id"], cfg["job"], state, seconds)
     text = "\n".join([head, said] + failure)
     if cfg["format"] == "ntfy":
         return urllib.request.Request(cfg["webhook"], text.encode(), method="POST", headers={
@@ -187,7 +175,7 @@ class _Tracked(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
 
 def _clean(text: object) -> str:
     """A server's words as fleet writes them: printable, one line, 200 characters at most."""
-    return "".join(c if c.isprintable() else "?" for c in str(text))[:200]
+    return masked(text)[:200]
 
 
 def _answer(opener: urllib.request.OpenerDirector, req: urllib.request.Request,
@@ -227,7 +215,7 @@ def post(req: urllib.request.Request, within: float = TIMEOUT_S) -> str | None:
 
 def main() -> None:
     run_dir, pid = sys.argv[1], int(sys.argv[2])
-    path = os.path.join(run_dir, "notify.json")
+    path = os.path.join(run_dir, NOTIFY_JSON)
     with open(path, encoding="utf-8") as f:
         cfg = json.load(f)
     os.unlink(path)
@@ -243,7 +231,7 @@ def main() -> None:
             time.sleep(PAUSE_S)
     said = f"told {cfg['where']}" if why is None else \
         f"{cfg['where']} not told after {TRIES} tries: {why}"
-    with open(os.path.join(run_dir, "notify.log"), "a", encoding="utf-8") as log:
+    with open(os.path.join(run_dir, NOTIFY_LOG), "a", encoding="utf-8") as log:
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {state}: {said}\n")
 
 

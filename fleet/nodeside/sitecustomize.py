@@ -10,12 +10,14 @@ this one shadows (a distribution's, a virtualenv's) still runs after it."""
 import os
 import sys
 
+from fleet.nodeside.shared.nodemap import RANKS, RUN_DIR_VAR, STACKS
+
 
 def _record_rank() -> None:
-    run_dir, rank, local = (os.environ.get(k) for k in ("FLEET_RUN_DIR", "RANK", "LOCAL_RANK"))
+    run_dir, rank, local = (os.environ.get(k) for k in (RUN_DIR_VAR, "RANK", "LOCAL_RANK"))
     if not (run_dir and rank and local and rank.isdigit() and local.isdigit()):
         return
-    ranks = os.path.join(run_dir, "ranks")
+    ranks = os.path.join(run_dir, RANKS)
     try:
         os.makedirs(ranks, exist_ok=True)
         tmp = os.path.join(ranks, f".{local}.{os.getpid()}")
@@ -30,7 +32,7 @@ def _register_stack_dump() -> None:
     """In a worker, Python's faulthandler writes every thread's stack to <run dir>/stacks/<pid>
     on SIGRTMIN+7, a signal nothing sends but `fleet dump` (and fleet's hang watchdog): the
     job behaves exactly as before until one is asked for."""
-    run_dir, rank, local = (os.environ.get(k) for k in ("FLEET_RUN_DIR", "RANK", "LOCAL_RANK"))
+    run_dir, rank, local = (os.environ.get(k) for k in (RUN_DIR_VAR, "RANK", "LOCAL_RANK"))
     if not (run_dir and rank and rank.isdigit()):
         return
     import faulthandler
@@ -38,7 +40,7 @@ def _register_stack_dump() -> None:
 
     global _stack_file
     sig = int(signal.SIGRTMIN) + 7
-    stacks = os.path.join(run_dir, "stacks")
+    stacks = os.path.join(run_dir, STACKS)
     pid = os.getpid()
     try:
         os.makedirs(stacks, exist_ok=True)

@@ -5,7 +5,6 @@ race between two users is test_e2e_gpus's)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,10 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleet import backends
+from fleet import backends, nodeside
 from fleet.backends.base import Options
 from fleet.cli.app import optional_values
 from fleet.cli.job_commands import wait_seconds
@@ -36,7 +36,6 @@ from fleet.facts.leases import (
     parse_lease,
 )
 from fleet.gpuview import as_json, blockers, clock, idle, lease_blockers, rows, span
-from fleet.nodeside import HERE
 
 NOW = 1_795_534_438.0
 LEASE = json.dumps({"gpus": [1], "since": NOW - 60, "until": NOW + 3 * 3600, "note": "deadline",
@@ -223,9 +222,9 @@ def test_wait_seconds() -> None:
 
 # ---- fleet/nodeside/lease.py, run here -----------------------------------------------------
 def lease(d: Path, action: str, gpus: str, seconds: int = 3600) -> dict[str, object]:
-    r = subprocess.run([sys.executable, "-I", "-S", str(HERE / "lease.py"), str(d), action, gpus,
-                        str(seconds), "note", "me@here"], capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", nodeside.text("lease.py"), str(d),
+                        action, gpus, str(seconds), "note", "me@here"], capture_output=True,
+                       text=True, timeout=30)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     said: dict[str, object] = json.loads(r.stdout)
     return said
@@ -370,17 +369,13 @@ def test_leases_not_all_read_are_unknown_and_in_the_way() -> None:
     assert as_json({"node2": cut}, NOW)["hosts"][0]["leases_unknown"] == cut.unknown
 
 
-def test_lease_rules_are_the_same_on_the_node_and_here() -> None:
-    """lease.py runs on a node alone (standard library, one file), so its rules are a copy of
-    fleet.facts.leases's: the same bounds, and the same records kept, with the same end."""
-    import fleet.facts.leases as here
-    spec = importlib.util.spec_from_file_location("lease_program", HERE / "lease.py")
-    assert spec is not None and spec.loader is not None
-    node = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(node)
-    assert (node.MAX_NAMES, node.MAX_RECORDS, node.MAX_LEASE_S) == (
-        here.MAX_NAMES, here.MAX_RECORDS, here.MAX_LEASE_S)
-    assert node.NAME.pattern == here.LEASE_FILE.pattern
+def test_the_lease_program_as_shipped_keeps_what_fleet_reads() -> None:
+    """lease.py goes to a node bundled with fleet.nodeside.shared.lease_rules, which
+    fleet.facts.leases imports too: run as a node gets it, it keeps the records fleet reads,
+    with the same end."""
+    node: dict[str, Any] = {"__name__": "lease_program"}
+    exec(compile(nodeside.text("lease.py"), "fleet-lease", "exec"), node)
+    assert "from fleet" not in nodeside.text("lease.py")
     for said in [{"gpus": None, "until": NOW}, {"gpus": [0, 3], "until": NOW + 9e9},
                  {"gpus": [], "until": NOW}, {"gpus": [True], "until": NOW},
                  {"gpus": [1 << 16], "until": NOW}, {"gpus": list(range(257)), "until": NOW},
@@ -388,7 +383,7 @@ def test_lease_rules_are_the_same_on_the_node_and_here() -> None:
                  {"gpus": None, "until": -1}, {"gpus": None, "until": 1e11},
                  {"gpus": None, "until": True}, {"gpus": None, "until": "1"}, {"gpus": None},
                  {"until": NOW}, [1]]:
-        mine = node.valid(said, NOW)
+        mine = node["valid"](said, NOW)
         theirs = parse_lease("alice", json.dumps(said), NOW)
         assert (mine is None) == (theirs is None), said
         assert mine is None or theirs is None or mine["until"] == theirs.until, said

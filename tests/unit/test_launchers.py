@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet import nodeside
 from fleet.config.inventory import Host, Inventory, load_inventory
 from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend, load_job
 from fleet.config.procs import Procs
@@ -185,7 +186,7 @@ def test_sitecustomize_records_a_workers_rank_and_runs_the_one_it_shadows(
     site.mkdir()
     other.mkdir()
     run.mkdir()
-    (site / "sitecustomize.py").write_text((NODESIDE / "sitecustomize.py").read_text())
+    (site / "sitecustomize.py").write_text(nodeside.text("sitecustomize.py") + "\n")
     (other / "sitecustomize.py").write_text("print('the shadowed one ran')\n")
     env = {**os.environ, "PYTHONPATH": f"{site}:{other}", "FLEET_RUN_DIR": str(run),
            "RANK": "5", "LOCAL_RANK": "1"}

@@ -30,6 +30,7 @@ from fleet.errors import ConfigError, Interrupted, JobFailed, RunStopped
 from fleet.lifecycle import notify
 from fleet.lifecycle.notify import Notice, NoticeState, Told
 from fleet.nodeside import notify_watch
+from fleet.nodeside.shared import run_end
 
 
 def job(tmp_path: Path, notify_toml: str = "") -> Path:
@@ -191,9 +192,9 @@ def test_local_command_gets_message_and_env(tmp_path: Path) -> None:
 
 
 def test_duration_words() -> None:
-    assert [notify.duration(s) for s in (0, 59.9, 61, 3600, 7322)] == [
+    assert [run_end.duration(s) for s in (0, 59.9, 61, 3600, 7322)] == [
         "0s", "59s", "1m 01s", "1h 00m", "2h 02m"]
-    assert notify_watch.duration(7322) == notify.duration(7322)
+
 
 
 def run_dir(tmp_path: Path, code: str | None, log: str = "", stopped: str = "") -> str:

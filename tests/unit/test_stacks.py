@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from fleet import nodeside
 from fleet.facts.stacks import (
     FlightRecord,
     Frame,
@@ -23,7 +24,6 @@ from fleet.facts.stacks import (
     report,
     verdict,
 )
-from fleet.render import NODESIDE
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 LOGGER = "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
@@ -174,7 +174,7 @@ def start_worker(tmp_path: Path, rank: str, local: str,
     site, run = tmp_path / "site", tmp_path / "run"
     site.mkdir()
     run.mkdir()
-    (site / "sitecustomize.py").write_text((NODESIDE / "sitecustomize.py").read_text())
+    (site / "sitecustomize.py").write_text(nodeside.text("sitecustomize.py") + "\n")
     script = tmp_path / "w.py"
     script.write_text("import time\ndef stuck_here():\n    time.sleep(30)\nstuck_here()\n")
     p = subprocess.Popen([sys.executable, str(script)], env={

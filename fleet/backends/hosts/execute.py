@@ -13,6 +13,7 @@ from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
 from fleet.errors import FleetError, UsageError
 from fleet.facts.command import Outcome, command_script, parse_answer
+from fleet.nodeside.shared import nodemap
 from fleet.transport import open_transport
 from fleet.transport.group import each
 
@@ -33,7 +34,7 @@ def chosen(inventory: Inventory, nodes: list[str]) -> list[Host]:
 
 def job_directory(job: Job, host: Host) -> str:
     """The job's directory on the host, as `fleet up` names it (fleet.plan: code/<slot>)."""
-    return f"{host.workdir.rstrip('/')}/code/{job.slot}"
+    return nodemap.code_dir(host.workdir, job.slot)
 
 
 def job_env(job: Job, host: Host) -> tuple[dict[str, str], frozenset[str]]:
@@ -43,14 +44,14 @@ def job_env(job: Job, host: Host) -> tuple[dict[str, str], frozenset[str]]:
     whose value is a node path (its ~ the node's home)."""
     env: dict[str, str] = {}
     if job.data_slot:
-        env["FLEET_DATA_DIR"] = f"{host.workdir.rstrip('/')}/data/{job.data_slot}"
+        env[nodemap.DATA_DIR_VAR] = str(nodemap.data_dir(host.workdir, job.data_slot))
     if host.gpus:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.gpus))
     env.update(job.env)
     env.update(host.env)
-    ours = job.data_slot and "FLEET_DATA_DIR" not in job.env | host.env
-    return env, frozenset({"FLEET_DATA_DIR"} if ours else ())
+    ours = job.data_slot and nodemap.DATA_DIR_VAR not in job.env | host.env
+    return env, frozenset({nodemap.DATA_DIR_VAR} if ours else ())
 
 
 def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None) -> Outcome:

@@ -12,11 +12,12 @@ import json
 from fleet.config.notify import Notify, redact
 from fleet.errors import FleetError
 from fleet.nodeside import python_program
+from fleet.nodeside.shared import nodemap
 from fleet.shell import quote
 from fleet.transport import Transport
 from fleet.transport.group import reason
 
-CONFIG = "notify.json"  # in the master's run directory, until the watcher has read it
+CONFIG = nodemap.NOTIFY_JSON  # in the master's run directory, until the watcher has read it
 
 
 def watch_script(python: str, run_dir: str, pid: int) -> str:

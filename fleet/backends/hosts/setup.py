@@ -14,6 +14,7 @@ from fleet import nodeside
 from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import SetupError, SetupFailed
+from fleet.nodeside.shared import nodemap
 from fleet.plan import NodePlan, Plan
 from fleet.run import faults
 from fleet.shell import quote, sh
@@ -41,8 +42,9 @@ def setup_script(node: NodePlan, job: Job, host_python: str, run_id: str) -> str
     beside FLEET_PYTHON and FLEET_UV (fleet/nodeside/setup.sh). Its shell starts with the run id
     in its environment, so that a stop finds it (and what it runs) as it finds the job's
     processes."""
-    return sh("exec", "env", f"FLEET_RUN_ID={run_id}", "sh", "-c", nodeside.text("setup.sh"),
-              "fleet-setup", node.code_dir, MARKER, node.run_dir + "/env.sh", host_python,
+    return sh("exec", "env", f"{nodemap.RUN_ID_VAR}={run_id}", "sh", "-c",
+              nodeside.text("setup.sh"), "fleet-setup", node.code_dir, MARKER,
+              f"{node.run_dir}/{nodemap.ENV_FILE}", host_python,
               job.setup or "true")
 
 

@@ -41,6 +41,7 @@ from fleet.errors import (
 )
 from fleet.facts import slurm as sj
 from fleet.facts.probe import probe, python_problem
+from fleet.nodeside.shared import nodemap
 from fleet.run.logs import View
 from fleet.run.record import RunRecord, controller_alive
 from fleet.shell import quote, sh
@@ -65,9 +66,10 @@ def checks(cluster: Cluster, job: Job, trust: str) -> list[Check]:
         why = missing_clients(t)
         out.append(Check("login", "slurm clients", Status.FAIL if why else Status.PASS,
                          why or "sbatch, squeue, scontrol, scancel, srun"))
-        scratch = f"{t.path(cluster.workdir).rstrip('/')}/runs/.check-{secrets.token_hex(4)}"
-        s = Script(code_dir=f"{t.path(cluster.workdir).rstrip('/')}/code/{job.slot}",
-                   run_dir=scratch, run_id="check", env_file=f"{scratch}/env.sh")
+        workdir = t.path(cluster.workdir)
+        scratch = nodemap.run_dir(workdir, f".check-{secrets.token_hex(4)}")
+        s = Script(code_dir=nodemap.code_dir(workdir, job.slot), run_dir=scratch,
+                   run_id="check", env_file=f"{scratch}/{nodemap.ENV_FILE}")
         try:
             t.run(sh("mkdir", "-p", scratch), timeout=60, what="make a scratch directory"
                   ).check(t.host.name)

@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Generator
 
-from fleet import manifest
+from fleet import manifest, nodeside
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.slurm import manifest as slurm_manifest
 from fleet.backends.slurm.cluster import Cluster
@@ -35,8 +35,8 @@ from fleet.errors import (
     UsageError,
 )
 from fleet.facts import slurm as sj
+from fleet.nodeside.shared import nodemap
 from fleet.plan import SITE, new_run_id
-from fleet.render import NODESIDE
 from fleet.reports import Detached, Forgotten, Stopped
 from fleet.shell import sh
 from fleet.states import NodeOutcome, RunStatus, StopCause
@@ -59,9 +59,9 @@ def prepare(cluster: Cluster, job: Job, console: Console, options: Options) -> S
     t = open_transport(cluster.login)
     try:
         workdir = t.path(cluster.workdir).rstrip("/") or "/"
-        run_dir = f"{workdir}/runs/{run_id}"
-        code_dir = f"{workdir}/code/{job.slot}"
-        data_dir = f"{workdir}/data/{job.data_slot}" if job.data_slot else None
+        run_dir = nodemap.run_dir(workdir, run_id)
+        code_dir = nodemap.code_dir(workdir, job.slot)
+        data_dir = nodemap.data_dir(workdir, job.data_slot)
         s = Script(code_dir=code_dir, data_dir=data_dir, run_dir=run_dir, run_id=run_id,
                    env_file=f"{run_dir}/env.sh")
         text = render(job, cluster, s)
@@ -74,7 +74,7 @@ def prepare(cluster: Cluster, job: Job, console: Console, options: Options) -> S
             t.write(f"{run_dir}/env.sh", env_file_text(job, cluster, s).encode(), 0o600)
             # fleet's sitecustomize: each worker's rank and stack dump (fleet dump, the watchdog)
             t.write(f"{run_dir}/{SITE}/sitecustomize.py",
-                    (NODESIDE / "sitecustomize.py").read_bytes(), 0o644)
+                    (nodeside.text("sitecustomize.py") + "\n").encode(), 0o644)
             t.write(f"{run_dir}/job.sbatch", text.encode(), 0o700)
             if options.checks:
                 preflight(t, run_dir, console)

@@ -20,6 +20,7 @@ from fleet.config.inventory import (
 from fleet.config.job import Job, RendezvousBackend
 from fleet.config.procs import Nproc
 from fleet.errors import ConfigError
+from fleet.nodeside.shared import nodemap
 from fleet.plan import DEBUG_ENV, SECRET_NAME, node_nproc, node_python, socket_env
 from fleet.render import environment
 from fleet.shell import quote
@@ -98,14 +99,14 @@ def env_of(job: Job, cluster: Cluster, run_id: str | None = None,
     cluster's, the debug env; FLEET_RUN_ID (fleet up) last, so nothing overrides it."""
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
-        env["FLEET_DATA_DIR"] = data_dir
+        env[nodemap.DATA_DIR_VAR] = data_dir
     env.update(socket_env(cluster.interface))
     env.update(job.env)
     env.update(cluster.env)
     if job.debug:
         env.update(DEBUG_ENV)
     if run_id:
-        env["FLEET_RUN_ID"] = run_id
+        env[nodemap.RUN_ID_VAR] = run_id
     return env
 
 
@@ -182,6 +183,7 @@ def render(job: Job, cluster: Cluster, s: Script) -> str:
         "python": path_word(node_python(job, Host("slurm", "slurm", python=cluster.python),
                                         s.code_dir)),
         "world": n * cluster.nodes if isinstance(n, int) else None,
+        "map": nodemap,  # where things live on a node, and its variables' names
     }
     jinja = environment(job.templates)
     jinja.trim_blocks = jinja.lstrip_blocks = True  # this template's {% %} lines print nothing
@@ -202,7 +204,6 @@ def export_script(job: Job, cluster: Cluster) -> str:
         code_dir = str(job.workdir)
         data_dir = str(job.data) if job.data else None
     else:
-        wd = cluster.workdir.rstrip("/") or "/"
-        code_dir = f"{wd}/code/{job.slot}"
-        data_dir = f"{wd}/data/{job.data_slot}" if job.data_slot else None
+        code_dir = nodemap.code_dir(cluster.workdir, job.slot)
+        data_dir = nodemap.data_dir(cluster.workdir, job.data_slot)
     return render(job, cluster, Script(code_dir=code_dir, data_dir=data_dir))
