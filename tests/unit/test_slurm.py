@@ -26,6 +26,7 @@ from fleet.console import Console
 from fleet.errors import ConfigError
 from fleet.facts import slurm as sj
 from fleet.states import RunStatus
+from tests.conftest import InProcessCLI
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "it's \"quoted\"", "two words",
            "new\nline", "--flag=$HOME", "*", "; touch {canary}", "{{{{literal}}}}"]
@@ -312,14 +313,12 @@ def test_master_never_loopback(tmp_path: Path) -> None:
 def test_cli_export(tmp_path: Path) -> None:
     cluster_inv(tmp_path)
     job = job_file(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    fleet = InProcessCLI(tmp_path)
     out = tmp_path / "job.sbatch"
-    r = subprocess.run([sys.executable, "-m", "fleet", "export", "slurm", str(job), "-o",
-                        str(out), "--time", "30"], capture_output=True, text=True, env=env)
+    r = fleet("export", "slurm", str(job), "-o", str(out), "--time", "30")
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --time=30\n" in out.read_text() and os.access(out, os.X_OK)
-    r = subprocess.run([sys.executable, "-m", "fleet", "export", "slurm", str(job),
-                        "--gpus-per-node", "x y"], capture_output=True, text=True, env=env)
+    r = fleet("export", "slurm", str(job), "--gpus-per-node", "x y")
     assert r.returncode == 2 and "--gpus-per-node" in r.stderr
 
 
