@@ -23,6 +23,8 @@ from fleet.config.job import load_job, with_extra_args
 from fleet.errors import ConfigError, ExitCode, UsageError
 from fleet.run import record
 from fleet.trust import inventory_for
+from tests import builders
+from tests.builders import hosts_toml
 from tests.conftest import InProcessCLI
 
 FLEET = Path(sys.executable).with_name("fleet")  # the installed console script
@@ -57,12 +59,8 @@ def record_runs(tmp: Path, runs: dict[str, float], parent: str = "") -> None:
 
 
 def write_job(tmp: Path, body: str = "", inventory: str = "") -> Path:
-    (tmp / "train.py").write_text("print('hi')\n")
-    (tmp / "inv.toml").write_text(inventory or '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'
-                                               '[[hosts]]\nname = "b"\naddress = "10.0.0.2"\n')
-    job = tmp / "job.toml"
-    job.write_text('inventory = "inv.toml"\nscript = "train.py"\n' + body)
-    return job
+    (tmp / "inv.toml").write_text(inventory or hosts_toml())
+    return builders.write_job(tmp, body)
 
 
 # --version

@@ -9,9 +9,10 @@ import pytest
 from fleet.config.inventory import load_inventory
 from fleet.config.job import load_job
 from fleet.errors import ConfigError
+from tests.builders import hosts_toml, write_hosts, write_job
 from tests.conftest import JOBS, InProcessCLI
 
-GOOD_INV = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'
+GOOD_INV = hosts_toml({"a": "10.0.0.1"})
 
 
 def write(tmp: Path, name: str, text: str) -> Path:
@@ -21,10 +22,8 @@ def write(tmp: Path, name: str, text: str) -> Path:
 
 
 def job_file(tmp: Path, body: str = "", script: bool = True) -> Path:
-    if script:
-        (tmp / "train.py").write_text("print('hi')\n")
-    write(tmp, "inv.toml", GOOD_INV)
-    return write(tmp, "job.toml", 'inventory = "inv.toml"\nscript = "train.py"\n' + body)
+    write_hosts(tmp / "inv.toml", {"a": "10.0.0.1"})
+    return write_job(tmp, body, script_text="print('hi')\n" if script else None)
 
 
 @pytest.mark.parametrize("text, key, message", [

@@ -26,6 +26,7 @@ from fleet.console import Console
 from fleet.errors import ConfigError
 from fleet.facts import slurm as sj
 from fleet.states import RunStatus
+from tests.builders import write_cluster, write_job
 from tests.conftest import InProcessCLI
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "it's \"quoted\"", "two words",
@@ -38,14 +39,11 @@ def write(path: Path, text: str) -> Path:
 
 
 def cluster_inv(tmp: Path, body: str = "") -> Path:
-    return write(tmp / "cluster.toml", '[slurm]\nlogin = "localhost"\nnodes = 2\n'
-                 'partition = "gpu"\ntime = "01:00:00"\n' + body)
+    return write_cluster(tmp / "cluster.toml", body, partition="gpu", time="01:00:00")
 
 
 def job_file(tmp: Path, body: str = "", inventory: str = "cluster.toml") -> Path:
-    write(tmp / "train.py", "print('hi')\n")
-    return write(tmp / "job.toml", f'inventory = "{inventory}"\nscript = "train.py"\n'
-                 f'nproc_per_node = 2\n{body}')
+    return write_job(tmp, body, inventory=inventory, nproc_per_node=2)
 
 
 def export(tmp: Path, body: str = "", inv_body: str = "", **options: object) -> str:
