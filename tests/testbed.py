@@ -717,6 +717,17 @@ class Testbed:
             left.append(f"{pid} {cmd.strip()}")
         return left
 
+    def silence_bound(self, name: str, floor: int = 12, ceiling: int = 60) -> int:
+        """A watchdog's hang_timeout that a job's start on this host does not reach under the
+        machine's load now: 3 times what importing torch takes on the host now (torchrun
+        prints nothing while it imports torch, nor a rank before its first line), at least
+        `floor` seconds, and at most `ceiling` (the tests' own time limits). A test that proves
+        the watchdog stops a silent run then proves it on a loaded machine too, without
+        calling a slow start a hang."""
+        t0 = time.monotonic()
+        self.exec(name, sys.executable, "-c", "import torch, torch.distributed", timeout=300)
+        return min(ceiling, max(floor, int(3 * (time.monotonic() - t0)) + 1))
+
     def exec(self, name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """Run argv as root inside the host: its network, UTS, mount and PID namespaces (its
         own /proc, /tmp and mounts), with this process's environment."""

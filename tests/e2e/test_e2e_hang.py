@@ -64,9 +64,10 @@ def hang_job(tmp_path: Path, port: int, watchdog: str = "") -> Path:
 def test_watchdog_names_the_stuck_rank_and_stops_the_run(cli: CLI, tb2: Testbed,
                                                          tmp_path: Path) -> None:
     tb2.inventory(tmp_path / "inv.toml")
-    # 12 s: a loaded machine's torchrun can import torch for more than 4 s before any rank
-    # prints, and that silence would rightly be called a startup hang.
-    job = hang_job(tmp_path, 29551, "[watchdog]\nhang_timeout = 12\n")
+    # At least 12 s, more on a loaded machine: torchrun can import torch for longer than a
+    # short bound before any rank prints, and that silence would rightly be a startup hang.
+    bound = tb2.silence_bound("node2")
+    job = hang_job(tmp_path, 29551, f"[watchdog]\nhang_timeout = {bound}\n")
     r = cli("up", str(job), timeout=240)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "no node has printed anything for" in r.stderr
@@ -77,7 +78,7 @@ def test_watchdog_names_the_stuck_rank_and_stops_the_run(cli: CLI, tb2: Testbed,
     assert re.search(rf"hang\.py:{STUCK_LINE} in stuck_here", r.stderr)
     run_id = run_id_of(r.stderr)
     assert re.search(rf"error: run {run_id} hung: rank 3 on node2 is in stuck_here\(\)", r.stderr)
-    assert len(re.findall(r"node\d  stopped \(exit \d+.*\) by watchdog: no output for 12s "
+    assert len(re.findall(rf"node\d  stopped \(exit \d+.*\) by watchdog: no output for {bound}s "
                           r"\(a hang\)", r.stderr)) == 2, r.stderr
     assert "unreachable" not in r.stdout
     kept = list((cli.cwd / ".fleet" / "runs" / run_id).glob("stacks-*.txt"))

@@ -21,10 +21,17 @@ from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
 
-# Node rank argv[1] prints "m<k>" for its k (even k on node rank 0, odd on 1) at START + k*GAP
-# (this machine's clock: the testbed's hosts share it), after waiting for START, and then "end".
+# Node rank argv[1] says it waits, then waits for ~/interleaved.go (the test writes START there
+# once both wait: however long a loaded machine's `fleet up` took), then prints "m<k>" for its
+# k (even k on node rank 0, odd on 1) at START + k*GAP (this machine's clock: the testbed's
+# hosts share it).
 INTERLEAVED = '''import os, sys, time
-start, gap, rank = float(os.environ["START"]), float(os.environ["GAP"]), int(sys.argv[1])
+gap, rank = float(os.environ["GAP"]), int(sys.argv[1])
+print(f"waiting on node rank {rank}", flush=True)
+go = os.path.expanduser("~/interleaved.go")
+while not os.path.exists(go) or not open(go).read().endswith("\\n"):
+    time.sleep(0.02)
+start = float(open(go).read())
 for k in range(rank, 10, 2):
     time.sleep(max(0.0, start + k * gap - time.time()))
     print(f"m{k} from node rank {rank}", flush=True)
@@ -137,11 +144,14 @@ def interleaved(tb2: Testbed, tmp_path_factory: pytest.TempPathFactory) -> tuple
     tmp_path = tmp_path_factory.mktemp("interleaved")
     cli = CLI(tmp_path)
     tb2.inventory(tmp_path / "inv.toml")
-    start, gap = time.time() + 25, 0.4
     job = command_job(tmp_path, "turns", INTERLEAVED, 29604, ', "{node_rank}"',
-                      f'[env]\nSTART = "{start}"\nGAP = "{gap}"\n')
+                      '[env]\nGAP = "0.4"\n')
     run_id = detached(cli, job)
-    assert time.time() < start, "fleet up took longer than the job's head start"
+    wait_for(lambda: cli("logs", run_id).stdout.count("waiting on node rank") == 2, 120,
+             "both hosts waiting for the start")
+    start = time.time() + 1  # both poll every 0.02 s: the first line is 1 s off, the turns 0.4
+    for h in tb2.hosts:
+        (h.home / "interleaved.go").write_text(f"{start}\n")
     done = cli("logs", "-f", run_id, timeout=120)
     assert done.returncode == 0, done.stderr
     return cli, run_id, start

@@ -23,6 +23,9 @@ from fleet.config.job import load_job, with_extra_args
 from fleet.errors import ConfigError, ExitCode, UsageError
 from fleet.run import record
 from fleet.trust import inventory_for
+from tests import builders
+from tests.builders import hosts_toml
+from tests.conftest import InProcessCLI
 
 FLEET = Path(sys.executable).with_name("fleet")  # the installed console script
 COMMANDS = ["up", "plan", "check", "trust", "stop", "rm", "status", "ps", "logs", "show", "diff",
@@ -34,9 +37,13 @@ RUNS = {"mnist-20250101-120000-49b0": 1.0, "mnist-20250102-120000-4a11": 2.0,
 
 def fleet(*args: str, cwd: Path, env: dict[str, str] | None = None,
           program: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "FLEET_STATE_DIR": str(cwd / "state"), "NO_COLOR": "1",
-            "COLUMNS": "80", **(env or {})}
-    return subprocess.run([*(program or [str(FLEET)]), *args], cwd=cwd, env=full,
+    """fleet in-process (what it says and exits with), or the real `program` where the process
+    is the point (the console script, `python -m fleet`, a real bash)."""
+    ours = {"FLEET_STATE_DIR": str(cwd / "state"), "NO_COLOR": "1", "COLUMNS": "80",
+            **(env or {})}
+    if program is None:
+        return InProcessCLI(cwd, ours)(*args, timeout=120)
+    return subprocess.run([*program, *args], cwd=cwd, env={**os.environ, **ours},
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
@@ -52,12 +59,8 @@ def record_runs(tmp: Path, runs: dict[str, float], parent: str = "") -> None:
 
 
 def write_job(tmp: Path, body: str = "", inventory: str = "") -> Path:
-    (tmp / "train.py").write_text("print('hi')\n")
-    (tmp / "inv.toml").write_text(inventory or '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'
-                                               '[[hosts]]\nname = "b"\naddress = "10.0.0.2"\n')
-    job = tmp / "job.toml"
-    job.write_text('inventory = "inv.toml"\nscript = "train.py"\n' + body)
-    return job
+    (tmp / "inv.toml").write_text(inventory or hosts_toml())
+    return builders.write_job(tmp, body)
 
 
 # --version
@@ -68,8 +71,10 @@ def test_version_says_the_installed_package_version(tmp_path: Path) -> None:
     for flag in ("--version", "-V"):
         r = fleet(flag, cwd=tmp_path)
         assert (r.returncode, r.stdout, r.stderr) == (0, want, ""), r
-    # before a command too, as eager options are; and under `python -m fleet`
+    # before a command too, as eager options are
     assert fleet("-V", "up", cwd=tmp_path).stdout == want
+    # from the installed console script, and under `python -m fleet`
+    assert fleet("-V", cwd=tmp_path, program=[str(FLEET)]).stdout == want
     assert fleet("-V", cwd=tmp_path, program=[sys.executable, "-m", "fleet"]).stdout == want
 
 

@@ -9,9 +9,10 @@ import pytest
 from fleet.config.inventory import load_inventory
 from fleet.config.job import load_job
 from fleet.errors import ConfigError
-from tests.conftest import CLI, JOBS
+from tests.builders import hosts_toml, write_hosts, write_job
+from tests.conftest import JOBS, InProcessCLI
 
-GOOD_INV = '[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n'
+GOOD_INV = hosts_toml({"a": "10.0.0.1"})
 
 
 def write(tmp: Path, name: str, text: str) -> Path:
@@ -21,10 +22,8 @@ def write(tmp: Path, name: str, text: str) -> Path:
 
 
 def job_file(tmp: Path, body: str = "", script: bool = True) -> Path:
-    if script:
-        (tmp / "train.py").write_text("print('hi')\n")
-    write(tmp, "inv.toml", GOOD_INV)
-    return write(tmp, "job.toml", 'inventory = "inv.toml"\nscript = "train.py"\n' + body)
+    write_hosts(tmp / "inv.toml", {"a": "10.0.0.1"})
+    return write_job(tmp, body, script_text="print('hi')\n" if script else None)
 
 
 @pytest.mark.parametrize("text, key, message", [
@@ -136,31 +135,32 @@ def test_shipped_jobs_and_inventories_load() -> None:
         load_inventory(inv)
 
 
-def test_cli_reports_config_errors_without_connecting(cli: CLI, tmp_path: Path) -> None:
+def test_cli_reports_config_errors_without_connecting(fleet_cli: InProcessCLI,
+                                                     tmp_path: Path) -> None:
     # The host would hang a connection attempt for its timeout: a quick exit shows none was made.
     (tmp_path / "train.py").write_text("")
     write(tmp_path, "inv.toml", '[[hosts]]\nname = "a"\naddress = "10.213.255.254"\n'
                                 'connect_timeout = 30.0\nbogus = 1\n')
     job = write(tmp_path, "job.toml", 'inventory = "inv.toml"\nscript = "train.py"\n')
     for command in ("up", "plan"):
-        r = cli(command, str(job), timeout=20)
+        r = fleet_cli(command, str(job), timeout=20)
         assert r.returncode == 2, r.stderr
         assert f"{tmp_path / 'inv.toml'}: hosts[0].bogus: unknown key" in r.stderr
         assert "connected" not in r.stderr
 
 
-def test_cli_missing_inventory(cli: CLI, tmp_path: Path) -> None:
+def test_cli_missing_inventory(fleet_cli: InProcessCLI, tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     job = write(tmp_path, "job.toml", 'inventory = "nope.toml"\nscript = "train.py"\n')
-    r = cli("up", str(job))
+    r = fleet_cli("up", str(job))
     assert r.returncode == 2
     assert "nope.toml: inventory file not found" in r.stderr
 
 
 
-def test_plan_json_connects_to_nothing(cli: CLI) -> None:
+def test_plan_json_connects_to_nothing(fleet_cli: InProcessCLI) -> None:
     import json
-    r = cli("plan", "--json", str(JOBS / "mnist.toml"), "--", "--resume")
+    r = fleet_cli("plan", "--json", str(JOBS / "mnist.toml"), "--", "--resume")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     node = plan["nodes"][0]
@@ -170,7 +170,8 @@ def test_plan_json_connects_to_nothing(cli: CLI) -> None:
     assert "connected" not in r.stderr
 
 
-def test_plan_of_ssh_aliases_shows_no_name_as_master_address(cli: CLI, tmp_path: Path) -> None:
+def test_plan_of_ssh_aliases_shows_no_name_as_master_address(fleet_cli: InProcessCLI,
+                                                            tmp_path: Path) -> None:
     """Without --probe the master's IP is unknown: said as such, never the alias itself (which
     means nothing on the nodes); each node's one rank is "rank 2", not "ranks 2-2"."""
     (tmp_path / "train.py").write_text("")
@@ -178,7 +179,7 @@ def test_plan_of_ssh_aliases_shows_no_name_as_master_address(cli: CLI, tmp_path:
                                 '[[hosts]]\nname = "gpu-b"\naddress = "gpu-b"\n')
     job = write(tmp_path, "job.toml", 'inventory = "inv.toml"\nscript = "train.py"\n'
                                       'nproc_per_node = 1\n')
-    r = cli("plan", str(job), timeout=20)
+    r = fleet_cli("plan", str(job), timeout=20)
     assert r.returncode == 0, r.stderr
     assert "--master-addr gpu-a" not in r.stdout and "at gpu-a:" not in r.stdout, r.stdout
     assert "--master-addr '<IP of gpu-a>'" in r.stdout, r.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import InProcessCLI
 
 # An address no test ever creates; with a 30 s connect timeout a connection attempt would show.
 HOST = '[[hosts]]\nname = "a"\naddress = "10.213.255.254"\nconnect_timeout = 30.0\n'
@@ -60,13 +60,14 @@ CORPUS: list[tuple[str, str, str, str]] = [  # (inventory, job, file, key)
 
 @pytest.mark.parametrize("inventory, job, file, key", CORPUS,
                          ids=[f"{i:02d}-{c[3] or c[2]}" for i, c in enumerate(CORPUS)])
-def test_bad_input_names_file_and_key_and_connects_nowhere(cli: CLI, tmp_path: Path,
-                                                           inventory: str, job: str, file: str,
+def test_bad_input_names_file_and_key_and_connects_nowhere(fleet_cli: InProcessCLI,
+                                                           tmp_path: Path, inventory: str,
+                                                           job: str, file: str,
                                                            key: str) -> None:
     (tmp_path / "inv.toml").write_text(inventory)
     (tmp_path / "job.toml").write_text(job)
     (tmp_path / "train.py").write_text("print('never runs')\n")
-    r = cli("up", str(tmp_path / "job.toml"), timeout=20)
+    r = fleet_cli("up", str(tmp_path / "job.toml"), timeout=20)
     assert r.returncode == 2, r.stdout + r.stderr
     where = f"{tmp_path / file}: {key}: " if key else f"{tmp_path / file}: "
     assert r.stderr.startswith(f"fleet: error: {where}"), r.stderr

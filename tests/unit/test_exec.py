@@ -4,10 +4,8 @@ shows them, the summary and the exit code; the hosts chosen and the job's direct
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from fleet.console import Meaning
 from fleet.errors import CommandTimedOut, ExitCode, FleetError, TransportError, UsageError
 from fleet.facts.command import CAP, Absent, Answer, command_script, parse_answer
 from fleet.grouped import Group, block, exit_code, groups, summary
+from tests.conftest import InProcessCLI
 
 ROOT = Path(__file__).resolve().parents[2]
 SH = shutil.which("dash") or "sh"
@@ -157,10 +156,7 @@ def test_a_slurm_cluster_is_refused_with_the_reason(tmp_path: Path) -> None:
     refused before anything is connected to."""
     cluster = tmp_path / "cluster.toml"
     cluster.write_text('[slurm]\nlogin = "localhost"\nnodes = 2\n')
-    r = subprocess.run([sys.executable, "-m", "fleet", "exec", str(cluster), "--", "hostname"],
-                       capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT),
-                            "FLEET_STATE_DIR": str(tmp_path / "state")})
+    r = InProcessCLI(tmp_path)("exec", str(cluster), "--", "hostname")
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     assert "fleet: error: the slurm backend does not support fleet exec: it runs on the hosts " \
            "of a host list only" in r.stderr
@@ -170,6 +166,5 @@ def test_a_slurm_cluster_is_refused_with_the_reason(tmp_path: Path) -> None:
 def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
     inv = tmp_path / "inv.toml"
     inv.write_text('[[hosts]]\nname = "a"\naddress = "localhost"\n')
-    r = subprocess.run([sys.executable, "-m", "fleet", "exec", str(inv)], capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = InProcessCLI(tmp_path)("exec", str(inv))
     assert r.returncode == 2 and "give the command after --" in r.stderr, r.stderr

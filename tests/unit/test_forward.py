@@ -18,6 +18,7 @@ from fleet.console import Console
 from fleet.errors import ConfigError, UsageError
 from fleet.transport.forward import Forward, Tunnel
 from fleet.transport.local import LocalTransport
+from tests.builders import write_job
 
 
 @pytest.mark.parametrize(("text", "spec"), [("6006", PortSpec(6006)),
@@ -43,10 +44,7 @@ def test_run_and_port_words() -> None:
 
 
 def _job(tmp_path: Path, forward: str) -> Path:
-    (tmp_path / "t.py").write_text("")
-    job = tmp_path / "job.toml"
-    job.write_text(f'inventory = "inv.toml"\nscript = "t.py"\n{forward}\n')
-    return job
+    return write_job(tmp_path, f"{forward}\n", script="t.py", script_text="")
 
 
 def test_the_jobs_forward_key(tmp_path: Path) -> None:

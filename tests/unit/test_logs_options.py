@@ -33,6 +33,7 @@ from fleet.run.logs import (
     reread_tail,
 )
 from fleet.states import RunStatus
+from tests.conftest import InProcessCLI
 
 SH = shutil.which("dash") or "sh"
 NOW = 1_800_000_000.0
@@ -71,16 +72,13 @@ def test_since_anything_else_is_refused_naming_the_option(said: str) -> None:
 
 
 def test_a_bad_since_through_the_cli_exits_2_naming_the_option(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "fleet", "logs", "--since", "10 minutes"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+    r = InProcessCLI(tmp_path)("logs", "--since", "10 minutes")
     assert r.returncode == 2, r.stderr
     assert "--since '10 minutes': neither a duration" in r.stderr, r.stderr
 
 
 def test_a_negative_tail_through_the_cli_exits_2(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "fleet", "logs", "--tail", "-1"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = InProcessCLI(tmp_path)("logs", "--tail", "-1")
     assert r.returncode == 2 and "--tail" in r.stderr, r.stderr
 
 

@@ -26,6 +26,8 @@ from fleet.console import Console
 from fleet.errors import ConfigError
 from fleet.facts import slurm as sj
 from fleet.states import RunStatus
+from tests.builders import write_cluster, write_job
+from tests.conftest import InProcessCLI
 
 HOSTILE = ["$(touch {canary})", "`touch {canary}`", "it's \"quoted\"", "two words",
            "new\nline", "--flag=$HOME", "*", "; touch {canary}", "{{{{literal}}}}"]
@@ -37,14 +39,11 @@ def write(path: Path, text: str) -> Path:
 
 
 def cluster_inv(tmp: Path, body: str = "") -> Path:
-    return write(tmp / "cluster.toml", '[slurm]\nlogin = "localhost"\nnodes = 2\n'
-                 'partition = "gpu"\ntime = "01:00:00"\n' + body)
+    return write_cluster(tmp / "cluster.toml", body, partition="gpu", time="01:00:00")
 
 
 def job_file(tmp: Path, body: str = "", inventory: str = "cluster.toml") -> Path:
-    write(tmp / "train.py", "print('hi')\n")
-    return write(tmp / "job.toml", f'inventory = "{inventory}"\nscript = "train.py"\n'
-                 f'nproc_per_node = 2\n{body}')
+    return write_job(tmp, body, inventory=inventory, nproc_per_node=2)
 
 
 def export(tmp: Path, body: str = "", inv_body: str = "", **options: object) -> str:
@@ -312,14 +311,12 @@ def test_master_never_loopback(tmp_path: Path) -> None:
 def test_cli_export(tmp_path: Path) -> None:
     cluster_inv(tmp_path)
     job = job_file(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    fleet = InProcessCLI(tmp_path)
     out = tmp_path / "job.sbatch"
-    r = subprocess.run([sys.executable, "-m", "fleet", "export", "slurm", str(job), "-o",
-                        str(out), "--time", "30"], capture_output=True, text=True, env=env)
+    r = fleet("export", "slurm", str(job), "-o", str(out), "--time", "30")
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --time=30\n" in out.read_text() and os.access(out, os.X_OK)
-    r = subprocess.run([sys.executable, "-m", "fleet", "export", "slurm", str(job),
-                        "--gpus-per-node", "x y"], capture_output=True, text=True, env=env)
+    r = fleet("export", "slurm", str(job), "--gpus-per-node", "x y")
     assert r.returncode == 2 and "--gpus-per-node" in r.stderr
 
 
