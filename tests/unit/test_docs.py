@@ -91,3 +91,12 @@ def test_nothing_in_the_repo_cites_a_file_outside_it() -> None:
             if re.search(r"shared/[A-Z]+\.md|\b[Ii]ssue #?\d+", line):
                 bad.append(f"{rel}:{n}: {line.strip()}")
     assert bad == []
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """`.ci/run` is exactly the README's command that installs everything and passes the tests."""
+    readme = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines()
+              if ln.strip().startswith(".ci/setup") and "pytest" in ln]
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+          if ln.strip().startswith(".ci/setup")]
+    assert len(readme) == 1 and ci == readme, (readme, ci)

@@ -188,8 +188,8 @@ def test_the_bundled_watcher_tells_what_fleet_would(tmp_path: Path, python: str)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     body = json.loads(Hook.got[0])
     said = body["text"].splitlines()
-    assert said[0] == notify.headline(notify.Notice("r1", "j", notify.NoticeState.FAILED, 61, "")) == \
-        "fleet: run r1 (j) failed after 1m 01s"
+    notice = notify.Notice("r1", "j", notify.NoticeState.FAILED, 61, "")
+    assert said[0] == notify.headline(notice) == "fleet: run r1 (j) failed after 1m 01s"
     assert said[-2:] == [f"    {run_end.TRACEBACK}", "    ValueError: bad?[0m"]
     assert not (run / nodemap.NOTIFY_JSON).exists()
     assert "failed: told the hook" in (run / nodemap.NOTIFY_LOG).read_text()
