@@ -22,9 +22,11 @@ class Step(Enum):
     """What fleet is doing now (a Phase)."""
 
     PREPARING = "preparing"  # connect, probe, plan, preflight, record: nothing runs yet
+    SCHEDULING = "scheduling"  # the backend sends and starts the job (the steps below, or a
+    #                            scheduler's submission)
     UPLOADING = "uploading"  # the job's code and files to every node
     SETUP = "setup"
-    STARTING = "starting"
+    STARTING = "starting"  # the nodes' parts are being started, the master first
     RUNNING = "running"  # every node started: following the logs and the ends
     STOPPING = "stopping"
     REPORTING = "reporting"

@@ -119,7 +119,7 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
     guard = Guard(run, console)  # its signal handlers from `with` on
     try:
         with guard:
-            console.event(Phase(Step.STARTING, run.run_id))
+            console.event(Phase(Step.SCHEDULING, run.run_id))
             run.schedule(options)
             if options.detach:
                 guard.released = True  # from here, an error leaves the started run to itself

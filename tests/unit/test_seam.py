@@ -22,6 +22,7 @@ from fleet.backends.slurm.backend import SlurmBackend
 from fleet.config.job import Job, load_job
 from fleet.console import Console
 from fleet.errors import ExitCode, JobFailed, Unsupported
+from fleet.events import Collected, Phase, Step, Verdict
 from fleet.lifecycle import runner
 from fleet.reports import Detached, Forgotten, Stopped
 from fleet.states import NodeOutcome, NodeStatus, RunStatus, overall
@@ -148,8 +149,15 @@ def quiet() -> Console:
 def test_the_runner_drives_a_launch_only_backend(job: Job, tmp_path: Path) -> None:
     kube = KubeBackend(tmp_path / "record", {"pod-0": NodeStatus.SUCCEEDED,
                                              "pod-1": NodeStatus.SUCCEEDED})
-    assert runner.up(kube, job, quiet(), backends.Options()) == "kube-1"
+    seen = Collected()
+    console = Console(out=io.StringIO(), err=io.StringIO(), sink=seen)
+    assert runner.up(kube, job, console, backends.Options()) == "kube-1"
     assert kube.calls == ["prepare", "schedule", "events", "report", "close"]
+    # The runner's own phases, in order, whatever the backend (which may add its own steps
+    # inside scheduling: SSH hosts say uploading, setup, starting).
+    steps = [e.step for e in seen.events if isinstance(e, Phase)]
+    assert steps == [Step.PREPARING, Step.SCHEDULING, Step.RUNNING, Step.REPORTING], steps
+    assert isinstance(seen.events[-1], Verdict) and seen.events[-1].status is RunStatus.SUCCEEDED
 
 
 def test_the_runner_fails_fast_for_it(job: Job, tmp_path: Path) -> None:

@@ -126,6 +126,7 @@ class HostsRun(Run):
                                                 manifest.dumps(m).encode(), 0o600)
         # A detached run is confirmed by the master's open port, where fleet knows torchrun
         # opens one (a `command` may not).
+        console.event(events.Phase(events.Step.STARTING, self.run_id))
         self.pids = self.start_all(
             wait_port=options.detach and self.job.launcher != Launcher.COMMAND)
         session.release()  # its nodes run: the next launch sees them (refuse_held)
