@@ -104,10 +104,11 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
               nets: dict[str, NodeNet] | None = None,
               homes: dict[str, str] | None = None,
               storage: list[list[str]] | None = None,
-              has_gpus: dict[str, bool] | None = None) -> Plan:
+              has_gpus: dict[str, bool] | None = None, run: str = "") -> Plan:
     """The plan for every node. Without probe facts (a dry run) addresses and interfaces are the
     inventory's own and paths keep their ~. `has_gpus` (from nvidia-smi) decides accelerate's
-    mode per node."""
+    mode per node. `run`: the run's id where this is a later attempt of it (run_id the
+    attempt's own)."""
     hosts = inventory.hosts
     nets = nets or {}
     homes = homes or {}
@@ -155,7 +156,7 @@ def make_plan(inventory: Inventory, job: Job, run_id: str, *, master_addr: str |
         data_dir = nodemap.data_dir(workdir, job.data_slot)
         cpu_only = has_gpus is not None and not has_gpus.get(host.name, False)
         python = node_python(job, host, code_dir)
-        env = _env(job, host, run_id, rank, net, run_dir, data_dir, cpu_only)
+        env = _env(job, host, (run_id, run or run_id), rank, net, run_dir, data_dir, cpu_only)
         values: dict[str, object] = {
             "node_rank": rank, "nnodes": len(hosts), "nproc_per_node": counts[rank],
             "world_size": "" if world is None else world,
@@ -252,7 +253,7 @@ def socket_env(interface: str | None) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": f"={interface}", "GLOO_SOCKET_IFNAME": interface}
 
 
-def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: str,
+def _env(job: Job, host: Host, ids: tuple[str, str], rank: int, net: NodeNet, run_dir: str,
          data_dir: str | None, cpu_only: bool) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}
     if data_dir:
@@ -271,7 +272,7 @@ def _env(job: Job, host: Host, run_id: str, rank: int, net: NodeNet, run_dir: st
     if job.debug:  # asked for on the command line: wins over the files
         env.update(DEBUG_ENV)
     # fleet finds and stops a run's processes by these; a job cannot override them.
-    env.update(nodemap.run_vars(run_id, host.name, rank, run_dir))
+    env.update(nodemap.run_vars(*ids, host.name, rank, run_dir))
     return env
 
 

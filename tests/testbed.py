@@ -695,7 +695,10 @@ class Testbed:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"FLEET_RUN_ID={run_id}".encode() in env:
+            # The attempt's own id, or the run's (every attempt has it): a run's processes are
+            # found whichever attempt they are of.
+            ids = {f"FLEET_RUN_ID={run_id}".encode(), f"FLEET_ATTEMPT_ID={run_id}".encode()}
+            if ids & set(env):
                 found.append(pid)
         return found
 

@@ -1,13 +1,15 @@
 # run_pids ID DIR [PID START]: the processes of fleet run ID on this machine, DIR its node's run
 # directory, PID and START its wrapper as fleet recorded it when it started it (start.sh).
-# A process is the run's by any link it cannot shed on its own: FLEET_RUN_ID=ID in its
-# environment (torchrun starts each worker in its own session, so sessions alone do not reach
-# them); the wrapper's session; the record of the wrapper's descendants that run_tree.py keeps
-# while they live (DIR/procs: pid and start time, a pid may be reused), which a process that
-# left both the environment and the session (`setsid env -u FLEET_RUN_ID ...`) cannot leave; or
-# a parent that is the run's. Each pid is checked before it is named: alive, not PID 1 nor an
-# unreaped zombie, not the shell that asks, owned by the user who asks, and started no earlier
-# than the wrapper. The wrapper and its start are fleet's word (PID START): the job can write
+# A process is the run's by any link it cannot shed on its own: FLEET_ATTEMPT_ID=ID in its
+# environment, or FLEET_RUN_ID=ID where it has no FLEET_ATTEMPT_ID (one started before fleet set
+# it; every attempt of a run with [restart] has the run's FLEET_RUN_ID, the first attempt's id),
+# as torchrun starts each worker in its own session, so sessions alone do not reach them; the
+# wrapper's session; the record of the wrapper's descendants that run_tree.py keeps while they
+# live (DIR/procs: pid and start time, a pid may be reused), which a process that left both the
+# environment and the session (`setsid env -u FLEET_ATTEMPT_ID -u FLEET_RUN_ID ...`) cannot
+# leave; or a parent that is the run's. Each pid is checked before it is named: alive, not PID 1
+# nor an unreaped zombie, not the shell that asks, owned by the user who asks, and started no
+# earlier than the wrapper. The wrapper and its start are fleet's word (PID START): the job can write
 # DIR, so DIR/procs is only a hint, each line checked against that start, and emptying or
 # rewriting it cannot move the start nor hide the session. Without PID START (a run recorded
 # before fleet kept them, a hang report) they are DIR/pid and the record's first line, if it
@@ -18,9 +20,19 @@ run_pids() {
   rp_proc=${procfs:-/proc}
   rp_w=${3:-} rp_s=${4:-}
   [ -n "$rp_s" ] || { rp_w=$(head -c 16 "$2/pid" 2>/dev/null); rp_s=; }
+  # One pass over every environment; the few found are then asked which attempt they are.
+  rp_e=$(grep -lzxF -e "FLEET_RUN_ID=$1" -e "FLEET_ATTEMPT_ID=$1" "$rp_proc"/[0-9]*/environ \
+    2>/dev/null)
   {
-    grep -lzxF -- "FLEET_RUN_ID=$1" "$rp_proc"/[0-9]*/environ 2>/dev/null |
-      sed -n 's|^.*/\([0-9][0-9]*\)/environ$|E \1|p'
+    printf '%s\n' "$rp_e" | sed -n 's|^.*/\([0-9][0-9]*\)/environ$|E \1|p'
+    if [ -n "$rp_e" ]; then
+      # shellcheck disable=SC2086 # /proc paths: no blank in them
+      grep -lz '^FLEET_ATTEMPT_ID=' $rp_e 2>/dev/null |
+        sed -n 's|^.*/\([0-9][0-9]*\)/environ$|A \1|p'
+      # shellcheck disable=SC2086
+      grep -lzxF -- "FLEET_ATTEMPT_ID=$1" $rp_e 2>/dev/null |
+        sed -n 's|^.*/\([0-9][0-9]*\)/environ$|O \1|p'
+    fi
     head -c 1048576 "$2/procs" 2>/dev/null | sed -n 's/^\([0-9][0-9]*\) \([0-9][0-9]*\)$/R \1 \2/p'
     grep -H '^Uid:' "$rp_proc"/[0-9]*/status 2>/dev/null |
       sed -n 's|^.*/\([0-9][0-9]*\)/status:Uid:[[:space:]]*\([0-9][0-9]*\).*$|U \1 \2|p'
@@ -28,6 +40,8 @@ run_pids() {
     grep -H '' "$rp_proc"/[0-9]*/stat 2>/dev/null | sed -n 's|^.*/\([0-9][0-9]*\)/stat:|S \1 |p'
   } | awk -v w="$rp_w" -v given="$rp_s" -v me="$(id -u)" -v self="$$" '
     $1 == "E" { env[$2] = 1; next }
+    $1 == "A" { other[$2] = 1; next }  # has an attempt id: its own decides
+    $1 == "O" { own[$2] = 1; next }
     $1 == "R" { rec[$2 " " ($3 + 0)] = 1; if (first == "") { first = $2; first_s = $3 } next }
     $1 == "U" { uid[$2] = $3; next }
     $1 == "S" { p = $2; sub(/^S [0-9]+ /, ""); stat[p] = stat[p] $0 " "; next }
@@ -51,7 +65,7 @@ run_pids() {
       if (w !~ /^[0-9]+$/) w = ""
       else if (given ~ /^[0-9]+$/) floor = given + 0
       else if (first == w) floor = first_s + 0
-      for (q in env) if (ok(q)) mine[q] = 1
+      for (q in env) if (ok(q) && (q in own || !(q in other))) mine[q] = 1
       if (floor != "") {
         for (q in start) if (((q " " start[q]) in rec) && ok(q)) mine[q] = 1
         # The session of that number is the run one while the wrapper lives, and after it has

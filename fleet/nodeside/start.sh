@@ -11,7 +11,7 @@
 cd "$1" || exit 1
 [ -e stopped ] && { echo 'stopped before it started' >&2; exit 3; }
 # Appending: stop.sh's line lands whole between the job's, never overwritten by them.
-env "FLEET_RUN_ID=$2" setsid sh ./run.sh >> node.log 2>&1 < /dev/null &
+env "FLEET_ATTEMPT_ID=$2" setsid sh ./run.sh >> node.log 2>&1 < /dev/null &
 w=$!
 # A builtin read, before any command this shell waits for: it may reap the wrapper meanwhile.
 IFS= read -r st < "/proc/$w/stat" || st=

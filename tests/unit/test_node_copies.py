@@ -128,9 +128,9 @@ def test_the_node_map() -> None:
     assert nodemap.data_dir("~/fleet", "d-1") == "~/fleet/data/d-1"
     assert nodemap.data_dir("~/fleet", None) is None
     assert nodemap.runs_dir("~/fleet") == "~/fleet/runs"
-    assert nodemap.run_vars("r1", "n1", 2, "/w/runs/r1/n1") == {
-        "FLEET_RUN_ID": "r1", "FLEET_NODE": "n1", "FLEET_NODE_RANK": "2",
-        "FLEET_RUN_DIR": "/w/runs/r1/n1"}
+    assert nodemap.run_vars("r1-a2", "r1", "n1", 2, "/w/runs/r1-a2/n1") == {
+        "FLEET_RUN_ID": "r1", "FLEET_ATTEMPT_ID": "r1-a2", "FLEET_NODE": "n1",
+        "FLEET_NODE_RANK": "2", "FLEET_RUN_DIR": "/w/runs/r1-a2/n1"}
 
 
 def test_the_scrubs() -> None:

@@ -106,7 +106,7 @@ def test_state_of_a_missing_and_of_an_ended_run(tmp_path: Path) -> None:
 
 # ---- start, follow, end -------------------------------------------------------------------------
 def test_start_detaches_run_sh_and_says_its_pid(tmp_path: Path) -> None:
-    (tmp_path / "run.sh").write_text('echo $$ > pid\necho "run $FLEET_RUN_ID"\n')
+    (tmp_path / "run.sh").write_text('echo $$ > pid\necho "run $FLEET_ATTEMPT_ID"\n')
     r = sh(remote.start_script(str(tmp_path), "r-1"))
     assert r.returncode == 0, r.stderr
     pid, wrapper = remote.parse_start(r.stdout)

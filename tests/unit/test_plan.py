@@ -58,6 +58,14 @@ def test_env_precedence_detected_then_job_then_host_and_run_id_is_fleets() -> No
     assert n2.env["NCCL_SOCKET_IFNAME"] == "=ens5" and n2.env["GLOO_SOCKET_IFNAME"] == "ens5"
     assert n1.env["NCCL_DEBUG"] == "WARN"
     assert n1.env["FLEET_RUN_ID"] == "j-1"  # a job cannot break `fleet stop`
+    assert n1.env["FLEET_ATTEMPT_ID"] == "j-1"
+
+
+def test_a_later_attempt_has_the_runs_id_and_its_own() -> None:
+    p = make_plan(inventory(), job(), "j-1-a3", master_addr="10.0.0.11", nets=NETS, run="j-1")
+    assert {(n.env["FLEET_RUN_ID"], n.env["FLEET_ATTEMPT_ID"]) for n in p.nodes} == {
+        ("j-1", "j-1-a3")}
+    assert p.nodes[0].run_dir.endswith("/runs/j-1-a3/n1")  # each attempt has its directory
 
 
 def test_static_and_c10d_torchrun_lines() -> None:

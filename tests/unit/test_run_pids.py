@@ -107,6 +107,22 @@ def test_the_environment_names_a_run_process_of_this_user(tmp_path: Path) -> Non
     assert run_pids(proc.root, run_dir) == {100, 101}
 
 
+def test_each_attempt_is_found_by_its_own_id_though_all_share_the_runs(tmp_path: Path) -> None:
+    """Every attempt of a run with [restart] has the run's FLEET_RUN_ID (r1, the first
+    attempt's id); each is found by its FLEET_ATTEMPT_ID, so stopping what attempt 1 left on a
+    node never reaches attempt 2 there."""
+    proc, run_dir = a_run(tmp_path)
+    proc.add(130, 100, 130, 5030, env=("FLEET_RUN_ID=r1", "FLEET_ATTEMPT_ID=r1"))
+    proc.add(131, 1, 131, 5031, env=("FLEET_RUN_ID=r1", "FLEET_ATTEMPT_ID=r1-a2"))
+    proc.add(132, 1, 132, 5032, env=("FLEET_ATTEMPT_ID=r1-a2", "FLEET_RUN_ID=r1"))
+    proc.add(133, 1, 133, 5033, env=("FLEET_RUN_ID=r1-a3",))  # before fleet set the attempt's
+    assert run_pids(proc.root, run_dir) == {100, 130}
+    other = tmp_path / "later"  # the later attempts' run directory: no record of theirs
+    other.mkdir()
+    assert run_pids(proc.root, other, "r1-a2") == {131, 132}
+    assert run_pids(proc.root, other, "r1-a3") == {133}
+
+
 def test_a_process_that_shed_environment_and_session_is_found_by_the_record(
         tmp_path: Path) -> None:
     proc, run_dir = a_run(tmp_path)

@@ -75,7 +75,7 @@ def test_setup_runs_once_per_filesystem_and_only_when_changed(tmp_path: Path) ->
 def test_setup_script_runs_in_the_jobs_directory_with_its_env_and_stops_at_a_failure(
         tmp_path: Path) -> None:
     job = job_in(tmp_path, setup='echo "$GREETING from $(pwd) with $FLEET_PYTHON"\n'
-                                 "tr '\\0' '\\n' < /proc/$$/environ | grep '^FLEET_RUN_ID='\n"
+                                 "tr '\\0' '\\n' < /proc/$$/environ | grep '^FLEET_ATTEMPT_ID='\n"
                                  "false\necho never\n")
     p = plan_for(job)
     node = dataclasses.replace(p.nodes[0], code_dir=str(tmp_path / "code"),
@@ -88,7 +88,7 @@ def test_setup_script_runs_in_the_jobs_directory_with_its_env_and_stops_at_a_fai
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert r.stdout == (f"hi there from {tmp_path / 'code'} with /opt/py/bin/python\n"
-                        "FLEET_RUN_ID=j-1\n")  # where a stop finds it
+                        "FLEET_ATTEMPT_ID=j-1\n")  # where a stop finds it
     assert not (tmp_path / "code" / MARKER).exists()  # a half-done setup is not a good one
 
 

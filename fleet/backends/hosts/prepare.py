@@ -77,7 +77,7 @@ def connect(inventory: Inventory, console: Console) -> Session:
 
 def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
                  console: Console, *, create: bool = True, allow_mismatch: bool = False,
-                 held: bool = False) -> Plan:
+                 held: bool = False, run: str = "") -> Plan:
     """Probe every node (one round trip each where the master's address is an IP already;
     with `held`, also the fleet runs alive there), then plan with what was learnt: homes,
     master IP, interfaces, shared storage."""
@@ -106,7 +106,7 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     homes = {n: t.home for n, t in session.transports.items()}
     has_gpus = gpu_plan(session, inventory, job, console)
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
-                     storage=storage_groups(facts), has_gpus=has_gpus)
+                     storage=storage_groups(facts), has_gpus=has_gpus, run=run)
     plan = dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()},
                                packages={n: f.packages for n, f in facts.items()})
     for node in plan.nodes:

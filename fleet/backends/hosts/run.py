@@ -63,7 +63,8 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
         faults.point(Phase.PROBE.value)
         held = options.checks and not options.force
         plan = prepare_plan(session, inventory, job, run_id, console,
-                            allow_mismatch=options.allow_mismatch, held=held)
+                            allow_mismatch=options.allow_mismatch, held=held,
+                            run=options.parent)
         faults.point(Phase.PREFLIGHT.value)
         if held:
             refuse_held(session)

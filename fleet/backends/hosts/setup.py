@@ -42,7 +42,7 @@ def setup_script(node: NodePlan, job: Job, host_python: str, run_id: str) -> str
     beside FLEET_PYTHON and FLEET_UV (fleet/nodeside/setup.sh). Its shell starts with the run id
     in its environment, so that a stop finds it (and what it runs) as it finds the job's
     processes."""
-    return sh("exec", "env", f"{nodemap.RUN_ID_VAR}={run_id}", "sh", "-c",
+    return sh("exec", "env", f"{nodemap.ATTEMPT_ID_VAR}={run_id}", "sh", "-c",
               nodeside.text("setup.sh"), "fleet-setup", node.code_dir, MARKER,
               f"{node.run_dir}/{nodemap.ENV_FILE}", host_python,
               job.setup or "true")

@@ -24,7 +24,12 @@ NOTIFY_JSON = "notify.json"  # a detached run's [notify], read once by its watch
 NOTIFY_LOG = "notify.log"  # what the watcher did
 
 # The variables fleet sets for every process of a run; a job cannot override them.
-RUN_ID_VAR = "FLEET_RUN_ID"  # how fleet finds and stops a run's processes
+# The attempt's own id (a run with [restart] has one per attempt): how fleet finds and stops
+# its processes (run_pids.sh).
+ATTEMPT_ID_VAR = "FLEET_ATTEMPT_ID"
+# The run's id, its first attempt's, the same on every attempt (what a tracker's run is named
+# after); processes without FLEET_ATTEMPT_ID (started before fleet set it) are found by it.
+RUN_ID_VAR = "FLEET_RUN_ID"
 NODE_VAR = "FLEET_NODE"
 NODE_RANK_VAR = "FLEET_NODE_RANK"
 RUN_DIR_VAR = "FLEET_RUN_DIR"
@@ -62,7 +67,10 @@ def run_dir(workdir: str, run_id: str, node: str | None = None) -> str:
     return _under(workdir, RUNS, run_id, *([node] if node is not None else []))
 
 
-def run_vars(run_id: str, node: str, rank: int, directory: str) -> dict[str, str]:
-    """What every process of a run finds in its environment, whatever the job says."""
-    return {RUN_ID_VAR: run_id, NODE_VAR: node, NODE_RANK_VAR: str(rank),
+def run_vars(attempt_id: str, run_id: str, node: str, rank: int, directory: str
+             ) -> dict[str, str]:
+    """What every process of a run finds in its environment, whatever the job says: its
+    attempt's id and the run's (the same without restarts)."""
+    return {RUN_ID_VAR: run_id, ATTEMPT_ID_VAR: attempt_id, NODE_VAR: node,
+            NODE_RANK_VAR: str(rank),
             RUN_DIR_VAR: directory}
