@@ -8,6 +8,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from fleet import trackers
 from fleet.config.inventory import Host, Inventory, TransportKind
 from fleet.config.job import Job, Launcher, RendezvousBackend
 from fleet.config.procs import Nproc
@@ -267,6 +268,7 @@ def _env(job: Job, host: Host, ids: tuple[str, str], rank: int, net: NodeNet, ru
         env["ACCELERATE_USE_CPU"] = "true"  # --multi_gpu's workers, as MULTI_CPU over Gloo
     if job.watchdog.nccl_flight_recorder:
         env.update(flight_recorder_env(run_dir))
+    env.update(trackers.plan_vars(job.restart.tracker, ids[1]))  # a job's own value wins
     env.update(job.env)
     env.update(host.env)
     if job.debug:  # asked for on the command line: wins over the files

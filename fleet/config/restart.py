@@ -17,6 +17,13 @@ class Ending(StrEnum):
     LOST = "lost"  # a node stopped answering
 
 
+class Tracker(StrEnum):
+    """`[restart] tracker`: the experiment tracker whose one run every attempt writes to."""
+
+    WANDB = "wandb"  # WANDB_RUN_ID (from the run's id) and WANDB_RESUME=allow
+    MLFLOW = "mlflow"  # MLFLOW_RUN_ID of a run fleet creates before the first attempt
+
+
 BACKOFF_MAX_S = 300.0  # the wait before an attempt grows up to this
 
 
@@ -27,6 +34,7 @@ class Restart:
     max: int = 0  # attempts after the first
     on: tuple[Ending, ...] = (Ending.FAIL, Ending.HANG, Ending.LOST)
     backoff: float = 10.0  # seconds before the second attempt, doubled for each one after
+    tracker: Tracker | None = None  # every attempt writes to one run of this tracker
 
     def wait(self, attempt: int) -> float:
         """The wait before attempt number `attempt` (2 for the first restart)."""
@@ -54,5 +62,17 @@ def take_restart(t: Table, hang_timeout: float | None) -> Restart:
     if not 0 <= backoff <= BACKOFF_MAX_S:
         raise t.error("backoff", f"must be a number of seconds from 0 to {BACKOFF_MAX_S:g}, "
                                  f"not {backoff:g}")
+    tracker = _tracker(t)
     t.done()
-    return Restart(count, tuple(dict.fromkeys(on)), backoff)
+    return Restart(count, tuple(dict.fromkeys(on)), backoff, tracker)
+
+
+def _tracker(t: Table) -> Tracker | None:
+    word = t.take("tracker", str, None)
+    if word is None:
+        return None
+    try:
+        return Tracker(word)
+    except ValueError:
+        names = ", ".join(f'"{e.value}"' for e in Tracker)
+        raise t.error("tracker", f"must be one of {names}, not {word!r}") from None

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet import trackers
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
 from fleet.config.restart import Ending, Restart
@@ -79,7 +80,10 @@ class Book:
                                    replace=tuple(self.replace.items()))
 
     def job_for(self, number: int) -> Job:
-        return dataclasses.replace(self.job, env={**self.job.env, "FLEET_ATTEMPT": str(number)})
+        # What fleet created for the run's tracker before (its MLflow run), for every attempt.
+        made = trackers.created_vars(state.state_dir() / self.run_id)
+        return dataclasses.replace(self.job, env={**made, **self.job.env,
+                                                  "FLEET_ATTEMPT": str(number)})
 
     def record(self, run: Run, final: Final, run_state: RunState, hang: str | None,
                started: float, ended: float) -> int | None:

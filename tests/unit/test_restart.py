@@ -15,7 +15,7 @@ from fleet.backends.base import Final, Options
 from fleet.backends.hosts.run import with_spares
 from fleet.config.inventory import load_inventory
 from fleet.config.job import load_job
-from fleet.config.restart import BACKOFF_MAX_S, Ending, Restart
+from fleet.config.restart import BACKOFF_MAX_S, Ending, Restart, Tracker
 from fleet.console import Console
 from fleet.errors import ConfigError, TransportError
 from fleet.lifecycle import attempts
@@ -44,6 +44,10 @@ def test_restart_defaults_to_none_and_reads_its_keys(tmp_path: Path) -> None:
     assert job.restart == Restart(3, (Ending.LOST, Ending.FAIL), 2.0)
     assert [job.restart.wait(n) for n in (2, 3, 4)] == [2.0, 4.0, 8.0]
     assert Restart(max=50, backoff=200).wait(40) == BACKOFF_MAX_S
+    assert job.restart.tracker is None
+    for word in ("wandb", "mlflow"):
+        tracked = load_job(job_file(tmp_path, f'[restart]\nmax = 1\ntracker = "{word}"\n'))
+        assert tracked.restart.tracker is Tracker(word)
 
 
 @pytest.mark.parametrize(("body", "key", "words"), [
@@ -53,6 +57,8 @@ def test_restart_defaults_to_none_and_reads_its_keys(tmp_path: Path) -> None:
     ('[restart]\nmax = 1\non = ["hang"]\n', "restart.on", "needs [watchdog] hang_timeout"),
     ("[restart]\nbackoff = -1\n", "restart.backoff", "from 0 to 300"),
     ("[restart]\nmaxx = 1\n", "restart.maxx", "unknown key"),
+    ('[restart]\ntracker = "tensorboard"\n', "restart.tracker", 'must be one of "wandb"'),
+    ("[restart]\ntracker = 1\n", "restart.tracker", "string"),
 ])
 def test_a_bad_restart_table_names_its_key(tmp_path: Path, body: str, key: str,
                                            words: str) -> None:

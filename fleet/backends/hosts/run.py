@@ -12,7 +12,7 @@ from pathlib import Path
 from fleet import events, manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts import setup
+from fleet.backends.hosts import setup, tracker
 from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
 from fleet.backends.hosts.gpus import gate
@@ -122,6 +122,7 @@ class HostsRun(Run):
         hashes = setup.run(session.transports, plan, console, options.force_setup)
         if self.job.python is not None:
             plan = self.plan = check_job_python(session, plan, console, options.allow_mismatch)
+        plan = self.plan = tracker.ensure_run(session, plan, console, self.record_dir)
         m = manifest.record(plan, hashes, self.record_dir, sent)
         session.transports[plan.master.host.name].write(f"{plan.master.run_dir}/manifest.json",
                                                 manifest.dumps(m).encode(), 0o600)
