@@ -21,6 +21,7 @@ from fleet.backends.checks import Check
 from fleet.config.inventory import BackendKind, Inventory
 from fleet.config.job import Job
 from fleet.config.notify import Notify
+from fleet.config.select import Selection
 from fleet.console import Console
 from fleet.errors import Unsupported
 from fleet.events import NodeEnded as NodeEnded  # the runner's protocol, moved
@@ -259,10 +260,10 @@ class Backend(ABC):
         """`fleet reserve` and `release`: leases of GPUs on one host, kept there."""
         raise self.refuse("lease")
 
-    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: Selection,
                 timeout: float | None, progress: Callable[[int, int], None]
                 ) -> dict[str, Outcome]:
-        """`fleet exec`: argv on every host of the inventory (or those in `nodes`) at once,
+        """`fleet exec`: argv on every host of the inventory (or those `nodes` keeps) at once,
         with a job in its directory and env; per host its answer or why none came."""
         raise self.refuse("execute")
 

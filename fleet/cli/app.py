@@ -3,11 +3,12 @@ in the shell), `--version`, help as a person reads it, and `echo`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
@@ -16,6 +17,10 @@ from fleet import __version__
 from fleet.console import printable
 from fleet.errors import UsageError
 from fleet.timespan import parse_duration
+
+if TYPE_CHECKING:  # types only: the CLI loads what a command needs when it runs
+    from fleet.config.job import Job
+    from fleet.config.select import Selection
 
 PROG = "fleet"
 
@@ -149,6 +154,12 @@ ExtraArgs = Annotated[list[str] | None, typer.Argument(
     metavar="[-- ARGS...]",
     help="Arguments for the script, after --: added after the job's args (fleet up JOB -- "
          "--resume), or in the place of the word \"{args}\" where the job's args hold it.")]
+NodeOpt = Annotated[list[str] | None, typer.Option(
+    "--node", metavar="NODE",
+    help="Only this host of the inventory (repeat for more); the first one left is the master.")]
+ExcludeOpt = Annotated[list[str] | None, typer.Option(
+    "--exclude", "-x", metavar="NODE",
+    help="Leave this host of the inventory out (repeat for more), as pdsh -x does.")]
 RUN_HELP = "Run id, or a unique start of it or of its tag (49b0)"
 RunArg = Annotated[str | None, typer.Argument(
     metavar="RUN", autocompletion=complete_run, help=f"{RUN_HELP}; default: the latest run.")]
@@ -162,6 +173,24 @@ def _options(debug: Annotated[bool, typer.Option(
             "--version", "-V", callback=_version, is_eager=True,
             help="Show fleet's version and exit.")] = False) -> None:
     """Run a PyTorch distributed job across the hosts of an inventory."""
+
+
+def selection(node: list[str] | None, exclude: list[str] | None) -> Selection:
+    """--node and --exclude as fleet.config.select has them."""
+    from fleet.config.select import Selection
+
+    return Selection(tuple(node or ()), tuple(exclude or ()))
+
+
+def selected(job: Job, node: list[str] | None, exclude: list[str] | None) -> Job:
+    """The job, on the hosts --node and --exclude leave, checked at once: a Slurm cluster, a
+    name the inventory does not hold, or no host left is a UsageError before anything is
+    connected to."""
+    from fleet.config.select import validate
+
+    sel = selection(node, exclude)
+    validate(job.inventory, sel)
+    return dataclasses.replace(job, selection=sel) if sel else job
 
 
 def echo(text: str, err: bool = False) -> None:

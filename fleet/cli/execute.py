@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fleet.cli.app import InvOpt, job_given
+from fleet.cli.app import ExcludeOpt, InvOpt, job_given, selection
 from fleet.console import Console
 from fleet.errors import Interrupted, UsageError
 
@@ -24,8 +24,9 @@ def execute(path: Annotated[Path, typer.Argument(
                      "as one word (for pipes or globs: -- sh -c 'df -h | tail -n 1').")] = None,
             inventory: InvOpt = None,
             node: Annotated[list[str] | None, typer.Option(
-                "--node", metavar="NAME",
+                "--node", metavar="NODE",
                 help="Only on this host (repeat for more); default: every host.")] = None,
+            exclude: ExcludeOpt = None,
             timeout: Annotated[float | None, typer.Option(
                 "--timeout", metavar="SECONDS", min=0.1,
                 help="Give up on a host whose command has not ended after this long (it may "
@@ -49,7 +50,7 @@ def execute(path: Annotated[Path, typer.Argument(
     try:
         with console.waiting("connecting") as wait:
             outcomes = backend.execute(
-                inventory_path, job, command, node or [], timeout,
+                inventory_path, job, command, selection(node, exclude), timeout,
                 lambda done, total: wait.update(f"{done}/{total} hosts answered"))
     except Interrupted as e:
         # Without a terminal on the node, nothing ends a command when its connection goes.

@@ -11,13 +11,25 @@ from typing import Annotated
 
 import typer
 
-from fleet.cli.app import WAIT_FOREVER, ExtraArgs, InvOpt, JobArg, app, echo, job_given
+from fleet.cli.app import (
+    WAIT_FOREVER,
+    ExcludeOpt,
+    ExtraArgs,
+    InvOpt,
+    JobArg,
+    NodeOpt,
+    app,
+    echo,
+    job_given,
+    selected,
+)
 from fleet.errors import UsageError
 from fleet.timespan import parse_duration
 
 
 @app.command()
 def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
+       node: NodeOpt = None, exclude: ExcludeOpt = None,
        detach: Annotated[bool, typer.Option("--detach", "-d",
                                             help="Return once every node has started.")] = False,
        skip_checks: Annotated[bool, typer.Option(
@@ -54,7 +66,8 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     from fleet.lifecycle.session import Session
 
     with Session.for_command(as_json) as session:
-        job = with_extra_args(load_job(job_path, inventory), extra or [])
+        job = selected(with_extra_args(load_job(job_path, inventory), extra or []), node,
+                       exclude)
         if debug_env:
             job = dataclasses.replace(job, debug=True)
         runner.up(backends.for_inventory(job.inventory), job, session.console, backends.Options(
@@ -77,6 +90,7 @@ def wait_seconds(text: str | None) -> float | None:
 
 @app.command()
 def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
+         node: NodeOpt = None, exclude: ExcludeOpt = None,
          as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
          debug_env: Annotated[bool, typer.Option(
              "--debug", help="With the distributed debugging env of `fleet up --debug`.")
@@ -93,7 +107,7 @@ def plan(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     from fleet import backends
     from fleet.config.job import load_job, with_extra_args
 
-    job = with_extra_args(load_job(job_path, inventory), extra or [])
+    job = selected(with_extra_args(load_job(job_path, inventory), extra or []), node, exclude)
     if debug_env:
         job = dataclasses.replace(job, debug=True)
     shown = backends.for_inventory(job.inventory).preview(job, probe)
@@ -151,7 +165,8 @@ def export_slurm(
 
 
 @app.command()
-def check(job_path: JobArg, inventory: InvOpt = None,
+def check(job_path: JobArg, inventory: InvOpt = None, node: NodeOpt = None,
+          exclude: ExcludeOpt = None,
           collective: Annotated[bool, typer.Option(
               "--collective", help="Also run a short all_reduce and print bandwidth per size.")
           ] = False,
@@ -168,7 +183,7 @@ def check(job_path: JobArg, inventory: InvOpt = None,
     from fleet.console import Console
     from fleet.lifecycle import runner
 
-    job = load_job(job_path, inventory)
+    job = selected(load_job(job_path, inventory), node, exclude)
     backend = backends.for_inventory(job.inventory)
     console = Console()
     # The command that trusts these hosts' keys, as the user named the files here.

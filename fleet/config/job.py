@@ -18,6 +18,7 @@ from fleet.config.outputs import take_outputs
 from fleet.config.procs import Nproc, nproc_value
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
+from fleet.config.select import Selection
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 E = TypeVar("E", bound=StrEnum)
@@ -106,6 +107,7 @@ class Job:
     # Real paths never synced, whatever name or link reaches them: the job file, where it
     # holds a [notify] (its webhook stays on this machine).
     unsent: tuple[str, ...] = ()
+    selection: Selection = Selection()  # --node/--exclude: the inventory's hosts it runs on
 
     @property
     def slot(self) -> str:

@@ -127,7 +127,8 @@ class Book:
             spares = self.backend.spares(self.job.inventory)
         except ConfigError:
             spares = []
-        return [s for s in spares if s not in self.used and s not in self.replace.values()]
+        return [s for s in spares if s not in self.used and s not in self.replace.values()
+                and self.job.selection.keeps(s)]
 
     def _replace(self, a: Attempt, name: str, kind: Ending) -> None:
         free = self._free()

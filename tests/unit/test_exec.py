@@ -133,7 +133,8 @@ def test_hosts_chosen_in_inventory_order_and_an_unknown_name_lists_them() -> Non
                     spares=(Host("s", "10.0.0.3"),))
     assert [h.name for h in chosen(inv, [])] == ["a", "b", "s"]
     assert [h.name for h in chosen(inv, ["s", "a"])] == ["a", "s"]
-    with pytest.raises(UsageError, match=r"no host named zz in inv.toml; its hosts: a, b, s"):
+    with pytest.raises(UsageError,
+                       match=r"^--node: no host named zz in inv.toml; its hosts: a, b, s$"):
         chosen(inv, ["a", "zz"])
 
 

@@ -20,6 +20,7 @@ from fleet.backends.base import VERBS, Event, Final, NodeEnded, Quiet, Run
 from fleet.backends.hosts.backend import HostsBackend
 from fleet.backends.slurm.backend import SlurmBackend
 from fleet.config.job import Job, load_job
+from fleet.config.select import Selection
 from fleet.console import Console
 from fleet.errors import ExitCode, JobFailed, Unsupported
 from fleet.events import Collected, Phase, Step, Verdict
@@ -211,7 +212,7 @@ def test_slurm_refuses_with_what_to_do_instead(tmp_path: Path) -> None:
     slurm = backends.for_inventory(cluster)
     with pytest.raises(Unsupported, match=r"^the slurm backend does not support fleet exec: it "
                                           "runs on the hosts of a host list only"):
-        slurm.execute(cluster, None, ["hostname"], [], None, lambda a, b: None)
+        slurm.execute(cluster, None, ["hostname"], Selection(), None, lambda a, b: None)
     with pytest.raises(Unsupported, match=r"^the slurm backend does not support stopping one "
                                           "node's part of a run$"):
         slurm.stop_part(None, "n1", "fleet up")  # type: ignore[arg-type]

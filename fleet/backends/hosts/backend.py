@@ -23,6 +23,7 @@ from fleet.backends.hosts.run import HostsRun, prepare
 from fleet.backends.hosts.setup import Decision
 from fleet.config.inventory import BackendKind, Inventory, load_inventory
 from fleet.config.job import Job
+from fleet.config.select import Selection, load_selected
 from fleet.console import Console
 from fleet.errors import DamagedRecord, NotEveryNode, UsageError
 from fleet.facts import run_state
@@ -63,7 +64,8 @@ class HostsBackend(Launch, Recorded, LabTools):
 
     def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
                trust: str) -> list[Check]:
-        return fleet_check.run_checks(load_inventory(job.inventory), job, progress, trust)
+        return fleet_check.run_checks(load_selected(job.inventory, job.selection), job, progress,
+                                      trust)
 
     def preview(self, job: Job, probe: bool) -> PlanPreview:
         return PlanPreview(*planview.survey(job, probe))
@@ -204,7 +206,7 @@ class HostsBackend(Launch, Recorded, LabTools):
     def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
         return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], order)
 
-    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: list[str],
+    def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: Selection,
                 timeout: float | None, progress: Callable[[int, int], None]
                 ) -> dict[str, Outcome]:
         return fleet_exec.execute(load_inventory(inventory), job, argv, nodes, timeout,

@@ -331,4 +331,4 @@ def collective_job(job: Job) -> Job:
     workdir = Path(fleet.nodejobs.__file__).parent
     return Job(path=job.path, name="fleet-collective", inventory=job.inventory, workdir=workdir,
                script="collective.py", nproc_per_node=job.nproc_per_node, env=job.env,
-               rendezvous=job.rendezvous, exclude=DEFAULT_EXCLUDE)
+               rendezvous=job.rendezvous, exclude=DEFAULT_EXCLUDE, selection=job.selection)

@@ -9,9 +9,10 @@ import shlex
 import threading
 from collections.abc import Callable
 
+from fleet.config import select
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
-from fleet.errors import FleetError, UsageError
+from fleet.errors import FleetError
 from fleet.facts.command import Outcome, command_script, parse_answer
 from fleet.nodeside.shared import nodemap
 from fleet.transport import open_transport
@@ -21,15 +22,7 @@ from fleet.transport.group import each
 def chosen(inventory: Inventory, nodes: list[str]) -> list[Host]:
     """Every host of the inventory (spares too: they are hosts a job may come to use), or those
     named, in the inventory's order; a name it does not hold is a UsageError listing them."""
-    hosts = list(inventory.every_host)
-    if not nodes:
-        return hosts
-    names = [h.name for h in hosts]
-    unknown = [n for n in nodes if n not in names]
-    if unknown:
-        raise UsageError(f"no host named {', '.join(unknown)} in {inventory.path}; its hosts: "
-                         f"{', '.join(names)}")
-    return [h for h in hosts if h.name in nodes]
+    return select.hosts(inventory, select.Selection(node=tuple(nodes)))
 
 
 def job_directory(job: Job, host: Host) -> str:
@@ -71,10 +64,10 @@ def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None) 
     return answer
 
 
-def execute(inventory: Inventory, job: Job | None, argv: list[str], nodes: list[str],
+def execute(inventory: Inventory, job: Job | None, argv: list[str], nodes: select.Selection,
             timeout: float | None, progress: Callable[[int, int], None]) -> dict[str, Outcome]:
     """argv on the chosen hosts at once; `progress(answered, total)` hears each answer come."""
-    hosts = chosen(inventory, nodes)
+    hosts = select.hosts(inventory, nodes)
     lock = threading.Lock()
     answered = [0]
     progress(0, len(hosts))

@@ -11,8 +11,8 @@ from fleet.backends.hosts import prepare as launch
 from fleet.backends.hosts import setup as fleet_setup
 from fleet.backends.hosts.setup import Decision
 from fleet.backends.hosts.upload import scan_sources
-from fleet.config.inventory import load_inventory
 from fleet.config.job import Job
+from fleet.config.select import load_selected
 from fleet.console import Console
 from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.shell import join
@@ -64,7 +64,7 @@ def code_json(code: Scan) -> dict[str, object]:
 
 def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves]:
     """The plan, each node's setup decision and what would be sent."""
-    inv = load_inventory(job.inventory)
+    inv = load_selected(job.inventory, job.selection)
     console = Console(out=sys.stderr)
     sources = scan_sources(job, console)  # as `up` does, before any host is touched
     if not probe:

@@ -26,9 +26,10 @@ from fleet.backends.hosts.prepare import (
 )
 from fleet.backends.hosts.stop import stop_nodes
 from fleet.backends.hosts.upload import Sources, scan_sources, upload_checked
-from fleet.config.inventory import Inventory, load_inventory
+from fleet.config.inventory import Inventory
 from fleet.config.job import Job, Launcher
 from fleet.config.notify import Notify
+from fleet.config.select import load_selected
 from fleet.console import Console, Meaning
 from fleet.errors import StartError, host_error
 from fleet.facts import failure
@@ -47,7 +48,7 @@ from fleet.transport.link import Link
 def prepare(job: Job, console: Console, options: Options) -> HostsRun:
     """Everything before the first write a run owns: an unreadable file, an unreachable or busy
     host, a bad python stop it here, with nothing left anywhere."""
-    inventory = with_spares(load_inventory(job.inventory), dict(options.replace))
+    inventory = with_spares(load_selected(job.inventory, job.selection), dict(options.replace))
     run_id = options.run_id or new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
     console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
