@@ -36,6 +36,19 @@ def plan_vars(tracker: Tracker | None, run_id: str) -> dict[str, str]:
     return {}
 
 
+# The distributions that give a tracker's import, as `pip freeze` names them (lower case).
+PACKAGES = {Tracker.WANDB: ("wandb",), Tracker.MLFLOW: ("mlflow", "mlflow-skinny")}
+
+
+def lacking(tracker: Tracker | None, packages: dict[str, tuple[str, ...]]) -> list[str]:
+    """The nodes whose python has none of the tracker's packages (`name==version` each, as the
+    probe says them; a node that said none is not known to lack it)."""
+    if tracker is None:
+        return []
+    return [node for node, said in packages.items() if said and not any(
+        re.sub(r"[-_.]+", "-", p.split("==", 1)[0].lower()) in PACKAGES[tracker] for p in said)]
+
+
 def keep(run_dir: Path, mlflow_run_id: str) -> None:
     """Record the MLflow run fleet created for the run (its local record's directory)."""
     tmp = run_dir / f".{RECORD}.tmp"

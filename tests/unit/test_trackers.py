@@ -114,3 +114,11 @@ def test_a_python_without_mlflow_is_said_as_such(tmp_path: Path) -> None:
     rc, out = created(code, run, bare)
     with pytest.raises(NoRun, match="cannot import mlflow"):
         mlflow_run.parse(out, rc, bare)
+
+
+def test_the_nodes_whose_python_lacks_the_tracker_are_named() -> None:
+    said = {"n1": ("torch==2.1", "wandb==0.16.0"), "n2": ("torch==2.1",), "n3": (),
+            "n4": ("MLflow_Skinny==3.1",)}
+    assert trackers.lacking(Tracker.WANDB, said) == ["n2", "n4"]  # n3 said nothing: not known
+    assert trackers.lacking(Tracker.MLFLOW, said) == ["n1", "n2"]
+    assert trackers.lacking(None, said) == []

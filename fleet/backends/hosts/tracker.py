@@ -10,7 +10,7 @@ from pathlib import Path
 from fleet import trackers
 from fleet.backends.hosts.prepare import Session
 from fleet.config.restart import Tracker
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import HostError
 from fleet.facts import mlflow_run
 from fleet.nodeside.shared import nodemap
@@ -25,8 +25,16 @@ def ensure_run(session: Session, plan: Plan, console: Console, record_dir: Path)
     """The plan with MLFLOW_RUN_ID on every node: the run's, where the job or an earlier
     attempt has one (its env), else one created now on the master and recorded. Nothing for a
     job without the MLflow tracker."""
-    m = plan.master
-    if plan.job.restart.tracker is not Tracker.MLFLOW or trackers.MLFLOW_RUN_VAR in m.env:
+    m, tracker = plan.master, plan.job.restart.tracker
+    lacking = trackers.lacking(tracker, plan.packages)
+    if tracker is not None and lacking:
+        # Often only rank 0 logs: the job may not need it everywhere; the master's is checked
+        # below where fleet itself needs it (MLflow's run).
+        console.info(f'[restart] tracker = "{tracker.value}", but the job\'s python has no '
+                     f"{trackers.PACKAGES[tracker][-1]} on {', '.join(lacking)}: a rank there "
+                     f"cannot import {tracker.value} (pip install "
+                     f"{trackers.PACKAGES[tracker][-1]}, say in the job's setup)", Meaning.WARN)
+    if tracker is not Tracker.MLFLOW or trackers.MLFLOW_RUN_VAR in m.env:
         return plan
     with console.waiting(f"creating the MLflow run on {m.host.name}"):
         r = session.transports[m.host.name].run(
