@@ -252,8 +252,8 @@ class Backend(ABC):
         raise self.refuse("pull")
 
     # ---- lab tools ----------------------------------------------------------------------
-    def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
-        """`fleet gpus`: the GPUs and leases of the inventory's hosts (or `nodes`)."""
+    def survey(self, inventory: Path, nodes: Selection) -> GpuSurvey:
+        """`fleet gpus`: the GPUs and leases of the inventory's hosts (those `nodes` keeps)."""
         raise self.refuse("survey")
 
     def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:

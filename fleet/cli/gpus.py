@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fleet.cli.app import InvOpt, echo, job_given
+from fleet.cli.app import ExcludeOpt, InvOpt, echo, job_given, selection
 from fleet.console import Console, Meaning, interactive
 from fleet.errors import ExitCode, FleetError, Interrupted, UsageError
 from fleet.facts.gpus import GpuFacts
@@ -49,6 +49,7 @@ NodeOpt = Annotated[list[str] | None, typer.Option(
 
 
 def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
+         exclude: ExcludeOpt = None,
          watch: Annotated[bool, typer.Option(
              "--watch", "-w", help="Refresh in place until Ctrl-C (off a terminal: a new table, "
                                    "or JSON line with --json, each time).")] = False,
@@ -66,7 +67,7 @@ def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     inv = _inventory(path, inventory)
     backend = backends.for_inventory(inv)
     console = Console()
-    survey = backend.survey(inv, node or [])
+    survey = backend.survey(inv, selection(node, exclude))
     watched: dict[str, float] = {}
     try:
         if not watch:
@@ -243,7 +244,7 @@ def _check_targets(console: Console, backend: Backend, inventory: Path,
                    wanted: list[tuple[str, tuple[int, ...] | None]]) -> None:
     """GPUs that do not exist are refused before anything is written; processes already on the
     GPUs are named (a lease keeps fleet runs off, it stops nothing)."""
-    survey = backend.survey(inventory, sorted({host for host, _ in wanted}))
+    survey = backend.survey(inventory, selection(sorted({host for host, _ in wanted}), []))
     try:
         with console.waiting("asking the hosts"):
             results = survey.look()
@@ -284,7 +285,7 @@ def _refusal(t: Taken) -> str:
 
 
 def _list(console: Console, backend: Backend, inventory: Path) -> None:
-    survey = backend.survey(inventory, [])
+    survey = backend.survey(inventory, selection([], []))
     try:
         with console.waiting("asking every host"):
             results = survey.look()

@@ -22,6 +22,7 @@ from fleet.cli.app import (
     echo,
     job_given,
     selected,
+    selection,
 )
 from fleet.errors import UsageError
 from fleet.timespan import parse_duration
@@ -205,7 +206,7 @@ def trust(path: Annotated[Path, typer.Argument(
               help="Job file, as every command takes (its inventory's hosts), or an inventory "
                    "file: a job has `script` (or `module`, `command`), an inventory `[[hosts]]` "
                    "or `[slurm]`.")],
-          inventory: InvOpt = None,
+          inventory: InvOpt = None, node: NodeOpt = None, exclude: ExcludeOpt = None,
           accept: Annotated[bool, typer.Option(
               "--accept", help="Record the NEW keys shown (a CHANGED key never is).")] = False,
           to: Annotated[str, typer.Option(
@@ -217,7 +218,7 @@ def trust(path: Annotated[Path, typer.Argument(
     """Show each host's key fingerprint; --accept records the new ones."""
     from fleet import backends
     from fleet import trust as fleet_trust
-    from fleet.config import hostkeys
+    from fleet.config import hostkeys, select
     from fleet.trust import KeyState
 
     if to not in ("known_hosts", "inventory"):
@@ -228,6 +229,7 @@ def trust(path: Annotated[Path, typer.Argument(
     if inv is None:
         echo("the login node is this machine: no host key to trust")
         return
+    inv = select.narrowed(inv, selection(node, exclude))
     statuses = fleet_trust.survey(inv)
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:

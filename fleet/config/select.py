@@ -42,10 +42,18 @@ def check(inventory: Inventory, sel: Selection) -> None:
                              f"{inventory.path}; its hosts: {', '.join(names)}")
 
 
-def hosts(inventory: Inventory, sel: Selection) -> list[Host]:
-    """Every host kept, spares too (`fleet exec`: they are hosts a job may come to use)."""
+def narrowed(inventory: Inventory, sel: Selection) -> Inventory:
+    """The hosts and spares kept, whichever are left (`fleet exec`, `trust`: spares are hosts a
+    job may come to use)."""
     check(inventory, sel)
-    return [h for h in inventory.every_host if sel.keeps(h.name)]
+    return dataclasses.replace(
+        inventory, hosts=tuple(h for h in inventory.hosts if sel.keeps(h.name)),
+        spares=tuple(h for h in inventory.spares if sel.keeps(h.name)))
+
+
+def hosts(inventory: Inventory, sel: Selection) -> list[Host]:
+    """Every host kept, spares too, in the inventory's order."""
+    return list(narrowed(inventory, sel).every_host)
 
 
 def selected(inventory: Inventory, sel: Selection) -> Inventory:

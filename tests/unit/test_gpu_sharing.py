@@ -21,6 +21,7 @@ from fleet.backends.base import Options
 from fleet.cli.app import optional_values
 from fleet.cli.job_commands import wait_seconds
 from fleet.config.job import load_job
+from fleet.config.select import Selection
 from fleet.console import Console
 from fleet.errors import UsageError
 from fleet.facts.gpus import GPU_SCRIPT, parse_gpus
@@ -399,7 +400,7 @@ def test_slurm_refuses_gpu_sharing_with_its_reason(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.toml"
     cluster.write_text('[slurm]\nlogin = "hpc.example.org"\nnodes = 2\n')
     backend = backends.for_inventory(cluster)
-    for call in (lambda: backend.survey(cluster, []),
+    for call in (lambda: backend.survey(cluster, Selection()),
                  lambda: backend.lease(cluster, "n1", LeaseOrder.take((0,), 60))):
         with pytest.raises(UsageError, match="Slurm allocates a cluster's GPUs itself"):
             call()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.config.inventory import Host, Inventory
-from fleet.config.select import Selection, hosts, selected
+from fleet.config.select import Selection, hosts, narrowed, selected
 from fleet.errors import UsageError
 from tests.conftest import InProcessCLI
 
@@ -44,7 +44,8 @@ def test_an_unknown_name_or_no_host_left_is_an_error(sel: Selection, words: str)
     assert words in str(e.value)
 
 
-def test_exec_may_run_on_spares_alone() -> None:
+def test_exec_and_trust_may_work_on_spares_alone() -> None:
+    assert names(narrowed(INV, Selection(node=("s",)))) == ([], ["s"])
     assert [h.name for h in hosts(INV, Selection(node=("s",)))] == ["s"]
     assert [h.name for h in hosts(INV, Selection(exclude=("a", "b")))] == ["c", "s"]
     with pytest.raises(UsageError, match="--exclude: no host named q"):
@@ -81,6 +82,16 @@ def test_every_job_command_refuses_a_bad_choice_before_connecting(
     r = fleet_cli(command, str(job), "-x", "a", "-x", "b", "--exclude", "c")
     assert r.returncode == 2 and "leaves no host of" in r.stderr, r.stderr
     assert not (tmp_path / ".fleet").exists() or not any((tmp_path / ".fleet").iterdir())
+
+
+@pytest.mark.parametrize("command", [("trust",), ("gpus",), ("exec",)])
+def test_the_other_commands_that_take_a_job_refuse_an_unknown_name(
+        tmp_path: Path, fleet_cli: InProcessCLI, command: tuple[str, ...]) -> None:
+    job = files(tmp_path)
+    tail = ["--", "hostname"] if command == ("exec",) else []
+    r = fleet_cli(*command, str(job), "--exclude", "nope", *tail)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--exclude: no host named nope in " in r.stderr and "its hosts: a, b, c" in r.stderr
 
 
 def test_a_slurm_cluster_has_no_hosts_to_choose(tmp_path: Path, fleet_cli: InProcessCLI) -> None:

@@ -21,6 +21,7 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import pull as fleet_pull
 from fleet.backends.hosts.run import HostsRun, prepare
 from fleet.backends.hosts.setup import Decision
+from fleet.config import select
 from fleet.config.inventory import BackendKind, Inventory, load_inventory
 from fleet.config.job import Job
 from fleet.config.select import Selection, load_selected
@@ -200,8 +201,8 @@ class HostsBackend(Launch, Recorded, LabTools):
              every: bool) -> dict[str, Pulled | Exception]:
         return fleet_pull.pull(rec, self.manifest(rec, console), console, paths, to, every)
 
-    def survey(self, inventory: Path, nodes: list[str]) -> GpuSurvey:
-        return gpus.Survey(fleet_exec.chosen(load_inventory(inventory), nodes))
+    def survey(self, inventory: Path, nodes: Selection) -> GpuSurvey:
+        return gpus.Survey(select.hosts(load_inventory(inventory), nodes))
 
     def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
         return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], order)
