@@ -695,10 +695,11 @@ class Testbed:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            # The attempt's own id, or the run's (every attempt has it): a run's processes are
-            # found whichever attempt they are of.
-            ids = {f"FLEET_RUN_ID={run_id}".encode(), f"FLEET_ATTEMPT_ID={run_id}".encode()}
-            if ids & set(env):
+            # As fleet's run_pids.sh: the attempt's own id (every attempt of a run has the
+            # run's FLEET_RUN_ID), else FLEET_RUN_ID where there is no attempt id.
+            attempts = [e for e in env if e.startswith(b"FLEET_ATTEMPT_ID=")]
+            if (f"FLEET_ATTEMPT_ID={run_id}".encode() in attempts if attempts
+                    else f"FLEET_RUN_ID={run_id}".encode() in env):
                 found.append(pid)
         return found
 
