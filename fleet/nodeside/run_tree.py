@@ -1,6 +1,7 @@
 """The run's processes by descent, recorded in the run directory's `procs` while they live: a
-process that sheds FLEET_RUN_ID and its session (`setsid env -u FLEET_RUN_ID ...`), or whose
-parent ends so that it is re-parented to PID 1, keeps no link to the run but this record. Every
+process that sheds the run's variables and its session (`setsid env -u FLEET_ATTEMPT_ID -u
+FLEET_RUN_ID ...`), or whose parent ends so that it is re-parented to PID 1, keeps no link to
+the run but this record. Every
 TICK_S the process tree is read; each process of this user whose parent is the wrapper or one
 recorded before (the same pid with the same start time: a pid may be reused) is appended as a
 line `<pid> <start>` (start time in clock ticks since boot, field 22 of /proc/PID/stat); the

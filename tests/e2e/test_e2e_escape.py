@@ -1,7 +1,8 @@
-"""A job's process that leaves the run's environment and session (`setsid env -u FLEET_RUN_ID`)
-is still the run's: fail-fast and `fleet stop` end it, and spare a process of the same user that
-is not the run's; a job that empties the record of its processes first, and kills the watcher
-that keeps it, moves neither the run's start nor its session (fleet recorded them at the start)."""
+"""A job's process that leaves the run's environment and session (`setsid env -u FLEET_RUN_ID
+-u FLEET_ATTEMPT_ID`) is still the run's: fail-fast and `fleet stop` end it, and spare a process
+of the same user that is not the run's; a job that empties the record of its processes first,
+and kills the watcher that keeps it, moves neither the run's start nor its session (fleet
+recorded them at the start)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.e2e
 # the host sees it); node rank 0 then fails after FAIL_AFTER seconds (0: never).
 SLEEP, BYSTANDER = b"sleep\x00987\x00", b"sleep\x00654\x00"
 ESCAPE = """\
-setsid env -u FLEET_RUN_ID sleep 987 < /dev/null > /dev/null 2>&1 &
+setsid env -u FLEET_RUN_ID -u FLEET_ATTEMPT_ID sleep 987 < /dev/null > /dev/null 2>&1 &
 echo "escaped $!"
 if [ "$FLEET_NODE_RANK" = 0 ] && [ "$1" != 0 ]; then sleep "$1"; exit 1; fi
 sleep 300
@@ -40,7 +41,7 @@ d=$FLEET_RUN_DIR
 i=0
 while [ ! -s "$d/procs" ] && [ "$i" -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
 : > "$d/procs"
-e=$(setsid env -u FLEET_RUN_ID sleep 987 < /dev/null > /dev/null 2>&1 &
+e=$(setsid env -u FLEET_RUN_ID -u FLEET_ATTEMPT_ID sleep 987 < /dev/null > /dev/null 2>&1 &
     i=0
     while ! grep -q "^$! " "$d/procs" && [ "$i" -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
     echo "$!")

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 # at most) and then writes the success the job never had.
 FORGER = '''d=$FLEET_RUN_DIR
 case $d in "~/"*) d="$HOME/${d#"~/"}" ;; esac
-setsid env -u FLEET_RUN_ID sh -c '
+setsid env -u FLEET_RUN_ID -u FLEET_ATTEMPT_ID sh -c '
   i=0
   while [ ! -e "$1/forge" ] && [ "$i" -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
   echo 0 > "$1/exit_code"
