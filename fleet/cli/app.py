@@ -156,7 +156,8 @@ ExtraArgs = Annotated[list[str] | None, typer.Argument(
          "--resume), or in the place of the word \"{args}\" where the job's args hold it.")]
 NodeOpt = Annotated[list[str] | None, typer.Option(
     "--node", metavar="NODE",
-    help="Only this host of the inventory (repeat for more); the first one left is the master.")]
+    help="Only this host of the inventory (repeat for more); default: every host. A run's "
+         "master is the first host left, in the inventory's order.")]
 ExcludeOpt = Annotated[list[str] | None, typer.Option(
     "--exclude", "-x", metavar="NODE",
     help="Leave this host of the inventory out (repeat for more), as pdsh -x does.")]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fleet.cli.app import ExcludeOpt, InvOpt, echo, job_given, selection
+from fleet.cli.app import ExcludeOpt, InvOpt, NodeOpt, echo, job_given, selection
 from fleet.console import Console, Meaning, interactive
 from fleet.errors import ExitCode, FleetError, Interrupted, UsageError
 from fleet.facts.gpus import GpuFacts
@@ -44,8 +44,6 @@ def _inventory(path: Path | None, inventory: Path | None) -> Path:
 Where = Annotated[Path | None, typer.Argument(
     metavar="[JOB|INVENTORY]", callback=job_given,
     help="A job file (its inventory's hosts) or an inventory file; or give -i.")]
-NodeOpt = Annotated[list[str] | None, typer.Option(
-    "--node", metavar="NAME", help="Only this host (repeat for more); default: every host.")]
 
 
 def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
