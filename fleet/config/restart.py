@@ -27,6 +27,7 @@ class Restart:
     max: int = 0  # attempts after the first
     on: tuple[Ending, ...] = (Ending.FAIL, Ending.HANG, Ending.LOST)
     backoff: float = 10.0  # seconds before the second attempt, doubled for each one after
+    checkpoints: str = ""  # the job's checkpoint directory, relative to its directory on a node
 
     def wait(self, attempt: int) -> float:
         """The wait before attempt number `attempt` (2 for the first restart)."""
@@ -54,5 +55,19 @@ def take_restart(t: Table, hang_timeout: float | None) -> Restart:
     if not 0 <= backoff <= BACKOFF_MAX_S:
         raise t.error("backoff", f"must be a number of seconds from 0 to {BACKOFF_MAX_S:g}, "
                                  f"not {backoff:g}")
+    checkpoints = take_checkpoints(t)
     t.done()
-    return Restart(count, tuple(dict.fromkeys(on)), backoff)
+    return Restart(count, tuple(dict.fromkeys(on)), backoff, checkpoints)
+
+
+def take_checkpoints(t: Table) -> str:
+    """`checkpoints`: a directory inside the job's own on each node (what fleet replicates
+    between the nodes names files there and nowhere else), as "ckpt" ("" where not set)."""
+    path = t.take("checkpoints", str, "")
+    if not t.has("checkpoints"):
+        return ""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if path.startswith(("/", "~")) or ".." in parts or not parts:
+        raise t.error("checkpoints", "must be a directory inside the job's directory, relative "
+                                     f'to it (like "ckpt/"), not {path!r}')
+    return "/".join(parts)
