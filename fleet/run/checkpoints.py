@@ -61,27 +61,34 @@ def save(run_dir: Path, kept: dict[str, Kept]) -> None:
 
 def fresh(kept: dict[str, Kept], settled: dict[str, dict[str, Seen]],
           listings: dict[str, dict[str, Seen]]) -> list[Copy]:
-    """The copies one poll calls for, oldest file first: each file settled on a node (`settled`,
-    per node) that fleet has not recorded at that size and mtime goes from that node to every
-    other listed node (`listings`) that lacks it, or holds a version fleet placed there itself
-    (an older `last.ckpt`); a node holding a version of its own is never written over. The
-    record gets each new file (its writer and holders), even where no node lacks it."""
+    """The copies one poll calls for, newest file first (a job that prunes fast may prune an
+    older one before its turn): each file settled on a node (`settled`, per node) that fleet
+    has not copied yet at that size and mtime goes from that node to every other listed node
+    (`listings`) that lacks it, or holds a version fleet placed there itself (an older
+    `last.ckpt`); a node holding a version of its own is never written over. The record gets
+    each new file (its writer and holders), even where no node lacks it; one whose copy failed
+    is asked for again by the next poll."""
     copies: list[Copy] = []
     new: dict[str, tuple[str, Seen]] = {}
     for node in sorted(settled):
         for rel, seen in settled[node].items():
             k = kept.get(rel)
-            if (k is None or k.seen != seen) and rel not in new:
+            if (k is None or k.seen != seen or not k.sha256) and rel not in new:
                 new[rel] = (node, seen)
-    for rel, (writer, seen) in sorted(new.items(), key=lambda kv: kv[1][1].mtime_ns):
+    for rel, (writer, seen) in sorted(new.items(), key=lambda kv: -kv[1][1].mtime_ns):
         before = kept.get(rel)
+        if before is not None and before.seen == seen:
+            writer = before.writer
         holders = [n for n, files in sorted(listings.items()) if files.get(rel) == seen]
         targets = tuple(n for n, files in sorted(listings.items()) if n not in holders and (
             rel not in files or (before is not None and files[rel] == before.seen
                                  and n in before.holders)))
-        kept[rel] = Kept(rel, seen.size, seen.mtime_ns, writer, holders=holders or [writer])
+        kept[rel] = Kept(rel, seen.size, seen.mtime_ns, writer,
+                         holders=holders or [writer]) if before is None or before.seen != seen \
+            else before
         if targets:
-            copies.append(Copy(kept[rel], writer, targets))
+            copies.append(Copy(kept[rel], writer if writer in holders or not holders
+                               else holders[0], targets))
     return copies
 
 

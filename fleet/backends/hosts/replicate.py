@@ -109,7 +109,13 @@ class Keeper:
         for c in copies:
             if self.done.is_set():
                 raise Stopped
-            secs = self._copy(c.kept, c.source, list(c.targets), throttle=True)
+            try:
+                secs = self._copy(c.kept, c.source, list(c.targets), throttle=True)
+            except (FleetError, OSError) as e:  # gone meanwhile (pruned), or a node away
+                self._drop(c.source)
+                self._once(f"checkpoint {self._name(c.kept)} not copied from {c.source} ({e}); "
+                           "tried again while it is there")
+                continue
             self.console.info(self._words(c.kept, c.source, list(c.targets), secs))
             book.save(self.dir, self.kept)
 
