@@ -211,17 +211,23 @@ def test_the_keeper_copies_verifies_prunes_and_restores(tmp_path: Path,
         k.ready(2, {"n1": "s1"}, ["n1"])
         assert "fleet: checkpoint e2.pt (293.0 KiB) is on every node already\n" in \
             out.getvalue(), out.getvalue()
-        # s1 lost its copy: it comes from n2 before the next attempt.
+        # n2 is lost instead, and n1 wrote e3 after the last look: whole once it stays the same
+        # a moment after the job's end, it is the newest, and goes to the spare.
         k.pause()
-        (ckpt_dir(tmp_path, "s1", job.slot) / "e2.pt").unlink()
-        k.ready(2, {"n1": "s1"}, ["n1"])
-        assert "fleet: checkpoint e2.pt (293.0 KiB) from n2 to s1, " in out.getvalue()
+        (n1 / "e3.pt").write_bytes(os.urandom(1000))
+        k.ready(2, {"n2": "s1"}, ["n2"])
+        assert "fleet: checkpoint e3.pt (1000 bytes) from n1 to s1, " in out.getvalue()
+        # n1 is lost: n2 lacks e3, which comes from s1.
+        k.pause()
+        k.ready(3, {"n1": "s1"}, ["n1"])
+        assert "fleet: checkpoint e3.pt (1000 bytes) from s1 to n2, " in out.getvalue()
         # no survivor holds any: said plainly.
         k.pause()
         for node in ("n2", "s1"):
-            (ckpt_dir(tmp_path, node, job.slot) / "e2.pt").unlink()
-        k.ready(2, {"n1": "s1"}, ["n1"])
+            for f in ckpt_dir(tmp_path, node, job.slot).iterdir():
+                f.unlink()
+        k.ready(4, {"n1": "s1"}, ["n1"])
         assert ("fleet: checkpoint: no node left holds one in ckpt/ (the newest fleet saw, "
-                "e2.pt, was on n1, n2, s1): attempt 2 starts from scratch\n") in out.getvalue()
+                "e3.pt, was on n1, n2, s1): attempt 4 starts from scratch\n") in out.getvalue()
     finally:
         k.close()

@@ -35,6 +35,7 @@ from fleet.transport.transfer.wanted import Want
 POLL_S = 2.0  # between two looks at the nodes' checkpoint directories
 RATE = 64 << 20  # bytes a second read from a training node: the job's disk and link come first
 LIST_S = 15.0  # one listing's limit: a node that does not answer in it is left for this poll
+SETTLE_S = 1.0  # before a restart: a file unchanged this long after the job's end is whole
 STAGE = "checkpoint.part"  # in the run's record: the file on its way, removed after each copy
 
 
@@ -125,8 +126,13 @@ class Keeper:
         attempt lost are not asked), or fleet says plainly that there is none."""
         asked = [h for h in self._all() if h.name not in lost]
         listings = self._listings(asked)
-        # The job is stopped: what it wrote before its end, unchanged since, has settled too.
         settled = {n: fact.settled(self.before.get(n), files) for n, files in listings.items()}
+        if any(settled[n] != files for n, files in listings.items()):
+            # Written since the last look (or a node not looked at yet): the job is stopped,
+            # so what has not changed a moment later is whole, and may be the newest.
+            time.sleep(SETTLE_S)
+            first, listings = listings, self._listings(asked)
+            settled = {n: fact.settled(first.get(n), files) for n, files in listings.items()}
         book.fresh(self.kept, settled, listings)
         k, holders = book.newest_held(self.kept, listings)
         scratch = f"attempt {attempt} starts from scratch"
