@@ -55,7 +55,7 @@ for i in range(steps):
 dist.destroy_process_group()
 '''
 # The same job with a checkpoint: rank 0 alone saves one (1 MiB, the next step to run) every
-# CKPT_EVERY steps into ckpt/, keeps the newest two, and every rank resumes from the newest in
+# 10 steps (2 s) into ckpt/, keeps the newest four, and every rank resumes from the newest in
 # its own node's ckpt/ (the hosts share no home): what fleet replicated is what it resumes from.
 CKPT_SCRIPT = SCRIPT.replace('''t = torch.ones(1)
 for i in range(steps):''', '''t = torch.ones(1)
@@ -67,10 +67,10 @@ begin = torch.load(saved[-1])["step"] if saved else 0
 if begin:
     print(f"attempt {attempt} resumed at step {begin}", flush=True)
 for i in range(begin, begin + steps):
-    if dist.get_rank() == 0 and i and i % 5 == 0:
+    if dist.get_rank() == 0 and i and i % 10 == 0:
         torch.save({"step": i, "w": torch.zeros(1 << 18)}, ckpt / "next.tmp")
         (ckpt / "next.tmp").rename(ckpt / f"step={i}.pt")
-        for old in sorted(ckpt.glob("step=*.pt"), key=lambda p: int(p.stem[5:]))[:-2]:
+        for old in sorted(ckpt.glob("step=*.pt"), key=lambda p: int(p.stem[5:]))[:-4]:
             old.unlink()''')
 CKPT_AT = 10  # the checkpoint fleet must have copied before the master is killed
 FIRST_STEPS = 300  # 60 s at most: the kill comes after KILL_AT steps

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -35,8 +36,9 @@ from fleet.transport.transfer.wanted import Want
 POLL_S = 2.0  # between two looks at the nodes' checkpoint directories
 RATE = 64 << 20  # bytes a second read from a training node: the job's disk and link come first
 LIST_S = 15.0  # one listing's limit: a node that does not answer in it is left for this poll
+PAUSE_S = 2.0  # the most a restart waits for the watch's thread to end
 SETTLE_S = 1.0  # before a restart: a file unchanged this long after the job's end is whole
-STAGE = "checkpoint.part"  # in the run's record: the file on its way, removed after each copy
+STAGE = "checkpoint-"  # in the run's record: a file on its way, removed after each copy
 
 
 class Stopped(Exception):
@@ -72,13 +74,16 @@ class Keeper:
             self.restore(list(inv.hosts), set(lost), attempt)
         self.before = {}
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._keep, daemon=True, name="fleet-ckpt")
+        self.thread = threading.Thread(target=self._keep, args=(self.done,), daemon=True,
+                                       name="fleet-ckpt")
         self.thread.start()
 
     def pause(self) -> None:
+        """The watch ends. A look at a node that does not answer is not waited for (a restart
+        is not held by it): that thread changes nothing once it returns."""
         self.done.set()
         if self.thread is not None:
-            self.thread.join(60.0)
+            self.thread.join(PAUSE_S)
             self.thread = None
 
     def close(self) -> None:
@@ -88,18 +93,21 @@ class Keeper:
         self.conns.clear()
 
     # ---- while an attempt runs ------------------------------------------------------------
-    def _keep(self) -> None:
-        while not self.done.wait(POLL_S):
+    def _keep(self, done: threading.Event) -> None:
+        while not done.wait(POLL_S):
             try:
-                self.poll()
+                self.poll(done)
             except Stopped:
                 return
             except Exception as e:  # noqa: BLE001 - the run goes on; said once, tried again
                 self._once(f"checkpoint: copying stopped for now ({e})")
 
-    def poll(self) -> None:
+    def poll(self, done: threading.Event | None = None) -> None:
         """One look at every node, then the copies and prunes it calls for."""
+        done = done or threading.Event()
         listings = self._listings(self.nodes)
+        if done.is_set():
+            raise Stopped
         settled = {n: fact.settled(self.before.get(n), files) for n, files in listings.items()}
         self.before.update(listings)
         copies = book.fresh(self.kept, settled, listings)
@@ -108,10 +116,10 @@ class Keeper:
                 self._remove(n, rel)
         book.save(self.dir, self.kept)
         for c in copies:
-            if self.done.is_set():
+            if done.is_set():
                 raise Stopped
             try:
-                secs = self._copy(c.kept, c.source, list(c.targets), throttle=True)
+                secs = self._copy(c.kept, c.source, list(c.targets), throttle=done)
             except (FleetError, OSError) as e:  # gone meanwhile (pruned), or a node away
                 self._drop(c.source)
                 self._once(f"checkpoint {self._name(c.kept)} not copied from {c.source} ({e}); "
@@ -151,7 +159,7 @@ class Keeper:
         else:
             source = k.writer if k.writer in holders else holders[0]
             try:
-                secs = self._copy(k, source, lacking, throttle=False)
+                secs = self._copy(k, source, lacking, throttle=None)
             except (FleetError, OSError) as e:
                 self.console.info(f"checkpoint {self._name(k)} could not be copied from "
                                   f"{source} to {', '.join(lacking)} ({e}): {scratch} there")
@@ -160,19 +168,20 @@ class Keeper:
         book.save(self.dir, self.kept)
 
     # ---- one copy -------------------------------------------------------------------------
-    def _copy(self, k: book.Kept, source: str, targets: list[str], throttle: bool) -> float:
+    def _copy(self, k: book.Kept, source: str, targets: list[str],
+              throttle: threading.Event | None) -> float:
         """k's file from `source` to `targets`: fetched here (the node hashed what it sent, this
         machine what it received), then relayed to the targets (each hashed what it wrote);
-        every hash the same, else FleetError. Lands 0600, with the job's own mtime. Seconds."""
+        every hash the same, else FleetError. Lands 0600, with the job's own mtime. With
+        `throttle` (the watch's end), read at RATE at most. Seconds."""
         began = time.monotonic()
         by = {h.name: h for h in self._all()}
-        stage = self.dir / STAGE
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.mkdir(parents=True)
+        stage = Path(tempfile.mkdtemp(prefix=STAGE, dir=self.dir))
         try:
             src = by[source]
             got = fetch(self._conn(src), src.python, self._job_dir(src),
-                        [Want(k.rel, k.size)], stage, self._throttle() if throttle else None)
+                        [Want(k.rel, k.size)], stage,
+                        self._throttle(throttle) if throttle is not None else None)
             sha = got.get(k.rel)
             path = stage / k.rel
             if sha is None or not path.is_file() or path.stat().st_size != k.size:
@@ -200,11 +209,11 @@ class Keeper:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
-    def _throttle(self) -> Callable[[int], None]:
+    def _throttle(self, done: threading.Event) -> Callable[[int], None]:
         began, sent = time.monotonic(), [0]
 
         def received(n: int) -> None:
-            if self.done.is_set():
+            if done.is_set():
                 raise Stopped
             sent[0] += n
             ahead = sent[0] / RATE - (time.monotonic() - began)
