@@ -29,6 +29,7 @@ from fleet.run import checkpoints as book
 from fleet.run import record as state
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
+from fleet.transport.group import each
 from fleet.transport.sync import Scan
 from fleet.transport.transfer import Dir, Target, fetch, human, move
 from fleet.transport.transfer.wanted import Want
@@ -239,9 +240,10 @@ class Keeper:
         return self._conn(h).path(nodemap.code_dir(h.workdir, self.job.slot))
 
     def _conn(self, h: Host) -> Transport:
-        if h.name not in self.conns:
-            self.conns[h.name] = open_transport(h)
-        return self.conns[h.name]
+        t = self.conns.get(h.name)
+        if t is None:  # each host's own thread opens it (_listings): no two race for one
+            t = self.conns[h.name] = open_transport(h)
+        return t
 
     def _drop(self, name: str) -> None:
         t = self.conns.pop(name, None)
@@ -249,17 +251,20 @@ class Keeper:
             t.close()
 
     def _listings(self, hosts: list[Host]) -> dict[str, dict[str, fact.Seen]]:
-        """Each node's checkpoint files; a node that cannot be asked now is left out."""
+        """Each node's checkpoint files, asked of all at once; a node that cannot be asked now
+        is left out."""
+        def ask(h: Host) -> dict[str, fact.Seen] | None:
+            r = self._conn(h).run(fact.command(h.python, self._job_dir(h), self.ckpt),
+                                  timeout=LIST_S, what="list the checkpoints")
+            return fact.parse(r.out, self.ckpt).files if r.ok else None
         out = {}
-        for h in hosts:
-            try:
-                r = self._conn(h).run(fact.command(h.python, self._job_dir(h), self.ckpt),
-                                      timeout=LIST_S, what="list the checkpoints")
-            except FleetError:
-                self._drop(h.name)
-                continue
-            if r.ok:
-                out[h.name] = fact.parse(r.out, self.ckpt).files
+        for name, got in each(((h.name, h) for h in hosts), ask).items():
+            if isinstance(got, FleetError):
+                self._drop(name)
+            elif isinstance(got, Exception):
+                raise got
+            elif got is not None:
+                out[name] = got
         return out
 
     # ---- words ----------------------------------------------------------------------------
