@@ -186,7 +186,8 @@ class Keeper:
             sha = got.get(k.rel)
             path = stage / k.rel
             if sha is None or not path.is_file() or path.stat().st_size != k.size:
-                raise TransportError(f"{source}: {k.rel} changed or went while it was copied")
+                raise TransportError(f"{source} did not send {k.rel} (gone, or changed since "
+                                     "it was listed)")
             os.chmod(path, 0o600)  # never the node's mode: the job's data, for the job alone
             os.utime(path, ns=(k.mtime_ns, k.mtime_ns))
             nodes = []
