@@ -54,6 +54,25 @@ for i in range(steps):
     time.sleep(0.2)
 dist.destroy_process_group()
 '''
+# The same job with a checkpoint: rank 0 alone saves one (1 MiB, the next step to run) every
+# 10 steps (2 s) into ckpt/, keeps the newest four, and every rank resumes from the newest in
+# its own node's ckpt/ (the hosts share no home): what fleet replicated is what it resumes from.
+CKPT_SCRIPT = SCRIPT.replace('''t = torch.ones(1)
+for i in range(steps):''', '''t = torch.ones(1)
+from pathlib import Path
+ckpt = Path("ckpt")
+ckpt.mkdir(exist_ok=True)
+saved = sorted(ckpt.glob("step=*.pt"), key=lambda p: int(p.stem[5:]))
+begin = torch.load(saved[-1])["step"] if saved else 0
+if begin:
+    print(f"attempt {attempt} resumed at step {begin}", flush=True)
+for i in range(begin, begin + steps):
+    if dist.get_rank() == 0 and i and i % 10 == 0:
+        torch.save({"step": i, "w": torch.zeros(1 << 18)}, ckpt / "next.tmp")
+        (ckpt / "next.tmp").rename(ckpt / f"step={i}.pt")
+        for old in sorted(ckpt.glob("step=*.pt"), key=lambda p: int(p.stem[5:]))[:-4]:
+            old.unlink()''')
+CKPT_AT = 10  # the checkpoint fleet must have copied before the master is killed
 FIRST_STEPS = 300  # 60 s at most: the kill comes after KILL_AT steps
 AFTER_STEPS = 3  # the attempt after the loss (and the ideal's fresh run) then succeeds
 KILL_AT = 5  # steps of the first attempt printed before its node2 is killed
@@ -65,6 +84,8 @@ HEAL_TIMEOUT = 120  # seconds from the kill to the next attempt's first line
 POLL_S = 0.05  # how often the hosts are searched for a run's processes
 IDLE_WAIT_S = 5.0  # the settling before each measurement, bounded: others share this machine
 STEP = re.compile(r"\| attempt (\d+) step (\d+)$")
+COPIED = re.compile(r"fleet: checkpoint step=(\d+)\.pt \(\S+ \S+\) from (\S+) to ")
+RESUMED = re.compile(r"\| attempt 2 resumed at step (\d+)$")
 
 
 def step_line(proc: Proc, attempt: int, step: int | None = None) -> Line | None:
@@ -121,6 +142,9 @@ class Healed:
     backoff: float | None = None  # to attempt 2's `run RUN-a2:` line
     launch: Launch = field(default_factory=Launch)
     spare_ran: bool = False  # attempt 2 has a run directory on the spare
+    restore: float | None = None  # replicated: `restart: attempt 2/2` to the checkpoint line
+    said: str = ""  # ... that line
+    resumed: int | None = None  # ... the step attempt 2 resumed at (from the job's own line)
 
 
 @dataclass
@@ -174,15 +198,27 @@ def cleanup(tb: Testbed, run_ids: list[str], hosts: list[TbHost]) -> dict[str, l
     return {k: v for k, v in found.items() if v}
 
 
-def fleet_once(sc: Scratch, k: int, silent: bool) -> Healed:
+def copied(proc: Proc, source: str) -> int:
+    """The newest checkpoint step fleet said it copied from `source` (-1: none yet)."""
+    return max((int(m.group(1)) for m in COPIED.finditer(proc.err_text())
+                if m.group(2) == source), default=-1)
+
+
+def fleet_once(sc: Scratch, k: int, silent: bool, replicated: bool = False) -> Healed:
+    """With `replicated`, the job checkpoints and fleet replicates it ([restart] checkpoints),
+    and the node killed is the master, once fleet copied its checkpoint of CKPT_AT or later."""
     tb = sc.tb
     node1, victim, spare = hosts_for(tb, k)
-    job = sc.job(f"heal{k}", SCRIPT, next_port(), args=[str(FIRST_STEPS), str(AFTER_STEPS)],
-                 extra=RESTART)
-    proc = sc.fleet("up", str(job), "-i", str(inventory(sc, [node1, victim], spare, k, "fleet")))
+    job = sc.job(f"heal{k}", CKPT_SCRIPT if replicated else SCRIPT, next_port(),
+                 args=[str(FIRST_STEPS), str(AFTER_STEPS)],
+                 extra=RESTART.replace("backoff = 0\n", 'backoff = 0\ncheckpoints = "ckpt/"\n')
+                 if replicated else RESTART)
+    order = [victim, node1] if replicated else [node1, victim]
+    proc = sc.fleet("up", str(job), "-i", str(inventory(sc, order, spare, k, "fleet")))
     run_id = ""
     try:
-        if not proc.until(lambda p: step_line(p, 1, KILL_AT) is not None, START_TIMEOUT):
+        if not proc.until(lambda p: step_line(p, 1, KILL_AT) is not None and (
+                not replicated or copied(p, victim.name) >= CKPT_AT), START_TIMEOUT):
             raise RuntimeError(f"fleet never printed step {KILL_AT}:\n{proc.err_text()[-3000:]}")
         run_id = run_id_of(proc) or ""
         t_kill = kill(tb, victim, silent)
@@ -195,10 +231,19 @@ def fleet_once(sc: Scratch, k: int, silent: bool) -> Healed:
         known = err_at(proc, t_kill, "stopping the job on every other node")
         decided = err_at(proc, t_kill, "restart: attempt 2/")
         again = err_at(proc, t_kill, f"run {run_id}-a2:")
-        return Healed(first.t - t_kill, since(known, t_kill), since(decided, known),
-                      since(again, decided),
-                      Launch.read(proc, again, first.t) if again is not None else Launch(),
-                      run_dir(spare, f"{run_id}-a2").is_dir())
+        healed = Healed(first.t - t_kill, since(known, t_kill), since(decided, known),
+                        since(again, decided),
+                        Launch.read(proc, again, first.t) if again is not None else Launch(),
+                        run_dir(spare, f"{run_id}-a2").is_dir())
+        if replicated and decided is not None:
+            with proc.cond:
+                line = next((x for x in proc.err if x.t >= decided and
+                             x.text.startswith("fleet: checkpoint")), None)
+                resumed = [int(m.group(1)) for x in proc.out if (m := RESUMED.search(x.text))]
+            healed.restore = since(line.t if line else None, decided)
+            healed.said = line.text if line else ""
+            healed.resumed = min(resumed) if resumed else None
+        return healed
     finally:
         proc.kill()
         if run_id:
@@ -207,14 +252,15 @@ def fleet_once(sc: Scratch, k: int, silent: bool) -> Healed:
                 raise RuntimeError(f"fleet left processes of the run behind: {found}")
 
 
-def ideal_once(sc: Scratch, k: int, silent: bool) -> Ideal:
+def ideal_once(sc: Scratch, k: int, silent: bool, replicated: bool = False) -> Ideal:
     """The same job detached (nothing watches it), node2 killed at the same step; at the kill
     + unreachable_after one SIGTERM to every process of the run left (common.ideal_stop) until
     none is left, then a fresh `fleet up` of the job on node1 and the spare, timed from its
     start to the job's first line."""
     tb = sc.tb
     node1, victim, spare = hosts_for(tb, k)
-    job = sc.job(f"ideal{k}", SCRIPT, next_port(), args=[str(FIRST_STEPS), str(AFTER_STEPS)])
+    script = CKPT_SCRIPT if replicated else SCRIPT
+    job = sc.job(f"ideal{k}", script, next_port(), args=[str(FIRST_STEPS), str(AFTER_STEPS)])
     up = sc.fleet("up", "--detach", str(job), "-i",
                   str(inventory(sc, [node1, victim], None, k, "old")))
     code = up.wait(START_TIMEOUT)
@@ -240,7 +286,7 @@ def ideal_once(sc: Scratch, k: int, silent: bool) -> Ideal:
                 gone = time.monotonic() - t_known
                 break
             time.sleep(POLL_S)
-        new = sc.job(f"fresh{k}", SCRIPT, next_port(), args=[str(AFTER_STEPS)] * 2)
+        new = sc.job(f"fresh{k}", script, next_port(), args=[str(AFTER_STEPS)] * 2)
         fresh = sc.fleet("up", str(new), "-i",
                          str(inventory(sc, [node1, spare], None, k, "fresh")))
         fresh.until(lambda p: step_line(p, 1) is not None or p.poll() is not None, HEAL_TIMEOUT)
@@ -264,7 +310,11 @@ def load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-LOSSES = (("killed (refuses at once)", False), ("cut off, then killed (silent)", True))
+# (the loss, silent, replicated): the third kills the master of a job that checkpoints on
+# rank 0 alone, on hosts that share no home, with [restart] checkpoints.
+LOSSES = (("killed (refuses at once)", False, False),
+          ("cut off, then killed (silent)", True, False),
+          ("killed without shared storage (master, replicated)", False, True))
 
 
 def run(cfg: Config) -> list[Table]:
@@ -274,14 +324,14 @@ def run(cfg: Config) -> list[Table]:
     with testbed(2 + 2 * reps * len(LOSSES), cfg) as tb:
         sc = Scratch(tb, "restart")
         k = 0
-        for loss, silent in LOSSES:
+        for loss, silent, replicated in LOSSES:
             fl: list[Healed] = []
             base: list[Ideal] = []
             for _ in range(reps):
                 wait_idle(IDLE_WAIT_S)
-                fl.append(fleet_once(sc, k, silent))
+                fl.append(fleet_once(sc, k, silent, replicated))
                 wait_idle(IDLE_WAIT_S)
-                base.append(ideal_once(sc, k + 1, silent))
+                base.append(ideal_once(sc, k + 1, silent, replicated))
                 k += 2
             results.append((loss, fl, base))
     return [table(results, reps, before, load(), time.monotonic() - t0)]
@@ -315,6 +365,12 @@ def table(results: list[tuple[str, list[Healed], list[Ideal]]], reps: int, befor
             f"{fmt(x.total)} / {fmt(y.total)}" for x, y in zip(fl, base, strict=True)))
         if not all(x.spare_ran for x in fl):
             t.problems.append(f"{loss}: attempt 2 did not run on the spare every time")
+        for x in (x for x in fl if x.said or x.resumed is not None):
+            t.notes.append(f"{loss}: {x.said.removeprefix('fleet: ')} ({fmt(x.restore)} after "
+                           f"the restart was decided); attempt 2 resumed at step {x.resumed}")
+            if x.resumed is None or x.resumed < CKPT_AT:
+                t.problems.append(f"{loss}: attempt 2 did not resume from the checkpoint "
+                                  f"replicated before the loss (step {CKPT_AT} or later)")
     t.notes.append(
         f"median of {reps} run(s) each, alternating; the phases are medians each (they need not "
         "add up to the median total). The job: torchrun of 1 Gloo rank on each of 2 nodes, "

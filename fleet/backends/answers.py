@@ -27,7 +27,7 @@ VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan"
          "pull": "fleet pull", "stop_part": "stopping one node's part of a run", "parts_left":
          "asking one node's part of a run", "survey": "fleet gpus", "lease":
          "fleet reserve and release", "execute": "fleet exec", "trust_inventory": "fleet trust",
-         "pin_keys": "fleet trust --to inventory"}
+         "pin_keys": "fleet trust --to inventory", "replicas": "[restart] checkpoints"}
 
 
 class Preview(Protocol):
@@ -36,3 +36,12 @@ class Preview(Protocol):
     def lines(self) -> list[str]: ...  # as `fleet plan` prints it
 
     def as_json(self) -> dict[str, object]: ...  # as `fleet plan --json` writes it
+
+
+class Replicas(Protocol):
+    """`[restart] checkpoints`: the job's checkpoints copied between the nodes while an attempt
+    runs, and the newest brought to every node of the next attempt before it starts."""
+
+    def ready(self, attempt: int, replace: dict[str, str], lost: list[str]) -> None: ...
+
+    def close(self) -> None: ...

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
-from fleet.backends.answers import VERBS, Preview, Seen
+from fleet.backends.answers import VERBS, Preview, Replicas, Seen
 from fleet.backends.checks import Check
 from fleet.config.inventory import BackendKind, Inventory
 from fleet.config.job import Job
@@ -196,6 +196,11 @@ class Backend(ABC):
     def spares(self, inventory: Path) -> list[str]:
         """The hosts that may take a lost node's place in a restart, in order (none: [])."""
         return []
+
+    def replicas(self, job: Job, console: Console, run_id: str) -> Replicas:
+        """`[restart] checkpoints`: what copies the run's checkpoints between its nodes (its
+        record is run `run_id`'s)."""
+        raise self.refuse("replicas")
 
     # ---- recorded runs ------------------------------------------------------------------
     def describe(self, rec: RunRecord) -> tuple[RunStatus, list[str]]:

@@ -35,6 +35,7 @@ class Restart:
     on: tuple[Ending, ...] = (Ending.FAIL, Ending.HANG, Ending.LOST)
     backoff: float = 10.0  # seconds before the second attempt, doubled for each one after
     tracker: Tracker | None = None  # every attempt writes to one run of this tracker
+    checkpoints: str = ""  # the job's checkpoint directory, relative to its directory on a node
 
     def wait(self, attempt: int) -> float:
         """The wait before attempt number `attempt` (2 for the first restart)."""
@@ -63,8 +64,10 @@ def take_restart(t: Table, hang_timeout: float | None) -> Restart:
         raise t.error("backoff", f"must be a number of seconds from 0 to {BACKOFF_MAX_S:g}, "
                                  f"not {backoff:g}")
     tracker = _tracker(t)
+    checkpoints = take_checkpoints(t)
     t.done()
-    return Restart(count, tuple(dict.fromkeys(on)), backoff, tracker)
+    return Restart(count, tuple(dict.fromkeys(on)), backoff, tracker=tracker,
+                   checkpoints=checkpoints)
 
 
 def _tracker(t: Table) -> Tracker | None:
@@ -76,3 +79,16 @@ def _tracker(t: Table) -> Tracker | None:
     except ValueError:
         names = ", ".join(f'"{e.value}"' for e in Tracker)
         raise t.error("tracker", f"must be one of {names}, not {word!r}") from None
+
+
+def take_checkpoints(t: Table) -> str:
+    """`checkpoints`: a directory inside the job's own on each node (what fleet replicates
+    between the nodes names files there and nowhere else), as "ckpt" ("" where not set)."""
+    path = t.take("checkpoints", str, "")
+    if not t.has("checkpoints"):
+        return ""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if path.startswith(("/", "~")) or ".." in parts or not parts:
+        raise t.error("checkpoints", "must be a directory inside the job's directory, relative "
+                                     f'to it (like "ckpt/"), not {path!r}')
+    return "/".join(parts)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from fleet import phrases
+from fleet.backends.answers import Replicas
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
 from fleet.console import Console
@@ -60,19 +61,26 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
         return ended if isinstance(ended, str) else conclude(ended, console, told)
     book = attempts.Book(job, policy, console, backend)
     left = attempts.Left(backend, console, book.run_id)
+    keeper = backend.replicas(job, console, book.run_id) if policy.checkpoints else None
     try:
-        return heal(backend, job, console, options, told, book, left)
+        return heal(backend, job, console, options, told, book, left, keeper)
     finally:
         left.cancel()
+        if keeper is not None:
+            keeper.close()
 
 
 def heal(backend: Backend, job: Job, console: Console, options: Options, told: notify.Told,
-         book: attempts.Book, left: attempts.Left) -> str:
+         book: attempts.Book, left: attempts.Left, keeper: Replicas | None = None) -> str:
     """Attempts until the policy says the run is over; what an attempt left on a node it lost
-    is stopped once the node answers (`left`), or named at the end."""
+    is stopped once the node answers (`left`), or named at the end. With `keeper`, each
+    attempt's nodes hold the newest checkpoint a survivor has before it starts."""
     policy = job.restart
     while True:
         opts = book.options(options)
+        if keeper is not None:
+            keeper.ready(opts.attempt, dict(opts.replace),
+                         book.attempts[-1].lost if book.attempts else [])
         try:
             ended = attempt(backend, book.job_for(opts.attempt), console, opts, told)
         except HostError as e:  # a spare not fit for the job: the next one, if any

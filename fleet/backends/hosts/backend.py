@@ -19,6 +19,7 @@ from fleet.backends.hosts import gpus, planview, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import pull as fleet_pull
+from fleet.backends.hosts.replicate import Keeper
 from fleet.backends.hosts.run import HostsRun, prepare
 from fleet.backends.hosts.setup import Decision
 from fleet.config import select
@@ -76,6 +77,9 @@ class HostsBackend(Launch, Recorded, LabTools):
 
     def spares(self, inventory: Path) -> list[str]:
         return [h.name for h in load_inventory(inventory).spares]
+
+    def replicas(self, job: Job, console: Console, run_id: str) -> Keeper:
+        return Keeper(job, console, run_id)
 
     def trust_inventory(self, path: Path) -> Inventory:
         return load_inventory(path)
