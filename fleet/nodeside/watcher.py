@@ -47,6 +47,7 @@ from fleet.nodeside.shared.watch_rules import (
 )
 
 STOP_WAIT_S = 30  # how long the watcher waits for stop.sh to end it, before it ends by itself
+MAX_LINKS = 4  # links the master's watcher holds per node of the run, strangers' included
 
 
 class Link:
@@ -54,8 +55,8 @@ class Link:
     own (what the other signs over), what has come in and not been read, the last number
     each way."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, opened: float = 0.0) -> None:
+        self.sock, self.opened = sock, opened
         self.mine = os.urandom(NONCE_BYTES).hex()
         self.theirs = ""
         self.buf = b""
@@ -147,7 +148,10 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
     token, nodes = cfg.token.encode(), frozenset(cfg.nodes)
     server = socket.socket(socket.AF_INET6 if ":" in cfg.addr else socket.AF_INET)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((cfg.addr, 0))
+    try:
+        server.bind((cfg.addr, 0))
+    except OSError:  # an address the others reach the master by, not the master's own (NAT)
+        server.bind(("", 0))
     server.listen(len(cfg.nodes) + 4)
     server.setblocking(False)
     port = os.path.join(run_dir, WATCHER_PORT)
@@ -166,7 +170,10 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
             if sock is server:
                 try:
                     conn, _ = server.accept()
-                    links.append(Link(conn))
+                    if len(links) < MAX_LINKS * len(cfg.nodes):
+                        links.append(Link(conn, now))
+                    else:
+                        conn.close()
                 except OSError:
                     pass
                 continue
@@ -180,8 +187,9 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
             except (OSError, BadMessage):
                 link.close()
                 links.remove(link)
-        for link in [x for x in links if x.node and state.peers.get(x.node, Peer()).ended]:
-            link.close()  # told its end: its watcher may go
+        for link in [x for x in links if state.peers.get(x.node, Peer()).ended or (
+                not x.node and now - x.opened > cfg.after)]:
+            link.close()  # told its end (its watcher may go), or a stranger's
             links.remove(link)
         own = part_ended(run_dir, pid, start)
         verdict = hub_decide(state, now, own)
@@ -256,7 +264,11 @@ def main() -> None:
     except (OSError, ValueError) as e:
         say(run_dir, f"not started: {WATCHER_CONFIG}: {e}")
         return
-    (hub if cfg.master else spoke)(run_dir, cfg, pid, start)
+    try:
+        (hub if cfg.master else spoke)(run_dir, cfg, pid, start)
+    except Exception as e:  # said where `fleet logs` shows it; the run goes on unwatched
+        say(run_dir, f"ended unexpectedly: {e!r}")
+        raise
 
 
 if __name__ == "__main__":
