@@ -92,7 +92,7 @@ def status(run_id: RunArg = None,
             echo("\n".join(f"  {row}" for row in rows))
     if not as_json:
         echo("\n".join(lines))
-        if watcher := watched.watched_by(every[-1], final.is_terminal):
+        if watcher := watched.watched_by(every[-1], final):
             echo(watcher)
     if final.exit_code:
         raise typer.Exit(final.exit_code)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fleet.config.inventory import BackendKind
 from fleet.run.record import RunRecord, controller_alive
+from fleet.states import RunStatus
 
 WATCHED = "watched"  # in the run's record: the nodes' watchers were started with the run
 
@@ -16,16 +17,21 @@ def mark(record_dir: Path) -> None:
     (record_dir / WATCHED).touch()
 
 
-def watched_by(rec: RunRecord, terminal: bool) -> str:
-    """Who watches a run on SSH hosts still going, as `status` says it: the attached `fleet
+def watched_by(rec: RunRecord, final: RunStatus) -> str:
+    """Who watches a run on SSH hosts that goes on, as `status` says it: the attached `fleet
     up` (its pid on this machine), the nodes' own watchers, or nobody; "" for a run that has
-    ended, or one Slurm watches."""
-    if terminal or rec.backend is not BackendKind.HOSTS:
+    ended, or one Slurm watches. Of a run some node of which cannot be asked (unknown), the
+    watchers are said to watch where they still run: the node that lost the others stops its
+    own part."""
+    if final.is_terminal or rec.backend is not BackendKind.HOSTS:
         return ""
     if controller_alive(rec.controller):
         pid = rec.controller.split(":")[-2] if rec.controller.count(":") >= 2 else "?"
         return f"watched by: fleet up (pid {pid} on this machine)"
     if (rec.dir / WATCHED).exists():
+        if final is RunStatus.UNKNOWN:
+            return ("watched by: the nodes' own watchers, where they still run (a node cut off "
+                    "from the others stops its own part)")
         return ("watched by: the nodes' own watchers (a node that fails or goes silent stops "
                 "the others)")
     return ("watched by: nobody (its `fleet up` has ended): a lost host holds the others until "

@@ -6,11 +6,13 @@ they decide from what they heard; the laptop's side of it (fleet.backends.hosts.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from fleet.backends.hosts import watchers
+from fleet.config.inventory import BackendKind
 from fleet.nodeside.shared import watch_rules as w
 from fleet.nodeside.shared.watch_rules import BadMessage, Hub, Message, Peer
 
@@ -116,6 +118,16 @@ def test_a_silent_node_stops_the_run_after_unreachable_after() -> None:
     assert v.why.startswith("fail-fast: node3 unreachable (no word from it for 10s")
 
 
+def test_every_other_node_silent_at_once_names_the_master_cut_off() -> None:
+    h = hub(node2=Peer(seen=104.0), node3=Peer(seen=103.0))
+    v = w.hub_decide(h, 114.5, (False, None))
+    assert v is not None and v.culprit == "node1"
+    assert v.why.startswith("fail-fast: node1 cut off (no word from any other node for 10s")
+    h.peers["node2"] = Peer(seen=104.0, ended=True, code=0)  # one done: the other is lost
+    v = w.hub_decide(h, 114.5, (False, None))
+    assert v is not None and v.culprit == "node3"
+
+
 def test_a_node_never_heard_of_is_lost_after_hello_within() -> None:
     h = hub(node2=Peer(seen=101.0))
     h.peers["node2"].seen = 129.0
@@ -197,13 +209,18 @@ def test_the_token_is_the_runs_and_no_stop_key() -> None:
 
 def test_status_says_who_watches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet.run import record, watched
+    from fleet.states import RunStatus
 
     monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
     rec = record.RunRecord("r1", "job", 0.0, (), controller=record.controller_id())
     rec.dir.mkdir(parents=True)
-    assert watched.watched_by(rec, terminal=False).startswith("watched by: fleet up (pid ")
-    assert watched.watched_by(rec, terminal=True) == ""
+    said = watched.watched_by(rec, RunStatus.RUNNING)
+    assert said == f"watched by: fleet up (pid {os.getpid()} on this machine)"
+    assert watched.watched_by(rec, RunStatus.STOPPED) == ""
     gone = record.RunRecord("r1", "job", 0.0, (), controller="elsewhere:1:2")
-    assert "nobody" in watched.watched_by(gone, terminal=False)
+    assert "nobody" in watched.watched_by(gone, RunStatus.RUNNING)
     watched.mark(gone.dir)
-    assert "the nodes' own watchers" in watched.watched_by(gone, terminal=False)
+    assert "the nodes' own watchers (a node" in watched.watched_by(gone, RunStatus.RUNNING)
+    assert "where they still run" in watched.watched_by(gone, RunStatus.UNKNOWN)
+    slurm = record.RunRecord("r1", "job", 0.0, (), backend=BackendKind.SLURM)
+    assert watched.watched_by(slurm, RunStatus.RUNNING) == ""

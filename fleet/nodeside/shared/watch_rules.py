@@ -154,11 +154,16 @@ def lost(node: str, seconds: float, never: bool = False) -> Verdict:
 def hub_decide(hub: Hub, now: float, own_end: tuple[bool, int | None]) -> Verdict | None:
     """The master's decision: a node whose part ended non-zero (its own, or the master's:
     `own_end` = (ended, code)), or one not heard of for `after` (or never within
-    `hello_within`), stops the run; else None. A node whose part succeeded is silent by
-    right."""
+    `hello_within`), stops the run; else None. Every other node silent at once (two or more)
+    names the master itself, cut off. A node whose part succeeded is silent by right."""
     ended, code = own_end
     if ended and code != 0:
         return failed(hub.master, code)
+    going = [p for p in hub.peers.values() if not p.ended or p.code != 0]
+    if len(going) > 1 and all(p.seen is not None and now - p.seen > hub.after for p in going):
+        # Every other node silent at once: the master is the one cut off, as far as it can tell.
+        return Verdict(f"fail-fast: {hub.master} cut off (no word from any other node for "
+                       f"{hub.after:g}s; seen by {SAID_BY})", hub.master)
     for name in sorted(hub.peers):
         p = hub.peers[name]
         if p.ended:
