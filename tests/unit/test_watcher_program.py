@@ -27,7 +27,7 @@ STOP_SH = '''d=$(dirname "$0")
 { echo "by=$1"; cat; } > "$d/stopped.tmp" && mv "$d/stopped.tmp" "$d/stopped_by"
 kill "$PPID"
 '''
-AFTER = 1.0
+AFTER = 2.0  # seconds: a loaded machine may hold a process for a second
 
 
 def start_time(pid: int) -> int:
@@ -97,7 +97,7 @@ def test_a_failed_part_stops_the_masters(nodes: tuple[Node, Node]) -> None:
     with socket.create_connection(("127.0.0.1", int(
             (master.dir / nodemap.WATCHER_PORT).read_text()))) as s:
         s.sendall(b"nonce " + b"ab" * 16 + b"\n" + b"0" * 64 + b' {"k":"stop"}\n')
-    time.sleep(3 * AFTER)
+    time.sleep(AFTER + 1)
     assert not (master.dir / "stopped_by").exists()
     other.end(3)
     said = master.stopped_by(10)
@@ -113,12 +113,11 @@ def test_a_silent_master_stops_the_others_part(nodes: tuple[Node, Node]) -> None
     master, other = nodes
     time.sleep(AFTER)  # linked
     assert master.watcher is not None
+    assert not (other.dir / "stopped_by").exists()
     master.watcher.send_signal(signal.SIGSTOP)  # silent, its link open: a host cut off
     try:
-        t0 = time.monotonic()
         said = other.stopped_by(AFTER + 5)
-        assert time.monotonic() - t0 >= AFTER * 0.9
-        assert said[0].startswith("by=fail-fast: node1 unreachable (no word from it for 1s"), said
+        assert said[0].startswith("by=fail-fast: node1 unreachable (no word from it for 2s"), said
         assert said[1] == "key-node2"
     finally:
         master.watcher.send_signal(signal.SIGCONT)
