@@ -67,4 +67,5 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
         "stop.sh": (stop_sh.render(ctx), 0o700),
         **{f"{SITE}/{name}": (fleet.nodeside.text(name) + "\n", 0o644) for name in SITE_FILES},
         TREE_FILE: ((NODESIDE / TREE_FILE).read_text(), 0o644),
+        nodemap.WATCHER: (fleet.nodeside.text(nodemap.WATCHER) + "\n", 0o644),
     })

@@ -598,6 +598,23 @@ class Testbed:
                 h.proc.wait(timeout=timeout)
         h.sshd_pid = 0
 
+    def cut_off(self, name: str) -> None:
+        """Drop every packet into and out of the host (its loopback excepted), inside its own
+        network namespace: to its peers and to this machine it looks as a partition or a power
+        cut does, nothing closes and nothing answers, while its processes go on. Undone by
+        reconnect(name), and with the namespace on close()."""
+        ns = self.host(name).ns
+        for chain, lo in (("INPUT", "-i"), ("OUTPUT", "-o")):
+            _run("ip", "netns", "exec", ns, "iptables", "-I", chain, "1", "-j", "DROP")
+            _run("ip", "netns", "exec", ns, "iptables", "-I", chain, "1", lo, "lo", "-j",
+                 "ACCEPT")
+
+    def reconnect(self, name: str) -> None:
+        """Undo cut_off(name)."""
+        ns = self.host(name).ns
+        for chain in ("INPUT", "OUTPUT"):
+            _run("ip", "netns", "exec", ns, "iptables", "-F", chain)
+
     def mount_tmpfs(self, name: str, path: str | Path, size: str = "64k") -> None:
         """Mount a tmpfs of `size` at `path` (created if missing) inside the host only: what
         every process of the host sees there from now on (a small, full disk). Owned by the

@@ -75,6 +75,7 @@ def status(run_id: RunArg = None,
     from fleet import backends
     from fleet.lifecycle import attempts
     from fleet.run import record as state
+    from fleet.run import watched
 
     rec = state.load(run_id)
     found = attempts.load(rec)
@@ -91,6 +92,8 @@ def status(run_id: RunArg = None,
             echo("\n".join(f"  {row}" for row in rows))
     if not as_json:
         echo("\n".join(lines))
+        if watcher := watched.watched_by(every[-1], final):
+            echo(watcher)
     if final.exit_code:
         raise typer.Exit(final.exit_code)
 

@@ -17,6 +17,7 @@ from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
+from fleet.nodeside.shared import nodemap
 from fleet.render import TREE_FILE
 from fleet.run.record import Wrapper, parse_wrapper
 from fleet.shell import quote, sh
@@ -32,12 +33,14 @@ PID_WAIT_TICKS = 500
 def start_script(run_dir: str, run_id: str, python: str = "") -> str:
     """run.sh detached from this connection (own session, no tty); prints its pid and start
     time (fleet/nodeside/start.sh). With the node's `python`, node.log's time index is kept
-    beside it (fleet/nodeside/log_times.py), and the run's processes are recorded by descent
-    (fleet/nodeside/run_tree.py)."""
+    beside it (fleet/nodeside/log_times.py), the run's processes are recorded by descent
+    (fleet/nodeside/run_tree.py), and where fleet wrote the watcher's config (a detached run),
+    the nodes' own watcher starts (fleet/nodeside/watcher.py)."""
     if not python:
         return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS)
     return shell_program("start.sh", run_dir, run_id, PID_WAIT_TICKS, python,
-                         loader("log_times.py"), TREE_FILE, python="log_times.py")
+                         loader("log_times.py"), TREE_FILE, nodemap.WATCHER,
+                         nodemap.WATCHER_CONFIG, python="log_times.py")
 
 
 def parse_start(out: str) -> tuple[int | None, Wrapper | None]:

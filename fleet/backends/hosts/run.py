@@ -12,7 +12,7 @@ from pathlib import Path
 from fleet import events, manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts import setup, tracker
+from fleet.backends.hosts import setup, tracker, watchers
 from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
 from fleet.backends.hosts.gpus import gate
@@ -35,7 +35,7 @@ from fleet.errors import StartError, host_error
 from fleet.facts import failure
 from fleet.plan import NodePlan, Plan, new_run_id
 from fleet.reports import Detached, Forgotten, Stopped
-from fleet.run import faults, hang
+from fleet.run import faults, hang, watched
 from fleet.run import record as state
 from fleet.run.faults import Phase
 from fleet.states import NodeOutcome, NodeStatus, RunStatus, by_fail_fast, overall
@@ -131,24 +131,37 @@ class HostsRun(Run):
         # opens one (a `command` may not).
         console.event(events.Phase(events.Step.STARTING, self.run_id))
         self.pids = self.start_all(
-            wait_port=options.detach and self.job.launcher != Launcher.COMMAND)
+            wait_port=options.detach and self.job.launcher != Launcher.COMMAND,
+            watch=options.detach)
         session.release()  # its nodes run: the next launch sees them (refuse_held)
 
-    def start_all(self, wait_port: bool = False) -> dict[str, int]:
+    def start_all(self, wait_port: bool = False, watch: bool = False) -> dict[str, int]:
         """Start the master, then the others in parallel at once: their torchrun waits for
         the master's store itself, and meanwhile imports torch as the master's does. With
         `wait_port` (a detached run, which fleet will not watch), then wait until the master's
-        rendezvous port is open. Each node counts as possibly running from the moment its
-        start is attempted."""
+        rendezvous port is open. With `watch` (a detached run), the nodes' own watchers start
+        with their parts, the master's first (fleet.backends.hosts.watchers). Each node counts
+        as possibly running from the moment its start is attempted."""
         plan, session, console = self.plan, self.session, self.console
         m = plan.master
         tm = session.transports[m.host.name]
+        if watch:
+            watchers.write_config(tm, m, watchers.config(plan, m, self.secret,
+                                                         self.key(m.host.name), 0))
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
         pids = {m.host.name: self.start_one(tm, m)}
         console.event(started_event(m, pids[m.host.name], True))
         faults.point(Phase.MASTER_START.value)
         others = plan.nodes[1:]
+        if watch:
+            port = watchers.master_port(tm, m.run_dir)
+            wrote = each(((n.host.name, n) for n in others), lambda n: watchers.write_config(
+                session.transports[n.host.name], n,
+                watchers.config(plan, n, self.secret, self.key(n.host.name), port)))
+            if bad := {name: r for name, r in wrote.items() if isinstance(r, Exception)}:
+                raise host_error("starting the nodes' watchers", bad, StartError)
+            watched.mark(self.record_dir)
         self.may_run.update(n.host.name for n in others)
         results = each(((n.host.name, n) for n in others), lambda n: self.start_one(
             session.transports[n.host.name], n))

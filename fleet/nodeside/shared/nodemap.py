@@ -22,6 +22,9 @@ RANKS = "ranks"  # ranks/<local rank>: its global rank, as each worker's sitecus
 STACKS = "stacks"  # stacks/<pid>: a worker's stack, dumped on fleet's signal (fleet dump)
 NOTIFY_JSON = "notify.json"  # a detached run's [notify], read once by its watcher
 NOTIFY_LOG = "notify.log"  # what the watcher did
+WATCHER = "watcher.py"  # the nodes' own watcher of a detached run (fail-fast without fleet)
+WATCHER_CONFIG = "watcher.json"  # its config and keys, mode 0600, read once, then removed
+WATCHER_PORT = "watcher.port"  # where the master's watcher listens (written by it)
 
 # The variables fleet sets for every process of a run; a job cannot override them.
 # The attempt's own id (a run with [restart] has one per attempt): how fleet finds and stops
