@@ -17,6 +17,13 @@ class Ending(StrEnum):
     LOST = "lost"  # a node stopped answering
 
 
+class Replace(StrEnum):
+    """`[restart] replace`: which endings make a node give way to a spare at once."""
+
+    LOST = "lost"  # a lost node at once; a failed one is retried in place first, then replaced
+    FAIL = "fail"  # a failed node too, at once
+
+
 BACKOFF_MAX_S = 300.0  # the wait before an attempt grows up to this
 
 
@@ -27,6 +34,7 @@ class Restart:
     max: int = 0  # attempts after the first
     on: tuple[Ending, ...] = (Ending.FAIL, Ending.HANG, Ending.LOST)
     backoff: float = 10.0  # seconds before the second attempt, doubled for each one after
+    replace: Replace = Replace.LOST  # when a node gives way to a spare
 
     def wait(self, attempt: int) -> float:
         """The wait before attempt number `attempt` (2 for the first restart)."""
@@ -54,5 +62,9 @@ def take_restart(t: Table, hang_timeout: float | None) -> Restart:
     if not 0 <= backoff <= BACKOFF_MAX_S:
         raise t.error("backoff", f"must be a number of seconds from 0 to {BACKOFF_MAX_S:g}, "
                                  f"not {backoff:g}")
+    replace = t.take("replace", str, Replace.LOST.value)
+    if replace not in {r.value for r in Replace}:
+        names = ", ".join(f'"{r.value}"' for r in Replace)
+        raise t.error("replace", f"must be one of {names}, not {replace!r}")
     t.done()
-    return Restart(count, tuple(dict.fromkeys(on)), backoff)
+    return Restart(count, tuple(dict.fromkeys(on)), backoff, replace=Replace(replace))

@@ -15,7 +15,7 @@ from fleet.plan import NodePlan
 from fleet.run.record import Wrapper
 from fleet.transport import Transport
 from fleet.transport.group import each, failures, reason
-from fleet.transport.link import RETRY_S, Link
+from fleet.transport.link import RETRY_S, Link, refused
 
 
 def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: str,
@@ -26,7 +26,7 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     (node.stop_together); `key` and `wrapper` give a node's stop key and its wrapper as
     recorded at the start. Where a node's connection fails (or it was lost), the stop is
     retried on fresh connections for `retry_for` seconds: a node that stalled for a while is
-    stopped once it answers again."""
+    stopped once it answers again; one that refuses connections is not waited for."""
     links, lost = links or {}, lost or set()
 
     def target(n: NodePlan) -> remote.Target:
@@ -42,7 +42,10 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     why = {n.host.name: "it was lost" for n in nodes if n.host.name in lost}
     why.update({name: reason(r) for name, r in results.items()
                 if isinstance(r, TransportError | CommandTimedOut)})
-    again = [n for n in nodes if n.host.name in why and n.host.name in links]
+    # Without `retry_for`, a lost node is left to the caller (a healing run stops it in the
+    # background, once it answers: attempts.Left), so the next attempt does not wait for it.
+    again = [n for n in nodes if n.host.name in why and n.host.name in links
+             and (retry_for or n.host.name not in lost)]
     results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
         links[n.host.name], n, by, key(n.host.name), wrapper(n.host.name), why[n.host.name],
         retry_for, console)))
@@ -68,6 +71,10 @@ def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper 
             t = link.fresh(max(deadline - time.monotonic(), 1.0), link.generation)
             break
         except FleetError as e:
+            if refused(e):  # an answer, unlike silence: nothing listens there, lost at once
+                link.give_up()
+                raise TransportError(f"it refuses connections (sshd is gone, or the host "
+                                     f"restarts): {e}") from e
             if time.monotonic() + RETRY_S >= deadline:
                 link.give_up()
                 raise TransportError(f"no fresh connection answered within {retry_for:g}s: "
