@@ -133,3 +133,19 @@ def test_the_restart_names_the_cause_as_the_failure_report_does(failure: RankFai
     state = failed_state()
     assert attempts.ending(Final(RunStatus.FAILED, cause=words), state, None) == (Ending.FAIL,
                                                                                   words)
+
+
+def test_check_and_plan_cover_the_spares_marked_as_such(tmp_path: Path) -> None:
+    from fleet.backends.checks import Check, Status
+    from fleet.backends.hosts.check import marked
+    from fleet.backends.hosts.planview import Spare, spare_lines
+    from fleet.config.inventory import load_inventory
+
+    inv = load_inventory(job_file(tmp_path, "").parent / "inv.toml")
+    rows = [Check("n1", "ssh", Status.PASS, "ok"),
+            Check("s1", "ssh", Status.FAIL, "unknown host key for s1")]
+    assert [c.host for c in marked(inv, rows)] == ["n1", "s1 (spare)"]
+    said = spare_lines((Spare(inv.spares[0], "unknown host key for s1"), Spare(inv.spares[1])))
+    assert said[0].startswith("\n[s1] spare (not used at the start") and "10.0.0.3" in said[0]
+    assert said[1] == "  probe:     unknown host key for s1"
+    assert said[2].startswith("\n[s2] spare") and len(said) == 3
