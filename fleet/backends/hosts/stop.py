@@ -42,13 +42,11 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     why = {n.host.name: "it was lost" for n in nodes if n.host.name in lost}
     why.update({name: reason(r) for name, r in results.items()
                 if isinstance(r, TransportError | CommandTimedOut)})
-    # Without `retry_for`, a lost node is left to the caller (a healing run stops it in the
-    # background, once it answers: attempts.Left), so the next attempt does not wait for it.
-    again = [n for n in nodes if n.host.name in why and n.host.name in links
-             and (retry_for or n.host.name not in lost)]
+    again = [n for n in nodes if n.host.name in why and n.host.name in links]
     results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
         links[n.host.name], n, by, key(n.host.name), wrapper(n.host.name), why[n.host.name],
-        retry_for, console)))
+        retry_for, console) if retry_for or n.host.name not in lost else let_go(
+        links[n.host.name])))
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, remote.Stopped) and r.left:
@@ -56,6 +54,15 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     for name, problem in problems.items():
         console.phase(name, f"stop failed: {problem}")
     return problems
+
+
+def let_go(link: Link) -> remote.Stopped:
+    """A lost node's stop, without `retry_for`: left to the caller (a healing run stops it in
+    the background once it answers: fleet.lifecycle.left), so the next attempt does not wait
+    for it; nothing waits for its connection any more."""
+    link.give_up()
+    raise TransportError("it was lost: its stop is tried again in the background, once it "
+                         "answers")
 
 
 def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper | None,
