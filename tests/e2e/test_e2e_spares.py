@@ -85,7 +85,9 @@ def test_an_unfit_spare_is_reported_by_check_and_passed_over_at_restart(
         assert "(unknown host key for " in err[unfit:].splitlines()[0], err
         assert err[unfit:].splitlines()[0].endswith("; node3 is checked in its place"), err
         said = err.index("fleet: restart: node1 replaced by spare node3 (node1 failed (exit 3))")
-        assert unfit < said < err.index(f"run {run_id}-a2: once on 1 host(s)"), err
+        # Said once node3 passed its checks (prepared), before it started; node2 never was.
+        assert unfit < err.rindex(f"run {run_id}-a2: once on 1 host(s)") < said < \
+            err.index("fleet: node3  started"), err
         assert "replaced by spare node2" not in err and "by node2" not in err, err
         assert [a["replaced"] for a in recorded(cli, run_id)] == [{"node1": "node3"}, {}]
         st = cli("status", run_id, timeout=60)
