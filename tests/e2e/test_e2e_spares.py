@@ -71,6 +71,13 @@ def test_an_unfit_spare_is_reported_by_check_and_passed_over_at_restart(
                      re.M), check.stdout
     assert re.search(r"^ *node3 \(spare\) +\d+ passed +PASS ", check.stdout, re.M), check.stdout
 
+    plan = cli("plan", str(job), "--probe", timeout=120)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    spare2 = plan.stdout[plan.stdout.index("\n[node2] spare (not used at the start"):]
+    assert spare2.splitlines()[2].startswith("  probe:     unknown host key for "), spare2
+    assert "\n[node3] spare (not used at the start" in plan.stdout, plan.stdout
+    assert "  probe:     answers\n" in plan.stdout, plan.stdout
+
     r = cli("up", str(job), timeout=240)
     run_id = run_id_of(r.stderr)
     ids = attempt_ids(cli, run_id)
