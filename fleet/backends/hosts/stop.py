@@ -70,8 +70,9 @@ def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper 
     """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
     link is given up then)."""
     name = node.host.name
-    console.phase(name, f"no stop on its connection ({why}); trying fresh connections for up "
-                        f"to {retry_for:g}s (watchdog.unreachable_after)")
+    console.phase(name, f"no stop on its connection ({why}); " + (
+        f"trying fresh connections for up to {retry_for:g}s (watchdog.unreachable_after)"
+        if retry_for else "trying a fresh connection, once"))
     deadline = time.monotonic() + retry_for
     while True:
         try:
