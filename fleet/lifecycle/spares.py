@@ -65,7 +65,8 @@ class Places:
         """`spare` failed its checks: the next free spare goes in its place (None where none is
         left: the host it stood for is tried again). Returns (that host, the next spare)."""
         home = next(h for h, s in self.replace.items() if s == spare)
-        name = next((n for n, s in self.pending.items() if s == spare), home)
+        # The node it was to replace; else (a spare standing since an earlier attempt) itself.
+        name = next((n for n, s in self.pending.items() if s == spare), spare)
         free = self.free()
         if free:
             self.replace[home] = self.pending[name] = free[0]

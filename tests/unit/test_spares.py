@@ -150,3 +150,19 @@ def test_check_and_plan_cover_the_spares_marked_as_such(tmp_path: Path) -> None:
     assert said[0].startswith("\n[s1] spare (not used at the start") and "10.0.0.3" in said[0]
     assert said[1] == "  probe:     unknown host key for s1"
     assert said[2].startswith("\n[s2] spare") and len(said) == 3
+
+
+def test_a_spare_standing_since_an_earlier_attempt_found_unfit_gives_way_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = book(tmp_path, "[restart]\nmax = 3\n", monkeypatch)
+    lost = Final(RunStatus.UNKNOWN)
+    assert b.record(FakeRun(b.run_id), lost, failed_state("n2", S.UNREACHABLE), None, 1.0,  # type: ignore[arg-type]
+                    2.0) == 2
+    b.confirm()
+    hang = Final(RunStatus.FAILED)
+    assert b.record(FakeRun("a2"), hang, failed_state("n1", S.STOPPED), "stuck", 3.0,  # type: ignore[arg-type]
+                    4.0) == 3
+    assert b.unfit({"s1": "unreachable"}) and b.replace == {"n2": "s2"}
+    b.confirm()
+    assert [a.replaced for a in b.attempts] == [{"n2": "s1"}, {"s1": "s2"}]
+    assert "restart: s1 replaced by spare s2 (a hang)" in said(b)
