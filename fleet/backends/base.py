@@ -79,6 +79,7 @@ class Final:
     status: RunStatus
     words: str = ""
     failure: tuple[str, ...] = ()  # the first failure's report: where, which rank, traceback
+    cause: str = ""  # that report in a few words (`rank 1 on node2 killed by SIGKILL`)
 
 
 class Run(ABC):

@@ -24,6 +24,13 @@ class Tracker(StrEnum):
     MLFLOW = "mlflow"  # MLFLOW_RUN_ID of a run fleet creates before the first attempt
 
 
+class Replace(StrEnum):
+    """`[restart] replace`: which endings make a node give way to a spare at once."""
+
+    LOST = "lost"  # a lost node at once; a failed one is retried in place first, then replaced
+    FAIL = "fail"  # a failed node too, at once
+
+
 BACKOFF_MAX_S = 300.0  # the wait before an attempt grows up to this
 
 
@@ -36,6 +43,7 @@ class Restart:
     backoff: float = 10.0  # seconds before the second attempt, doubled for each one after
     tracker: Tracker | None = None  # every attempt writes to one run of this tracker
     checkpoints: str = ""  # the job's checkpoint directory, relative to its directory on a node
+    replace: Replace = Replace.LOST  # when a node gives way to a spare
 
     def wait(self, attempt: int) -> float:
         """The wait before attempt number `attempt` (2 for the first restart)."""
@@ -63,11 +71,15 @@ def take_restart(t: Table, hang_timeout: float | None) -> Restart:
     if not 0 <= backoff <= BACKOFF_MAX_S:
         raise t.error("backoff", f"must be a number of seconds from 0 to {BACKOFF_MAX_S:g}, "
                                  f"not {backoff:g}")
+    replace = t.take("replace", str, Replace.LOST.value)
+    if replace not in {r.value for r in Replace}:
+        names = ", ".join(f'"{r.value}"' for r in Replace)
+        raise t.error("replace", f"must be one of {names}, not {replace!r}")
     tracker = _tracker(t)
     checkpoints = take_checkpoints(t)
     t.done()
     return Restart(count, tuple(dict.fromkeys(on)), backoff, tracker=tracker,
-                   checkpoints=checkpoints)
+                   checkpoints=checkpoints, replace=Replace(replace))
 
 
 def _tracker(t: Table) -> Tracker | None:

@@ -267,6 +267,22 @@ _SIGNAL_CAUSES = {
 }
 
 
+def cause(root: RankFailure) -> str:
+    """The first failure in the words of its report, on one line: `rank 1 on node2 killed by
+    SIGKILL`, `rank 1 on node2: RuntimeError: boom`, `rank 1 on node2 exited with code 1`; ""
+    where the report knows no more than that a rank failed."""
+    where = f"{f'rank {root.rank}' if root.rank is not None else 'a rank'} on {root.node}"
+    if root.signal:
+        return f"{where} killed by {root.signal}"
+    last = next((line.strip() for line in reversed(root.traceback.splitlines())
+                 if line.strip()), "") if root.found else ""
+    if last:
+        return f"{where}: {last}"
+    # Nothing said but that a rank failed: the node's own exit code says more (`node1 failed
+    # (exit 3)`), so none is given here.
+    return f"{where} exited with code {root.exitcode}" if root.exitcode is not None else ""
+
+
 def summary(root: RankFailure) -> list[str]:
     """What a run's end says of its first failure: where, which rank, the traceback (or, for
     a signal, which one and its likely causes), and the hints for known signatures."""

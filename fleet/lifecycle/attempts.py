@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +18,10 @@ from fleet.config.job import Job
 from fleet.config.restart import Ending, Restart
 from fleet.console import Console
 from fleet.errors import ConfigError, DamagedRecord
+from fleet.lifecycle import spares
+from fleet.lifecycle.left import Left as Left  # its home was here
 from fleet.lifecycle.monitor import RunState
 from fleet.plan import new_run_id
-from fleet.run import outcomes
 from fleet.run import record as state
 from fleet.states import NodeStatus, RunStatus
 
@@ -49,18 +49,28 @@ class Attempt:
 
 def ending(final: Final, run_state: RunState, hang: str | None) -> tuple[Ending | None, str]:
     """Which of `[restart] on`'s endings an attempt had (None: success, or a person's stop),
-    and the words for it."""
+    and the words for it: for a failure, the failure report's own (`rank 1 on node2 killed by
+    SIGKILL`), torchrun's exit code only where no report was found."""
     if hang is not None:
         return Ending.HANG, "a hang"
     lost = [o for o in run_state.outcomes.values() if o.status is NodeStatus.UNREACHABLE]
     if lost:
         return Ending.LOST, f"{lost[0].name} was lost"
     if final.status is RunStatus.FAILED:
-        first = run_state.outcomes.get(run_state.first or "")
-        failed = first if first is not None and first.status is NodeStatus.FAILED else next(
-            (o for o in run_state.outcomes.values() if o.status is NodeStatus.FAILED), None)
+        failed = run_state.outcomes.get(failed_node(run_state) or "")
+        if final.cause:
+            return Ending.FAIL, final.cause
         return Ending.FAIL, f"{failed.name} {failed.describe()}" if failed else "it failed"
     return None, ""
+
+
+def failed_node(run_state: RunState) -> str | None:
+    """The node of an attempt's first failure (not a loss): the first to end, if it failed."""
+    first = run_state.outcomes.get(run_state.first or "")
+    if first is not None and first.status is NodeStatus.FAILED:
+        return first.name
+    return next((o.name for o in run_state.outcomes.values() if o.status is NodeStatus.FAILED),
+                None)
 
 
 class Book:
@@ -70,8 +80,12 @@ class Book:
         self.job, self.policy, self.console, self.backend = job, policy, console, backend
         self.run_id = new_run_id(job.name)
         self.attempts: list[Attempt] = []
-        self.replace: dict[str, str] = {}  # inventory host -> the spare in its place now
-        self.used: set[str] = set()  # spares taken (or found unusable)
+        self.places = spares.Places(self._spares)
+
+    @property
+    def replace(self) -> dict[str, str]:
+        """Inventory host -> the spare in its place now."""
+        return self.places.replace
 
     def options(self, base: Options) -> Options:
         n = len(self.attempts) + 1
@@ -114,54 +128,83 @@ class Book:
         if a.then:
             say(a.then if a.then.startswith("not") else f"restart: {a.then}")
             return None
-        gone = [n for n, o in run_state.outcomes.items() if o.status is NodeStatus.UNREACHABLE]
-        if kind is Ending.FAIL and run_state.first:
-            gone.append(run_state.first)
-        for name in dict.fromkeys(gone):
-            self._replace(a, name, kind)
+        lost = [n for n, o in run_state.outcomes.items() if o.status is NodeStatus.UNREACHABLE]
+        failed = failed_node(run_state) if kind is Ending.FAIL else None
+        d = spares.decide(kind, lost, failed, self.places.failed, self.policy.replace)
+        if failed:
+            self.places.failed.add(failed)
+        if d.in_place and self.places.free():
+            say(f"restart: {d.in_place} is retried in place (its first failure; [restart] "
+                f'replace = "{self.policy.replace.value}")')
+        for name in d.give_way:
+            if self.places.take(name) is None and name in lost:
+                say(f"restart: no spare left for {name}: the next attempt tries it again")
         return a.number + 1
 
-    def _free(self) -> list[str]:
-        """The backend's spares not taken yet (nor found unfit), in its order."""
+    def _spares(self) -> list[str]:
+        """The backend's spares that the run's `--node`/`--exclude` keep, in its order."""
         try:
-            spares = self.backend.spares(self.job.inventory)
+            found = self.backend.spares(self.job.inventory)
         except ConfigError:
-            spares = []
-        return [s for s in spares if s not in self.used and s not in self.replace.values()
-                and self.job.selection.keeps(s)]
+            return []
+        return [s for s in found if self.job.selection.keeps(s)]
 
-    def _replace(self, a: Attempt, name: str, kind: Ending) -> None:
-        free = self._free()
-        if not free:
-            if kind is Ending.LOST:
-                self.console.info(f"restart: no spare left for {name}: the next attempt tries "
-                                  "it again")
+    def confirm(self) -> None:
+        """The attempt about to start passed its checks, its spares with it: only now is each
+        spare's taking a node's place said and recorded."""
+        said = self.places.confirmed()
+        if not said or not self.attempts:
             return
-        home = next((h for h, s in self.replace.items() if s == name), name)
-        self.replace[home] = free[0]
-        self.used.add(free[0])
-        a.replaced[name] = free[0]
-        self.console.info(f"restart: {name} replaced by spare {free[0]} ({a.why})")
+        a = self.attempts[-1]
+        for name, spare in said.items():
+            a.replaced[name] = spare
+            self.console.info(f"restart: {name} replaced by spare {spare} ({a.why})")
+        self.save()
 
     def unfit(self, failures: dict[str, str]) -> bool:
-        """Spares that failed the checks of their attempt (unreachable, other versions, a
-        taken port...): the next free spare takes each one's place. False where none of the
-        failures is a spare's (the error is for a person)."""
-        swapped = {s: h for h, s in self.replace.items() if s in failures}
-        if not swapped:
+        """Spares that failed the checks of their attempt (unreachable, an unknown host key,
+        other versions, a taken port...): the next free spare is checked in each one's place.
+        False where none of the failures is a spare's."""
+        unfit = [s for s in self.replace.values() if s in failures]
+        if not unfit:
             return False
-        for spare, home in swapped.items():
+        a = self.attempts[-1]
+        for name, spare in list(a.replaced.items()):  # said too early (a check after prepare)
+            if spare in unfit:
+                del a.replaced[name]
+                self.places.pending[name] = spare
+        for spare in unfit:
+            home, nxt = self.places.refit(spare)
             self.console.info(f"restart: spare {spare} is not fit for the job "
-                              f"({failures[spare]})")
-            free = self._free()
-            if free:
-                self.replace[home] = free[0]
-                self.used.add(free[0])
-                self.console.info(f"restart: {free[0]} takes {home}'s place instead")
-            else:
-                del self.replace[home]
+                              f"({failures[spare]})" + (f"; {nxt} is checked in its place"
+                                                        if nxt else ""))
+            if nxt is None:
                 self.console.info(f"restart: no spare left: {home} is tried again")
+        self.save()
         return True
+
+    def unstarted(self, run_id: str, failures: dict[str, str], started: float) -> int | None:
+        """A later attempt that could not start on hosts that are not spares (the lost node
+        still down, no spare left): kept as a failed attempt, and the next follows while `max`
+        allows (each failing host giving way to a free spare, if any); None on the first
+        attempt (its error is for a person) or once `max` is reached."""
+        if not self.attempts:
+            return None
+        before = self.attempts[-1]
+        hosts = [self.places.pending.get(h, before.replaced.get(h, h)) for h in before.hosts]
+        a = Attempt(len(self.attempts) + 1, run_id, hosts, started, time.time(),
+                    RunStatus.FAILED, "it could not start: " + "; ".join(
+                        f"{h}: {why.splitlines()[0]}" for h, why in failures.items()))
+        self.attempts.append(a)
+        if a.number > self.policy.max:
+            a.then = f"no attempt left ([restart] max = {self.policy.max})"
+            self.console.info(f"restart: {a.then}")
+            self.save()
+            return None
+        for name in failures:
+            self.places.take(name)
+        self.save()
+        return a.number + 1
 
     def stop_requested(self) -> bool:
         return (state.state_dir() / self.run_id / STOP).exists()
@@ -190,69 +233,6 @@ class Book:
             state.write_atomic(d / FILE, json.dumps(
                 {"max": self.policy.max, "attempts": [as_dict(a) for a in self.attempts]},
                 indent=2) + "\n")
-
-
-LEFT_POLL_S = 5.0  # how often the nodes an attempt lost are tried again while the run goes on
-
-
-class Left:
-    """What earlier attempts left running on the nodes they lost: stopped as soon as each node
-    answers again, tried every LEFT_POLL_S while the run goes on (a thread of its own), and
-    once more at its end; what still could not be stopped then is named."""
-
-    def __init__(self, backend: Backend, console: Console, run_id: str) -> None:
-        self.backend, self.console, self.run_id = backend, console, run_id
-        self.parts: dict[tuple[str, str], int] = {}  # (attempt's run id, node): its number
-        self.lock = threading.Lock()  # one try at a time: the thread's or the end's
-        self.done = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def add(self, attempt: Attempt) -> None:
-        for node in attempt.lost:
-            self.parts[(attempt.run_id, node)] = attempt.number
-        if self.parts and self.thread is None:
-            self.thread = threading.Thread(target=self._keep, daemon=True, name="fleet-left")
-            self.thread.start()
-
-    def _keep(self) -> None:
-        while not self.done.wait(LEFT_POLL_S):
-            self.sweep()
-
-    def sweep(self) -> None:
-        """One try at every part left: a node that answers has its part stopped, and says so."""
-        with self.lock:
-            for (run_id, node), number in list(self.parts.items()):
-                if self.done.is_set() and self.thread is not None and \
-                        threading.current_thread() is self.thread:
-                    return  # the run's end tries once more itself
-                try:
-                    rec = state.load(run_id)
-                    found = self.backend.stop_part(
-                        rec, node, f"fleet up, once {node} answered again (attempt {number} "
-                                   "had lost it)")
-                except Exception:  # noqa: BLE001 - not reached yet: tried again, named at the end
-                    continue
-                del self.parts[(run_id, node)]
-                seen = outcomes.ended(rec.dir).get(node)
-                # "stopped" only where stop.sh found something of the part to stop.
-                done = "was stopped" if found else "had already ended"
-                self.console.info(f"{node} answered again: attempt {number}'s part there {done}"
-                                  + (f" ({seen.describe()})" if seen else ""))
-
-    def end(self) -> None:
-        """At the run's end: one last try, then what could not be stopped is named."""
-        self.done.set()
-        if not self.parts:
-            return
-        self.sweep()
-        for (_, node), number in sorted(self.parts.items(), key=lambda kv: kv[1]):
-            self.console.info(f"{node} still does not answer: attempt {number}'s part there "
-                              f"may still run; `fleet stop {self.run_id}` ends it once it "
-                              "answers")
-
-    def cancel(self) -> None:
-        """The run ends at once (an interrupt): no more tries."""
-        self.done.set()
 
 
 def as_dict(a: Attempt) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fleet import phrases
@@ -81,19 +82,26 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
         if keeper is not None:
             keeper.ready(opts.attempt, dict(opts.replace),
                          book.attempts[-1].lost if book.attempts else [])
+        started = time.time()
         try:
-            ended = attempt(backend, book.job_for(opts.attempt), console, opts, told)
+            ended = attempt(backend, book.job_for(opts.attempt), console, opts, told,
+                            prepared=book.confirm)
         except HostError as e:  # a spare not fit for the job: the next one, if any
-            if not book.unfit(e.failures):
+            if book.unfit(e.failures):
+                continue
+            # A host not fit (the lost one still down): an attempt, while `max` allows one.
+            nxt = book.unstarted(opts.run_id or "", e.failures, started)
+            if nxt is None:
+                left.end()
                 raise
-            continue
-        assert not isinstance(ended, str)  # never detached here
-        nxt = book.record(ended.run, ended.final, ended.state, ended.hang, ended.started,
-                          ended.ended)
-        left.add(book.attempts[-1])
-        if nxt is None:
-            left.end()
-            return conclude(ended, console, told, book.run_id, book.summary())
+        else:
+            assert not isinstance(ended, str)  # never detached here
+            nxt = book.record(ended.run, ended.final, ended.state, ended.hang, ended.started,
+                              ended.ended)
+            left.add(book.attempts[-1])
+            if nxt is None:
+                left.end()
+                return conclude(ended, console, told, book.run_id, book.summary())
         wait = policy.wait(nxt)
         console.event(Attempt(nxt, policy.max + 1, wait, book.last_why()))
         console.event(Phase(Step.WAITING, book.run_id))
@@ -113,8 +121,9 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
 
 
 def attempt(backend: Backend, job: Job, console: Console, options: Options,
-            told: notify.Told) -> Ended | str:
-    """One whole run of the job on the backend; its run id where it was detached."""
+            told: notify.Told, prepared: Callable[[], None] | None = None) -> Ended | str:
+    """One whole run of the job on the backend; its run id where it was detached. `prepared`
+    is called once the backend's preparation (every host's checks) passed."""
     started = time.time()
     console.event(Phase(Step.PREPARING, options.run_id or ""))
     try:
@@ -122,6 +131,8 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
     except Interrupted as e:
         before = f"{e.outcome}; " if e.outcome else ""
         raise Interrupted(e.signame, f"{before}nothing had been started on any node") from None
+    if prepared is not None:
+        prepared()
     told.run_id = told.run_id or run.run_id
     told.failure, told.hang = (), None
     guard = Guard(run, console)  # its signal handlers from `with` on

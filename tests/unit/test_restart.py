@@ -19,6 +19,7 @@ from fleet.config.restart import BACKOFF_MAX_S, Ending, Restart, Tracker
 from fleet.console import Console
 from fleet.errors import ConfigError, TransportError
 from fleet.lifecycle import attempts
+from fleet.lifecycle import left as left_mod
 from fleet.lifecycle.monitor import RunState
 from fleet.run.logs import progress
 from fleet.states import NodeOutcome, NodeStatus, RunStatus
@@ -177,7 +178,11 @@ def test_a_lost_node_is_replaced_by_the_first_free_spare_each_time(
     assert b.record(FakeRun(b.run_id), lost, failed_state("n2", S.UNREACHABLE), None, 1.0,  # type: ignore[arg-type]
                     2.0) == 2
     assert b.replace == {"n2": "s1"}
+    # Said and recorded only once attempt 2's checks passed (its prepare).
+    assert "replaced" not in said(b) and b.attempts[-1].replaced == {}
+    b.confirm()
     assert "n2 replaced by spare s1 (n2 was lost)" in said(b)
+    assert b.attempts[-1].replaced == {"n2": "s1"}
     # s1, now in n2's place, is lost too: s2 takes the same place (n2's rank).
     assert b.record(FakeRun("a2"), lost, failed_state("s1", S.UNREACHABLE), None, 3.0,  # type: ignore[arg-type]
                     4.0) == 3
@@ -225,7 +230,11 @@ def test_a_spare_not_fit_for_the_job_gives_its_place_to_the_next(
     assert b.unfit({"n1": "python 3.10 here"}) is False  # not a spare's: for a person
     assert b.unfit({"s1": "unreachable"}) is True and b.replace == {"n2": "s2"}
     assert b.unfit({"s2": "torch 2.1 here"}) is True and b.replace == {}
+    assert "restart: spare s1 is not fit for the job (unreachable); s2 is checked in its " \
+           "place" in said(b)
     assert "no spare left: n2 is tried again" in said(b)
+    b.confirm()  # n2 itself: no spare took its place, none is said to have
+    assert "replaced" not in said(b) and b.attempts[-1].replaced == {}
 
 
 def test_slurm_refuses_restart_naming_the_key(tmp_path: Path) -> None:
@@ -267,7 +276,7 @@ class Stopper:
 
 def test_what_an_attempt_left_on_a_lost_node_is_stopped_once_it_answers_else_named(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(attempts, "LEFT_POLL_S", 3600.0)  # the test tries itself, not the thread
+    monkeypatch.setattr(left_mod, "LEFT_POLL_S", 3600.0)  # the test tries itself, not the thread
     monkeypatch.setattr(attempts.state, "load", lambda run_id: SimpleNamespace(
         dir=tmp_path / run_id))
     c = Console(out=io.StringIO(), err=io.StringIO())
@@ -297,7 +306,7 @@ def test_a_lost_part_that_had_ended_by_itself_is_not_called_stopped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The node answers again after a reboot: stop.sh finds nothing of the part to stop, and
     fleet says it had already ended, not that it stopped it."""
-    monkeypatch.setattr(attempts, "LEFT_POLL_S", 3600.0)
+    monkeypatch.setattr(left_mod, "LEFT_POLL_S", 3600.0)
     monkeypatch.setattr(attempts.state, "load", lambda run_id: SimpleNamespace(
         dir=tmp_path / run_id))
     c = Console(out=io.StringIO(), err=io.StringIO())
@@ -338,6 +347,6 @@ def test_ps_asks_only_the_lost_nodes_whose_end_fleet_has_not_seen(
                               lost=["n5"]),
              attempts.Attempt(4, "r-a4", ["n1", "n4", "n6"], 6.0, 7.0, RunStatus.SUCCEEDED)]
     # n5's part was stopped once it answered again: its end is kept.
-    attempts.outcomes.note(every[2].dir, NodeOutcome("n5", 2, NodeStatus.STOPPED, 143), "fleet up")
+    left_mod.outcomes.note(every[2].dir, NodeOutcome("n5", 2, NodeStatus.STOPPED, 143), "fleet up")
     assert _not_over(every, items) == [(1, ["  n2  running", "  n3  running"])]  # type: ignore[arg-type]
     assert backend.asked == [("r", {"n2", "n3"})]

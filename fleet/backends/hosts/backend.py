@@ -50,12 +50,13 @@ class PlanPreview:
     plan: Plan
     setups: dict[str, Decision]
     moves: planview.Moves
+    spares: tuple[planview.Spare, ...] = ()
 
     def lines(self) -> list[str]:
-        return planview.lines(self.plan, self.setups, self.moves)
+        return planview.lines(self.plan, self.setups, self.moves, self.spares)
 
     def as_json(self) -> dict[str, object]:
-        return planview.as_json(self.plan, self.moves)
+        return planview.as_json(self.plan, self.moves, self.spares)
 
 
 class HostsBackend(Launch, Recorded, LabTools):

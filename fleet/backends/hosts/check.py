@@ -4,6 +4,7 @@ host's own checks run apart, so that a person can be told how many hosts are don
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -89,7 +90,7 @@ def run_checks(inventory: Inventory, job: Job, progress: Callable[[str], None] =
     """Every check of every host. Each host's own checks run apart, all at once (`progress`
     hears as each host's are done); then what compares or connects the hosts. `trust` is the
     command that trusts the user's own file, for the advice on an unknown key."""
-    hosts = {h.name: h for h in inventory.hosts}
+    hosts = {h.name: h for h in inventory.every_host}  # spares too: a spare must be fit
     master = inventory.hosts[0]
     session: dict[str, Transport] = {}
     master_ip = _MasterIP()
@@ -104,14 +105,14 @@ def run_checks(inventory: Inventory, job: Job, progress: Callable[[str], None] =
             tally.one_done()
 
     try:
-        found = each(((h.name, h) for h in inventory.hosts), own)
+        found = each(((h.name, h) for h in inventory.every_host), own)
         ours = {n: r for n, r in found.items() if isinstance(r, _Own)}
         checks = [c for o in ours.values() for c in o.conn + o.probe]
         checks += [Check(n, "checks", Status.FAIL, reason(r))
                    for n, r in found.items() if isinstance(r, Exception)]
         ip = master_ip.value
         if ip is None:
-            return checks
+            return marked(inventory, checks)
         facts = {n: o.facts for n, o in ours.items() if o.facts is not None}
         checks += _storage_checks(facts)
         checks += [c for o in ours.values() for c in o.python]
@@ -130,7 +131,14 @@ def run_checks(inventory: Inventory, job: Job, progress: Callable[[str], None] =
     finally:
         for t in list(session.values()):
             t.close()
-    return checks
+    return marked(inventory, checks)
+
+
+def marked(inventory: Inventory, checks: list[Check]) -> list[Check]:
+    """A spare's rows say so by its name (`node3 (spare)`)."""
+    spares = {h.name for h in inventory.spares}
+    return [dataclasses.replace(c, host=f"{c.host} (spare)") if c.host in spares else c
+            for c in checks]
 
 
 def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,

@@ -127,9 +127,10 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
         for th in threads:
             th.start()
         faults.point(Phase.STREAM.value)
-        # A node lost, then reached again, also says how it ended.
-        while not all(n in outcomes and n in drained and (n not in run.lost or n in ends)
-                      for n in nodes):
+        # A node lost, then reached again, also says how it ended; one given up is waited for
+        # no more (its streams may still be trying a silent address: they end on their own).
+        while not all(n in outcomes and (run.links[n].given_up or n in drained and (
+                n not in run.lost or n in ends)) for n in nodes):
             try:
                 kind, name, result = events.get(timeout=1.0)
             except queue.Empty:

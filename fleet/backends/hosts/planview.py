@@ -1,5 +1,5 @@
-"""`fleet plan` on a host list: each node's rank, env and command, and what `up` would move;
-with `probe`, as the nodes answer (read-only: nothing is created on them)."""
+"""`fleet plan` on a host list: each node's rank, env and command, the spares, and what `up`
+would move; with `probe`, as the nodes answer (read-only: nothing is created on them)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from fleet.backends.hosts import prepare as launch
 from fleet.backends.hosts import setup as fleet_setup
 from fleet.backends.hosts.setup import Decision
 from fleet.backends.hosts.upload import scan_sources
+from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
 from fleet.config.select import load_selected
 from fleet.console import Console
 from fleet.plan import Plan, make_plan, masked, new_run_id, rank_span
 from fleet.shell import join
+from fleet.transport import open_transport
+from fleet.transport.group import each, reason
 from fleet.transport.ignore import counted
 from fleet.transport.sync import Scan
 from fleet.transport.transfer import human
@@ -62,16 +65,40 @@ def code_json(code: Scan) -> dict[str, object]:
             "ignored": [{"path": rel, "by": why} for rel, why in code.ignored[:IGNORED_MAX]]}
 
 
-def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves]:
-    """The plan, each node's setup decision and what would be sent."""
+@dataclass(frozen=True)
+class Spare:
+    """A host with `spare = true`: not in the plan until it takes a node's place; with
+    --probe, whether it answered (`said`: "answers", or why not)."""
+
+    host: Host
+    said: str = ""
+
+
+def spares(inv: Inventory, probe: bool) -> tuple[Spare, ...]:
+    """The inventory's spares, each connected to (then let go) where `probe` asks."""
+    if not probe:
+        return tuple(Spare(h) for h in inv.spares)
+
+    def answer(h: Host) -> str:
+        open_transport(h, hello=False).close()
+        return "answers"
+
+    found = each(((h.name, h) for h in inv.spares), answer)
+    return tuple(Spare(h, r if isinstance(r, str) else reason(r))
+                 for h, r in zip(inv.spares, found.values(), strict=True))
+
+
+def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves, tuple[Spare, ...]]:
+    """The plan, each node's setup decision, what would be sent, and the spares."""
     inv = load_selected(job.inventory, job.selection)
     console = Console(out=sys.stderr)
     sources = scan_sources(job, console)  # as `up` does, before any host is touched
     if not probe:
         p = make_plan(inv, job, new_run_id(job.name))
         return p, fleet_setup.decide(p, None), Moves(
-            sources.code, preview.preview(p, sources.code, sources.data))
+            sources.code, preview.preview(p, sources.code, sources.data)), spares(inv, False)
     console.hosts([h.name for h in inv.hosts])
+    spared = spares(inv, True)
     session = launch.connect(inv, console)
     try:
         p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
@@ -83,10 +110,24 @@ def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves]:
                                 tuple(n for n, f in session.facts.items() if not f.storage))
     finally:
         session.close()
-    return p, setups, Moves(sources.code, moves)
+    return p, setups, Moves(sources.code, moves), spared
 
 
-def lines(p: Plan, setups: dict[str, Decision], moves: Moves) -> list[str]:
+def spare_lines(spared: tuple[Spare, ...]) -> list[str]:
+    out = []
+    for s in spared:
+        h = s.host
+        out.append(f"\n[{h.name}] spare (not used at the start: it takes a lost or failed "
+                   f"node's place, with its node rank), {h.transport} "
+                   f"{(h.user + '@') if h.user else ''}{h.address}"
+                   f"{':' + str(h.port) if h.port else ''}")
+        if s.said:
+            out.append(f"  probe:     {s.said}")
+    return out
+
+
+def lines(p: Plan, setups: dict[str, Decision], moves: Moves,
+          spared: tuple[Spare, ...] = ()) -> list[str]:
     job = p.job
     out = [f"run {p.run_id}: {job.name}, {len(p.nodes)} node(s), rendezvous "
            f"{job.rendezvous.backend} at {p.master.master_addr}:{job.rendezvous.port}"]
@@ -109,12 +150,16 @@ def lines(p: Plan, setups: dict[str, Decision], moves: Moves) -> list[str]:
         out.append(f"  run dir:   {n.run_dir}")
         out += [f"  env {k}={v}" for k, v in masked(n.env, job.secret_env).items()]
         out.append(f"  command:   {join(n.argv)}")
+    out += spare_lines(spared)
     out.append("")
     return out + code_lines(moves.code) + preview.lines(moves.preview)
 
 
-def as_json(p: Plan, moves: Moves) -> dict[str, object]:
+def as_json(p: Plan, moves: Moves, spared: tuple[Spare, ...] = ()) -> dict[str, object]:
     return {"run_id": p.run_id, "job": p.job.name, "notes": list(p.notes),
+            "spares": [{"host": s.host.name, "address": s.host.address,
+                        "transport": s.host.transport, "probe": s.said or None}
+                       for s in spared],
             "storage": [list(g) for g in p.storage], "nodes": [
         {"host": n.host.name, "address": n.host.address, "transport": n.host.transport,
          "node_rank": n.node_rank, "nnodes": n.nnodes, "nproc_per_node": n.nproc,

@@ -222,10 +222,13 @@ class HostsRun(Run):
                  and n.host.name in self.may_run and n.host.name not in self.lost]
         if not skip:
             self.console.info(f"stopping the job on {len(nodes)} node(s)")
+        # With [restart], a lost node's stop goes on in the background (attempts.Left): the
+        # next attempt does not wait for it.
+        retry = 0.0 if self.job.restart.max else self.job.watchdog.unreachable_after
         with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"):
             problems = stop_nodes(self.session, nodes + ended, self.console, by, self.key,
                                   lambda host: state.wrapper(self.record_dir, host),
-                                  self.links, self.lost, self.plan.job.watchdog.unreachable_after)
+                                  self.links, self.lost, retry)
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 
@@ -260,13 +263,13 @@ class HostsRun(Run):
         """Per node how it ended; for a failure, the first failing rank and its traceback;
         what was stopped, by whom, and what may still run."""
         ordered = [outcomes[n.host.name] for n in self.plan.nodes]
-        final, first = report(self.session, self.plan, ordered, self.console)
+        final, first, cause = report(self.session, self.plan, ordered, self.console)
         if final is RunStatus.SUCCEEDED:
             return Final(final, f"on all {len(ordered)} node(s)")
         if final is RunStatus.STOPPED:
             by = next((o.detail for o in ordered if o.status is NodeStatus.STOPPED), "")
             return Final(final, f" by {by}" if by else "")
-        return Final(final, failure=tuple(first))
+        return Final(final, failure=tuple(first), cause=cause)
 
     def tunnel(self) -> Tunnel:
         master = self.plan.master.host.name
@@ -288,9 +291,9 @@ MEANINGS = {NodeStatus.SUCCEEDED: Meaning.OK, NodeStatus.FAILED: Meaning.FAIL,
 
 
 def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
-           console: Console) -> tuple[RunStatus, list[str]]:
-    """Says how each node ended and the first failure; returns the run's state and the first
-    failure's lines (for `[notify]`)."""
+           console: Console) -> tuple[RunStatus, list[str], str]:
+    """Says how each node ended and the first failure; returns the run's state, the first
+    failure's lines (for `[notify]`) and its cause in a few words (for `[restart]`)."""
     for o in outcomes:
         console.phase(o.name, o.describe(), MEANINGS.get(o.status, Meaning.PLAIN))
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
@@ -324,4 +327,4 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     for o in lost:
         console.info(f"{o.name} could not be reached: its part of the run may still be running; "
                      f"stop it with `fleet stop {plan.run_id}` once it answers")
-    return overall(o.status for o in outcomes), first
+    return overall(o.status for o in outcomes), first, failure.cause(root) if root else ""

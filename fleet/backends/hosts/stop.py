@@ -15,7 +15,7 @@ from fleet.plan import NodePlan
 from fleet.run.record import Wrapper
 from fleet.transport import Transport
 from fleet.transport.group import each, failures, reason
-from fleet.transport.link import RETRY_S, Link
+from fleet.transport.link import RETRY_S, Link, refused
 
 
 def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: str,
@@ -26,7 +26,7 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     (node.stop_together); `key` and `wrapper` give a node's stop key and its wrapper as
     recorded at the start. Where a node's connection fails (or it was lost), the stop is
     retried on fresh connections for `retry_for` seconds: a node that stalled for a while is
-    stopped once it answers again."""
+    stopped once it answers again; one that refuses connections is not waited for."""
     links, lost = links or {}, lost or set()
 
     def target(n: NodePlan) -> remote.Target:
@@ -45,7 +45,8 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     again = [n for n in nodes if n.host.name in why and n.host.name in links]
     results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
         links[n.host.name], n, by, key(n.host.name), wrapper(n.host.name), why[n.host.name],
-        retry_for, console)))
+        retry_for, console) if retry_for or n.host.name not in lost else let_go(
+        links[n.host.name])))
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, remote.Stopped) and r.left:
@@ -55,19 +56,33 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     return problems
 
 
+def let_go(link: Link) -> remote.Stopped:
+    """A lost node's stop, without `retry_for`: left to the caller (a healing run stops it in
+    the background once it answers: fleet.lifecycle.left), so the next attempt does not wait
+    for it; nothing waits for its connection any more."""
+    link.give_up()
+    raise TransportError("it was lost: its stop is tried again in the background, once it "
+                         "answers")
+
+
 def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper | None,
                 why: str, retry_for: float, console: Console) -> remote.Stopped:
     """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
     link is given up then)."""
     name = node.host.name
-    console.phase(name, f"no stop on its connection ({why}); trying fresh connections for up "
-                        f"to {retry_for:g}s (watchdog.unreachable_after)")
+    console.phase(name, f"no stop on its connection ({why}); " + (
+        f"trying fresh connections for up to {retry_for:g}s (watchdog.unreachable_after)"
+        if retry_for else "trying a fresh connection, once"))
     deadline = time.monotonic() + retry_for
     while True:
         try:
             t = link.fresh(max(deadline - time.monotonic(), 1.0), link.generation)
             break
         except FleetError as e:
+            if refused(e):  # an answer, unlike silence: nothing listens there, lost at once
+                link.give_up()
+                raise TransportError(f"it refuses connections (sshd is gone, or the host "
+                                     f"restarts): {e}") from e
             if time.monotonic() + RETRY_S >= deadline:
                 link.give_up()
                 raise TransportError(f"no fresh connection answered within {retry_for:g}s: "
