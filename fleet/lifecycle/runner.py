@@ -15,7 +15,7 @@ from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.events import Attempt, Phase, Step, Verdict
-from fleet.lifecycle import attempts, notify
+from fleet.lifecycle import attempts, history, notify
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import RunState, monitor
 from fleet.states import RunStatus
@@ -159,6 +159,8 @@ def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = ""
 
     def verdict(code: int) -> None:
         console.event(Verdict(run_id, final.status, int(code), nodes, told.said))
+        seen = RunStatus.FAILED if ended.hang is not None else final.status
+        history.keep(run_id, seen, int(code), "fleet up", told.said)  # kept at once
 
     if ended.hang is not None:
         told.state = notify.NoticeState.HUNG

@@ -214,11 +214,13 @@ class HostsBackend(Launch, Recorded, LabTools):
 def node_outcomes(rec: RunRecord, only: set[str] | None = None
                   ) -> dict[str, NodeOutcome | Exception]:
     """How each node's part ended as fleet saw it (the run's record), of every node or those in
-    `only`; only the nodes whose end fleet did not see are asked, and an end they say is kept
-    from then on."""
+    `only`; only the nodes whose end fleet did not see are asked (in parallel, bounded), and an
+    end they say is kept from then on."""
     known = outcomes.ended(rec.dir)
     names = {n.host.name for n in rec.nodes} if only is None else only
-    asked = recorded.on_nodes(
+    # All at once, each within recorded.ASK_S: a silent host is said unreachable in seconds,
+    # and what is kept of it stays as it is.
+    asked = recorded.ask(
         rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)),
         only=names - set(known))
     found: dict[str, NodeOutcome | Exception] = {}
