@@ -22,11 +22,12 @@ ASK_S = 4.0  # what `status` and `ps` wait for a live run's nodes, all asked at 
 
 
 def ask(record: RunRecord, fn: Callable[[Transport, str], R], only: set[str] | None = None,
-        within: float = ASK_S) -> dict[str, R | Exception]:
+        within: float | None = None) -> dict[str, R | Exception]:
     """on_nodes, bounded: every node asked at once, each given `within` seconds in all (its
     connection too, whose own timeout is longer); a node that has not answered by then is
     CommandTimedOut (unreachable, as status says), and its thread is left to end by itself
     (a daemon: it never holds the process)."""
+    within = ASK_S if within is None else within
     names = [n.host.name for n in record.nodes if only is None or n.host.name in only]
     if not names:
         return {}
