@@ -39,15 +39,12 @@ def status(run_id: str | None, as_json: bool) -> int:
     if found:
         echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
         echo("\n".join(attempts.lines(*found)))
-    if done is not None:
-        for line in history.lost_lines(rec.run_id, done):
-            echo(line)
-    elif found:
+    if done is None and found:
         for number, rows in not_over(every, found[1]):
             echo(f"  attempt {number}/{found[0] + 1} ({every[number - 1].run_id}) is not over "
                  f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
             echo("\n".join(f"  {row}" for row in rows))
-    echo("\n".join(lines))
+    echo("\n".join(lines + (history.lost_lines(rec.run_id, done) if done else [])))
     return final.exit_code
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from fleet.config.inventory import BackendKind
 from fleet.errors import FleetError
 from fleet.lifecycle import attempts
 from fleet.run import outcomes, verdict
@@ -66,6 +67,8 @@ class Finished:
 
 def finished(run: state.RunRecord, every: list[state.RunRecord]) -> Finished | None:
     """The run as its record has it where fleet saw it end; None where it must be asked."""
+    if run.backend is not BackendKind.HOSTS:  # Slurm's answer is its controller's, not hosts'
+        return None
     v = verdict.read(run.dir)
     if v is None:
         return None
@@ -80,16 +83,15 @@ def node_row(n: state.NodeRecord, o: NodeOutcome | None) -> str:
     where = f"  {n.host.name:<16} {n.ranks()}"
     if o is None:
         return f"{where}  never seen to end (fleet does not ask a finished run again)"
-    took = f"  {o.elapsed}s" if o.elapsed is not None else ""
-    return f"{where}  {o.describe()}{took}"
+    return f"{where}  {outcomes.words(o)}"
 
 
 def status_lines(last: state.RunRecord, done: Finished) -> list[str]:
     """`fleet status` of a finished run: its verdict, then each node of its last attempt."""
     v = done.verdict
-    head = (f"run {last.run_id} ({last.job}), started {time.ctime(last.started)}: "
-            f"{v.status.value} (exit {v.code}, seen by {v.by} at {v.when()})")
-    return [head] + [node_row(n, o) for n, o in done.nodes]
+    head = f"run {last.run_id} ({last.job}), started {time.ctime(last.started)}: {v.status.value}"
+    return [head] + [node_row(n, o) for n, o in done.nodes] + [
+        f"  as fleet saw it end: exit {v.code}, by {v.by} at {v.when()} (no host asked)"]
 
 
 def lost_lines(run_id: str, done: Finished) -> list[str]:

@@ -112,7 +112,8 @@ def test_a_finished_run_is_said_from_its_record_whatever_host_is_down(
     assert history.keep("r", RunStatus.SUCCEEDED, 0, "fleet up", "run r succeeded")
     st = cli("status", "r", timeout=5)
     assert st.returncode == 0, st.stdout + st.stderr
-    assert "succeeded (exit 0, seen by fleet up at " in st.stdout, st.stdout
+    assert st.stdout.splitlines()[0].endswith(": succeeded"), st.stdout
+    assert "  as fleet saw it end: exit 0, by fleet up at " in st.stdout, st.stdout
     assert "n1's part of attempt 1 (r) was never seen to end; `fleet stop r` once it answers" \
         in st.stdout, st.stdout
     ps = cli("ps", timeout=5)

@@ -247,17 +247,7 @@ def node_row(n: NodeRecord, r: NodeOutcome | Exception) -> str:
     return f"{where}  {node_words(r)}"
 
 
-def node_words(r: NodeOutcome) -> str:
-    """`failed (exit 1)  12s`, `stopped (exit 143) by fleet stop  3s`: a node's row."""
-    code = f" (exit {r.code})" if r.code is not None else ""
-    if r.own_failure:
-        by = f": {r.own_failure} before the stop ({r.detail}) reached it"
-    elif r.detail and r.status in (NodeStatus.STOPPED, NodeStatus.FAILED):
-        by = f" by {r.detail}" if r.status is NodeStatus.STOPPED else f": {r.detail}"
-    else:
-        by = ""
-    took = f"  {r.elapsed}s" if r.elapsed is not None else ""
-    return f"{r.status.value}{code}{by}{took}"
+node_words = outcomes.words  # `failed (exit 1)  12s`: a node's row, as the record says it too
 
 
 def status(r: NodeOutcome | Exception) -> NodeStatus:
