@@ -97,11 +97,15 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
                     w.update(f"restart: attempt {nxt} in {secs}s")
                     time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
-            raise Interrupted(e.signame, f"during the wait before attempt {nxt}: "
-                                         f"{book.left()}") from None
+            said = f"during the wait before attempt {nxt}: {book.left()}"
+            history.keep(book.run_id, RunStatus.STOPPED, RunStatus.STOPPED.exit_code,
+                         f"fleet up, interrupted ({e.signame})", f"run {book.run_id} {said}")
+            raise Interrupted(e.signame, said) from None
         if book.stop_requested():
-            raise RunStopped(f"run {book.run_id} was stopped by fleet stop during the wait "
-                             f"before attempt {nxt}; {book.summary()}")
+            said = (f"run {book.run_id} was stopped by fleet stop during the wait before "
+                    f"attempt {nxt}; {book.summary()}")
+            history.keep(book.run_id, RunStatus.STOPPED, RunStopped.exit_code, "fleet stop", said)
+            raise RunStopped(said)
 
 
 def attempt(backend: Backend, job: Job, console: Console, options: Options,
@@ -141,6 +145,9 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
             guard.ended = True
             console.event(Phase(Step.REPORTING, run.run_id))
             final = run.report(state.outcomes)
+    except Interrupted as e:
+        history.interrupted(run, guard.ended, e.signame)  # stopped everywhere: kept at once
+        raise
     finally:
         told.hang = guard.hang
         run.close()

@@ -158,6 +158,9 @@ def test_a_live_runs_silent_host_is_said_unreachable_within_the_bound(
         assert re.search(r"^  node3 +node rank 2.*  unreachable \(may still be running\): "
                          r"node3: no answer", st.stdout, re.M), st.stdout
         assert took < 30, took  # the 60 s connect timeout was not waited out
+        ps = cli("ps", timeout=120)
+        assert re.search(rf"^{run_id} +unknown \(node3 unreachable\) ", ps.stdout, re.M), \
+            ps.stdout
     finally:
         tb3.exec("node3", "iptables", "-D", *drop)
         stop = cli("stop", run_id, timeout=120)

@@ -102,7 +102,10 @@ class HostsBackend(Launch, Recorded, LabTools):
     def state(self, rec: RunRecord) -> Seen:
         if rec.never_started():
             return Seen(RunStatus.NEVER_STARTED)
-        return Seen(overall(status(s) for s in node_outcomes(rec).values()))
+        found = node_outcomes(rec)
+        silent = [name for name, r in found.items() if isinstance(r, Exception)]
+        return Seen(overall(status(s) for s in found.values()),
+                    why=", ".join(silent) + " unreachable" if silent else "")
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
