@@ -33,6 +33,8 @@ def status(run_id: str | None, as_json: bool) -> int:
         final, lines = done.verdict.status, history.status_lines(every[-1], done)
     else:
         final, lines = backends.for_record(every[-1]).describe(every[-1])
+        if final.is_terminal:  # seen to end now (a detached run): not asked again
+            keep_seen(rec, every[-1], "fleet status", final)
     if as_json:
         run_views.status_json(rec, every[-1], final, lines, done)
         return final.exit_code
@@ -99,16 +101,18 @@ def not_over(every: list[RunRecord], items: list[Attempt]) -> list[tuple[int, li
     return found
 
 
-def keep_seen(run: RunRecord, last: RunRecord, by: str) -> None:
-    """After `stop` (or `logs -f`) saw the run end: its verdict kept, where no `fleet up` still
-    watches it (that one keeps its own, and may yet start another attempt)."""
+def keep_seen(run: RunRecord, last: RunRecord, by: str, final: RunStatus | None = None) -> None:
+    """After `stop`, `logs -f` or `status` saw the run end (`final`, else asked of the record
+    and the nodes): its verdict kept, where no `fleet up` still watches it (that one keeps its
+    own, and may yet start another attempt)."""
     from fleet import backends
     from fleet.lifecycle import history
     from fleet.run.record import controller_alive
 
     if controller_alive(run.controller) is True:
         return
-    final, _ = backends.for_record(last).describe(last)
+    if final is None:
+        final, _ = backends.for_record(last).describe(last)
     history.keep(run.run_id, final, final.exit_code, by, f"run {run.run_id} {final.value}")
 
 

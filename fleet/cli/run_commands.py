@@ -201,7 +201,7 @@ def show(run_id: RunArg = None,
     from fleet import manifest as fleet_manifest
     from fleet import manifest_view
     from fleet.lifecycle import attempts
-    from fleet.run import outcomes
+    from fleet.run import outcomes, verdict
     from fleet.run import record as state
 
     rec = state.load(run_id)
@@ -215,6 +215,9 @@ def show(run_id: RunArg = None,
     seen = outcomes.seen(last.dir)  # how each node ended, as fleet saw it
     if seen:
         m = {**m, "outcomes": outcomes.as_json(seen)}
+    kept = verdict.read(rec.dir)  # and the run
+    if kept:
+        m = {**m, "verdict": verdict.as_json(kept)}
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
@@ -223,6 +226,9 @@ def show(run_id: RunArg = None,
     if seen:
         echo("as fleet saw the nodes:")
         echo("\n".join(outcomes.lines(seen)))
+    if kept:
+        echo(f"as fleet saw the run end: {kept.status.value} (exit {kept.code}), by {kept.by} "
+             f"at {kept.when()}")
     found = attempts.load(rec)
     if found:
         echo("attempts:")

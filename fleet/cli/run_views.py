@@ -53,7 +53,7 @@ def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
     if final.is_terminal:
         from fleet.cli.run_answers import keep_seen
 
-        keep_seen(every[0], last, "fleet logs -f")
+        keep_seen(every[0], last, "fleet logs -f", final)
     if console.sink is None:
         console.info(said, _MEANING.get(final, Meaning.WARN))
     else:

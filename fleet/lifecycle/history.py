@@ -21,10 +21,11 @@ from fleet.states import NodeOutcome, RunStatus
 def keep(run_id: str, status: RunStatus, code: int, by: str, said: str,
          stopped: bool = False) -> Verdict | None:
     """Keep the run's verdict (the first one kept stands); none for a state that is no end
-    (`unknown`: fleet lost sight of a node, whose part later commands still ask about).
+    (`unknown`: fleet lost sight of a node, whose part later commands still ask about), nor
+    for `never started` (its record says so by itself).
     `stopped`: every node of the last attempt was stopped, without an end kept of each. Never
     raises: a record that cannot take it leaves the run to be asked, as before."""
-    if not status.is_terminal:
+    if not status.is_terminal or status is RunStatus.NEVER_STARTED:  # that one is said locally
         return None
     try:
         run = state.load(run_id)

@@ -151,6 +151,7 @@ def test_a_restarted_run_names_its_lost_part_and_a_later_end_kept_clears_it(
 def test_no_verdict_for_a_state_that_is_no_end(cli: InProcessCLI) -> None:
     save("r", ("n1",))
     assert history.keep("r", RunStatus.UNKNOWN, 3, "fleet up", "lost sight") is None
+    assert history.keep("r", RunStatus.NEVER_STARTED, 1, "fleet status", "") is None
     assert history.keep("nope", RunStatus.FAILED, 1, "fleet up", "") is None  # never raises
     assert verdict.read(state.state_dir() / "r") is None
 
