@@ -98,13 +98,15 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
                     time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
             said = f"during the wait before attempt {nxt}: {book.left()}"
-            history.keep(book.run_id, RunStatus.STOPPED, RunStatus.STOPPED.exit_code,
+            last = book.attempts[-1].status  # the run is as its last attempt ended
+            history.keep(book.run_id, last, last.exit_code,
                          f"fleet up, interrupted ({e.signame})", f"run {book.run_id} {said}")
             raise Interrupted(e.signame, said) from None
         if book.stop_requested():
             said = (f"run {book.run_id} was stopped by fleet stop during the wait before "
                     f"attempt {nxt}; {book.summary()}")
-            history.keep(book.run_id, RunStatus.STOPPED, RunStopped.exit_code, "fleet stop", said)
+            last = book.attempts[-1].status
+            history.keep(book.run_id, last, last.exit_code, "fleet up, after fleet stop", said)
             raise RunStopped(said)
 
 
