@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from fleet.backends.base import Run
 from fleet.config.inventory import BackendKind
 from fleet.errors import FleetError
 from fleet.lifecycle import attempts
@@ -18,13 +17,11 @@ from fleet.run.verdict import Lost, Verdict
 from fleet.states import NodeOutcome, RunStatus
 
 
-def keep(run_id: str, status: RunStatus, code: int, by: str, said: str,
-         stopped: bool = False) -> Verdict | None:
+def keep(run_id: str, status: RunStatus, code: int, by: str, said: str) -> Verdict | None:
     """Keep the run's verdict (the first one kept stands); none for a state that is no end
     (`unknown`: fleet lost sight of a node, whose part later commands still ask about), nor
     for `never started` (its record says so by itself).
-    `stopped`: every node of the last attempt was stopped, without an end kept of each. Never
-    raises: a record that cannot take it leaves the run to be asked, as before."""
+    Never raises: a record that cannot take it leaves the run to be asked, as before."""
     if not status.is_terminal or status is RunStatus.NEVER_STARTED:  # that one is said locally
         return None
     try:
@@ -32,27 +29,15 @@ def keep(run_id: str, status: RunStatus, code: int, by: str, said: str,
         run = state.load(run.parent) if run.parent else run
         every = attempts.records(run)
         return verdict.record(run.dir, Verdict(status, int(code), by, time.time(), said,
-                                               lost_parts(every, attempts.load(run), stopped)))
+                                               lost_parts(every, attempts.load(run))))
     except (FleetError, OSError):
         return None
 
 
-def interrupted(run: Run, ended: bool, signame: str) -> None:
-    """After a signal ended `fleet up` (Ctrl-C): the run's verdict `stopped`, where the stop
-    reached every node; where it did not (or the run had ended by itself, or never started)
-    later commands ask, as before."""
-    if ended or not run.started() or run.halted().problems:
-        return
-    keep(run.run_id, RunStatus.STOPPED, RunStatus.STOPPED.exit_code,
-         f"fleet up, interrupted ({signame})",
-         f"run {run.run_id} was stopped: fleet up was interrupted ({signame})", stopped=True)
-
-
 def lost_parts(every: list[state.RunRecord],
-               found: tuple[int, list[attempts.Attempt]] | None,
-               stopped: bool = False) -> tuple[Lost, ...]:
+               found: tuple[int, list[attempts.Attempt]] | None) -> tuple[Lost, ...]:
     """Each node's part, of any attempt, whose end fleet has not seen (its record keeps none):
-    those an attempt lost, and those of the last attempt with no end kept (unless `stopped`)."""
+    those an attempt lost, and those of the last attempt with no end kept."""
     parts: dict[tuple[str, str], Lost] = {}
     by_id = {r.run_id: r for r in every}
     for a in (found[1] if found else []):
@@ -65,7 +50,7 @@ def lost_parts(every: list[state.RunRecord],
                 parts[(a.run_id, node)] = Lost(a.number, a.run_id, node)
     last = every[-1]
     ended = outcomes.ended(last.dir)
-    for n in [] if stopped else last.nodes:
+    for n in last.nodes:
         if n.host.name not in ended:
             parts.setdefault((last.run_id, n.host.name), Lost(len(every), last.run_id,
                                                               n.host.name))

@@ -147,9 +147,6 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
             guard.ended = True
             console.event(Phase(Step.REPORTING, run.run_id))
             final = run.report(state.outcomes)
-    except Interrupted as e:
-        history.interrupted(run, guard.ended, e.signame)  # stopped everywhere: kept at once
-        raise
     finally:
         told.hang = guard.hang
         run.close()

@@ -185,31 +185,6 @@ def test_rm_forget_drops_the_record_and_says_what_may_be_left(
     assert asked == []
 
 
-class Halted:
-    """A run as the runner holds it after its guard's stop (its problems: where it may run)."""
-
-    def __init__(self, run_id: str, problems: tuple[tuple[str, str], ...]) -> None:
-        self.run_id, self.problems = run_id, problems
-
-    def started(self) -> bool:
-        return True
-
-    def halted(self) -> SimpleNamespace:
-        return SimpleNamespace(problems=self.problems)
-
-
-def test_ctrl_c_keeps_stopped_only_where_the_stop_reached_every_node(cli: InProcessCLI) -> None:
-    save("r", ("n1", "n2"))
-    history.interrupted(Halted("r", (("n2", "no answer"),)), False, "SIGINT")  # type: ignore[arg-type]
-    assert verdict.read(state.state_dir() / "r") is None  # n2 may run: asked later, as before
-    history.interrupted(Halted("r", ()), True, "SIGINT")  # type: ignore[arg-type]
-    assert verdict.read(state.state_dir() / "r") is None  # it had ended by itself first
-    history.interrupted(Halted("r", ()), False, "SIGINT")  # type: ignore[arg-type]
-    kept = verdict.read(state.state_dir() / "r")
-    assert kept is not None and (kept.status, kept.code, kept.by, kept.lost) == (
-        RunStatus.STOPPED, 4, "fleet up, interrupted (SIGINT)", ())
-
-
 def test_stop_and_logs_keep_no_verdict_while_the_up_that_watches_the_run_lives(
         cli: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet.cli.run_answers import keep_seen
