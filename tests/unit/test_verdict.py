@@ -197,3 +197,18 @@ def test_stop_and_logs_keep_no_verdict_while_the_up_that_watches_the_run_lives(
     keep_seen(rec, rec, "fleet logs -f")  # no controller known: what the stop saw is kept
     kept = verdict.read(rec.dir)
     assert kept is not None and (kept.status, kept.by) == (RunStatus.STOPPED, "fleet logs -f")
+
+
+def test_diff_of_a_restarted_run_compares_its_last_attempt_and_says_so(
+        cli: InProcessCLI, tmp_path: Path) -> None:
+    from fleet import manifest
+    from tests.unit.test_setup_manifest import a_manifest
+
+    for run_id, lr in (("a", "0.1"), ("b", "0.1"), ("b-a2", "0.3")):
+        rec = save(run_id, ("n1",), parent="b" if run_id == "b-a2" else "")
+        m = a_manifest(tmp_path, run_id, LR=lr)
+        (rec.dir / "manifest.json").write_text(manifest.dumps(m))
+    out = cli("diff", "a", "b", timeout=10)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "b: comparing its last attempt, 2/2 (b-a2)", out.stdout
+    assert "0.3" in out.stdout, out.stdout  # attempt 2's env, not attempt 1's (the same as a's)
