@@ -10,15 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fleet.cli import run_views
+from fleet.cli import run_answers, run_views
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.console import Console
-from fleet.errors import FleetError
-from fleet.states import RunStatus
+from fleet.errors import NotEveryNode
 
 if TYPE_CHECKING:
-    from fleet.backends import Seen
-    from fleet.lifecycle.attempts import Attempt
     from fleet.run.record import RunRecord
 
 
@@ -41,11 +38,16 @@ def stop(run_id: RunArg = None) -> None:
         if not backend.state(rec).status.is_terminal:
             backend.cancel(rec, console)
     backends.for_record(every[-1]).cancel(every[-1], console)  # the attempt under way
+    run_answers.keep_seen(every[0], every[-1], "fleet stop")
 
 
 @app.command()
 def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=complete_run,
-                                             help=f"{RUN_HELP}.")]) -> None:
+                                             help=f"{RUN_HELP}.")],
+       forget: Annotated[bool, typer.Option(
+           "--forget", help="Drop only the local record, asking no host (hosts that are gone "
+                            "for good); says which hosts and run directories may keep what "
+                            "the run left.")] = False) -> None:
     """Remove a finished run, from the nodes and from here.
 
     Its directory on every node and its local record."""
@@ -56,8 +58,16 @@ def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=compl
     console = Console()
     rec = state.load(run_id)
     every = attempts.records(rec)
+    if forget:
+        run_answers.forget(rec, every, console)
+        return
     for one in reversed(every):  # the first attempt's record, the run's own, goes last
-        backends.for_record(one).delete(one, console)
+        try:
+            backends.for_record(one).delete(one, console)
+        except NotEveryNode as e:
+            raise NotEveryNode(f"{e}; if those hosts are gone for good, `fleet rm --forget "
+                               f"{rec.run_id}` drops the local record alone and says what "
+                               "may be left where") from None
         shutil.rmtree(one.dir, ignore_errors=True)
     console.info(f"run {rec.run_id} removed" + (f" ({len(every)} attempts)"
                                                 if len(every) > 1 else ""))
@@ -70,32 +80,12 @@ def status(run_id: RunArg = None,
                               "each node's outcome (docs/EVENTS.md).")] = False) -> None:
     """Show each node's state for a run.
 
-    Exits 0 if it runs or succeeded, 1 failed, 3 unknown (a node could not be asked), 4
-    stopped."""
-    from fleet import backends
-    from fleet.lifecycle import attempts
-    from fleet.run import record as state
-    from fleet.run import watched
-
-    rec = state.load(run_id)
-    found = attempts.load(rec)
-    every = attempts.records(rec)
-    final, lines = backends.for_record(every[-1]).describe(every[-1])
-    if as_json:
-        run_views.status_json(rec, every[-1], final, lines)
-    elif found:
-        echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
-        echo("\n".join(attempts.lines(*found)))
-        for number, rows in _not_over(every, found[1]):
-            echo(f"  attempt {number}/{found[0] + 1} ({every[number - 1].run_id}) is not over "
-                 f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
-            echo("\n".join(f"  {row}" for row in rows))
-    if not as_json:
-        echo("\n".join(lines))
-        if watcher := watched.watched_by(every[-1], final):
-            echo(watcher)
-    if final.exit_code:
-        raise typer.Exit(final.exit_code)
+    A run whose end fleet saw is said from its local record alone (no host asked); a live
+    one's nodes are asked at once, a few seconds each at most. Exits 0 if it runs or succeeded,
+    1 failed, 3 unknown (a node could not be asked), 4 stopped."""
+    code = run_answers.status(run_id, as_json)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -105,7 +95,9 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
            "--hosts", callback=inventory_given,
            help="Instead: the runs alive on the hosts of this inventory, whoever "
                 "started them.")] = None) -> None:
-    """List the recorded runs, newest last, each with its state."""
+    """List the recorded runs, newest last, each with its state.
+
+    A finished run's state is its record's; only live runs are asked, all at once."""
     from fleet.run import record as state
 
     if hosts is not None:
@@ -119,63 +111,20 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
 
 
 def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
-    """Each run with the state its backend says (asked of the nodes, all runs at once)."""
-    from fleet import backends
+    """Each run with its state: its record's where finished, else asked (all runs at once)."""
     from fleet.lifecycle import attempts
     from fleet.transport.group import each, reason
 
     hosts_of = {r.run_id: attempts.records(r)[-1].nodes for r in runs if not r.parent}
     runs = [r for r in runs if not r.parent]  # a restart's attempts: with their run
     runs = runs if all_runs else runs[-10:]
-
-    def word(rec: RunRecord) -> str:
-        try:
-            found = attempts.load(rec)
-            every = attempts.records(rec)
-            said = words(backends.for_record(every[-1]).state(every[-1]))
-            if not found:
-                return said
-            left = "".join(f"; attempt {number} may still run on "
-                           f"{', '.join(row.split()[0] for row in rows)}"
-                           for number, rows in _not_over(every, found[1]))
-            return f"{said} ({attempts.headline(*found, len(every))}){left}"
-        except FleetError as e:
-            return words(backends.Seen(RunStatus.UNKNOWN, why=reason(e)))
-
-    results = each(((r.run_id, r) for r in runs), word)
+    results = each(((r.run_id, r) for r in runs), run_answers.ps_word)
     for rec in runs:
         r = results[rec.run_id]
         said = r if isinstance(r, str) else f"unknown ({reason(r)})"
         names = ",".join(n.host.name for n in hosts_of.get(rec.run_id, rec.nodes))
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
-
-
-def words(seen: Seen) -> str:
-    """A run's state in `ps`: `running`, `unknown (node2: timed out)`, `running (slurm)`."""
-    return seen.status.value + "".join(f" ({w})" for w in (seen.why, seen.by) if w)
-
-
-def _not_over(every: list[RunRecord], items: list[Attempt]) -> list[tuple[int, list[str]]]:
-    """Earlier attempts that lost a node (their record says which) whose end fleet has not seen
-    since (its stop keeps that end), where that node does not say it ended either: each one's
-    number and its rows for those nodes. Only those nodes are asked: every `ps` would otherwise
-    connect to every node of every earlier attempt (a host gone from the lab, a timeout each)."""
-    from fleet import backends
-    from fleet.run import outcomes
-
-    records = {rec.run_id: rec for rec in every[:-1]}
-    found = []
-    for a in items:
-        rec = records.get(a.run_id)
-        if rec is None or not a.lost:
-            continue
-        open_ = set(a.lost) - set(outcomes.ended(rec.dir))
-        if open_:
-            rows = backends.for_record(rec).parts_left(rec, open_)
-            if rows:
-                found.append((a.number, rows))
-    return found
 
 
 def _ps_hosts(path: Path) -> None:
@@ -252,7 +201,7 @@ def show(run_id: RunArg = None,
     from fleet import manifest as fleet_manifest
     from fleet import manifest_view
     from fleet.lifecycle import attempts
-    from fleet.run import outcomes
+    from fleet.run import outcomes, verdict
     from fleet.run import record as state
 
     rec = state.load(run_id)
@@ -266,6 +215,9 @@ def show(run_id: RunArg = None,
     seen = outcomes.seen(last.dir)  # how each node ended, as fleet saw it
     if seen:
         m = {**m, "outcomes": outcomes.as_json(seen)}
+    kept = verdict.read(rec.dir)  # and the run
+    if kept:
+        m = {**m, "verdict": verdict.as_json(kept)}
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
@@ -274,6 +226,9 @@ def show(run_id: RunArg = None,
     if seen:
         echo("as fleet saw the nodes:")
         echo("\n".join(outcomes.lines(seen)))
+    if kept:
+        echo(f"as fleet saw the run end: {kept.status.value} (exit {kept.code}), by {kept.by} "
+             f"at {kept.when()}")
     found = attempts.load(rec)
     if found:
         echo("attempts:")
@@ -291,9 +246,17 @@ def diff_runs(run_a: Annotated[str, typer.Argument(
 
     Code, files, hosts, env, commands, versions, setup."""
     from fleet import manifest_view
+    from fleet.lifecycle import attempts
     from fleet.run import record as state
 
-    a, b = _manifest(state.load(run_a)), _manifest(state.load(run_b))
+    chosen = []
+    for typed in (run_a, run_b):  # a restarted run: its last attempt, and said so
+        every = attempts.records(state.load(typed))
+        if len(every) > 1:
+            echo(f"{every[0].run_id}: comparing its last attempt, {len(every)}/{len(every)} "
+                 f"({every[-1].run_id})")
+        chosen.append(every[-1])
+    a, b = _manifest(chosen[0]), _manifest(chosen[1])
     changes = manifest_view.diff(a, b)
     for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
         echo(line)

@@ -11,6 +11,7 @@ from fleet.errors import UsageError
 from fleet.states import RunStatus
 
 if TYPE_CHECKING:
+    from fleet.lifecycle.history import Finished
     from fleet.run.record import RunRecord
 
 
@@ -49,6 +50,10 @@ def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
         return 0
     final, lines = backends.for_record(every[-1]).describe(every[-1])
     said = run_logs.final_line(every[0].run_id, final, lines)
+    if final.is_terminal:
+        from fleet.cli.run_answers import keep_seen
+
+        keep_seen(every[0], last, "fleet logs -f", final)
     if console.sink is None:
         console.info(said, _MEANING.get(final, Meaning.WARN))
     else:
@@ -62,9 +67,11 @@ _MEANING = {RunStatus.SUCCEEDED: Meaning.OK, RunStatus.FAILED: Meaning.FAIL,
             RunStatus.NEVER_STARTED: Meaning.FAIL}
 
 
-def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[str]) -> None:
+def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[str],
+                done: Finished | None = None) -> None:
     """`status --json`: each node as fleet's record of the last attempt keeps it (what
-    `describe` just asked of the nodes whose end was not kept is kept by now)."""
+    `describe` just asked of the nodes whose end was not kept is kept by now); a finished
+    run's verdict as kept, with its parts never seen to end."""
     import json
 
     from fleet.lifecycle import attempts
@@ -78,4 +85,10 @@ def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[s
     tried = attempts.as_json(rec)
     if tried:
         out["attempts"] = tried
+    if done is not None:
+        from fleet.run import verdict
+
+        out["verdict"] = {**verdict.as_json(done.verdict),
+                          "not_seen_to_end": [{"attempt": p.attempt, "run_id": p.run_id,
+                                               "node": p.node} for p in done.open]}
     print(json.dumps(out, ensure_ascii=False))

@@ -17,7 +17,7 @@ from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.events import Attempt, Phase, Step, Verdict
-from fleet.lifecycle import attempts, notify
+from fleet.lifecycle import attempts, history, notify
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import RunState, monitor
 from fleet.states import RunStatus
@@ -113,11 +113,17 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
                     w.update(f"restart: attempt {nxt} in {secs}s")
                     time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
         except Interrupted as e:
-            raise Interrupted(e.signame, f"during the wait before attempt {nxt}: "
-                                         f"{book.left()}") from None
+            said = f"during the wait before attempt {nxt}: {book.left()}"
+            last = book.attempts[-1].status  # the run is as its last attempt ended
+            history.keep(book.run_id, last, last.exit_code,
+                         f"fleet up, interrupted ({e.signame})", f"run {book.run_id} {said}")
+            raise Interrupted(e.signame, said) from None
         if book.stop_requested():
-            raise RunStopped(f"run {book.run_id} was stopped by fleet stop during the wait "
-                             f"before attempt {nxt}; {book.summary()}")
+            said = (f"run {book.run_id} was stopped by fleet stop during the wait before "
+                    f"attempt {nxt}; {book.summary()}")
+            last = book.attempts[-1].status
+            history.keep(book.run_id, last, last.exit_code, "fleet up, after fleet stop", said)
+            raise RunStopped(said)
 
 
 def attempt(backend: Backend, job: Job, console: Console, options: Options,
@@ -178,6 +184,8 @@ def conclude(ended: Ended, console: Console, told: notify.Told, run_id: str = ""
 
     def verdict(code: int) -> None:
         console.event(Verdict(run_id, final.status, int(code), nodes, told.said))
+        seen = RunStatus.FAILED if ended.hang is not None else final.status
+        history.keep(run_id, seen, int(code), "fleet up", told.said)  # kept at once
 
     if ended.hang is not None:
         told.state = notify.NoticeState.HUNG

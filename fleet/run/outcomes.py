@@ -80,6 +80,19 @@ def lines(kept: dict[str, Seen]) -> list[str]:
             for name, s in sorted(kept.items(), key=lambda kv: kv[1].outcome.node_rank)]
 
 
+def words(r: NodeOutcome) -> str:
+    """`failed (exit 1)  12s`, `stopped (exit 143) by fleet stop  3s`: a node's row in status."""
+    code = f" (exit {r.code})" if r.code is not None else ""
+    if r.own_failure:
+        by = f": {r.own_failure} before the stop ({r.detail}) reached it"
+    elif r.detail and r.status in (NodeStatus.STOPPED, NodeStatus.FAILED):
+        by = f" by {r.detail}" if r.status is NodeStatus.STOPPED else f": {r.detail}"
+    else:
+        by = ""
+    took = f"  {r.elapsed}s" if r.elapsed is not None else ""
+    return f"{r.status.value}{code}{by}{took}"
+
+
 def as_json(kept: dict[str, Seen]) -> dict[str, Any]:
     return json.loads(dumps(kept))  # type: ignore[no-any-return]
 

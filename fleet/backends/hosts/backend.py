@@ -110,7 +110,10 @@ class HostsBackend(Launch, Recorded, LabTools):
     def state(self, rec: RunRecord) -> Seen:
         if rec.never_started():
             return Seen(RunStatus.NEVER_STARTED)
-        return Seen(overall(status(s) for s in node_outcomes(rec).values()))
+        found = node_outcomes(rec)
+        silent = [name for name, r in found.items() if isinstance(r, Exception)]
+        return Seen(overall(status(s) for s in found.values()),
+                    why=", ".join(silent) + " unreachable" if silent else "")
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
@@ -222,11 +225,13 @@ class HostsBackend(Launch, Recorded, LabTools):
 def node_outcomes(rec: RunRecord, only: set[str] | None = None
                   ) -> dict[str, NodeOutcome | Exception]:
     """How each node's part ended as fleet saw it (the run's record), of every node or those in
-    `only`; only the nodes whose end fleet did not see are asked, and an end they say is kept
-    from then on."""
+    `only`; only the nodes whose end fleet did not see are asked (in parallel, bounded), and an
+    end they say is kept from then on."""
     known = outcomes.ended(rec.dir)
     names = {n.host.name for n in rec.nodes} if only is None else only
-    asked = recorded.on_nodes(
+    # All at once, each within recorded.ASK_S: a silent host is said unreachable in seconds,
+    # and what is kept of it stays as it is.
+    asked = recorded.ask(
         rec, lambda t, d: run_state.state(t, d, rec.stop_key(t.host.name)),
         only=names - set(known))
     found: dict[str, NodeOutcome | Exception] = {}
@@ -253,17 +258,7 @@ def node_row(n: NodeRecord, r: NodeOutcome | Exception) -> str:
     return f"{where}  {node_words(r)}"
 
 
-def node_words(r: NodeOutcome) -> str:
-    """`failed (exit 1)  12s`, `stopped (exit 143) by fleet stop  3s`: a node's row."""
-    code = f" (exit {r.code})" if r.code is not None else ""
-    if r.own_failure:
-        by = f": {r.own_failure} before the stop ({r.detail}) reached it"
-    elif r.detail and r.status in (NodeStatus.STOPPED, NodeStatus.FAILED):
-        by = f" by {r.detail}" if r.status is NodeStatus.STOPPED else f": {r.detail}"
-    else:
-        by = ""
-    took = f"  {r.elapsed}s" if r.elapsed is not None else ""
-    return f"{r.status.value}{code}{by}{took}"
+node_words = outcomes.words  # `failed (exit 1)  12s`: a node's row, as the record says it too
 
 
 def status(r: NodeOutcome | Exception) -> NodeStatus:

@@ -4,11 +4,13 @@ and the stop of them all (the commands that outlive the `fleet up` that started 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fleet.backends.hosts.node import Stopped, stop_together
-from fleet.errors import FleetError
+from fleet.errors import CommandTimedOut, FleetError
 from fleet.facts import run_state
 from fleet.run import outcomes
 from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
@@ -16,6 +18,39 @@ from fleet.transport import Transport, open_transport
 from fleet.transport.group import each
 
 R = TypeVar("R")
+ASK_S = 5.0  # what `status` and `ps` wait for a live run's nodes, all asked at once
+
+
+def ask(record: RunRecord, fn: Callable[[Transport, str], R], only: set[str] | None = None,
+        within: float | None = None) -> dict[str, R | Exception]:
+    """on_nodes, bounded: every node asked at once, each given `within` seconds in all (its
+    connection too, whose own timeout is longer); a node that has not answered by then is
+    CommandTimedOut (unreachable, as status says), and its thread is left to end by itself
+    (a daemon: it never holds the process)."""
+    within = ASK_S if within is None else within
+    names = [n.host.name for n in record.nodes if only is None or n.host.name in only]
+    if not names:
+        return {}
+    out: dict[str, R | Exception] = {}
+
+    def one(name: str) -> None:
+        try:
+            r = on_nodes(record, fn, {name})[name]
+        except Exception as e:  # noqa: BLE001 - a node's failure is its answer
+            r = e
+        out[name] = r
+
+    threads = [threading.Thread(target=one, args=(name,), daemon=True, name=f"fleet-ask-{name}")
+               for name in names]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + within
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
+    got = dict(out)  # a snapshot: a late answer changes nothing said from here
+    return {name: got[name] if name in got else
+            CommandTimedOut(name, "fleet's question (connection and run state)", within)
+            for name in names}
 
 
 def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R],
