@@ -18,7 +18,7 @@ from fleet.transport import Transport, open_transport
 from fleet.transport.group import each
 
 R = TypeVar("R")
-ASK_S = 5.0  # what `status` and `ps` wait for a live run's nodes, all asked at once
+ASK_S = 8.0  # what `status` and `ps` wait for a live run's nodes, all asked at once
 
 
 def ask(record: RunRecord, fn: Callable[[Transport, str], R], only: set[str] | None = None,
