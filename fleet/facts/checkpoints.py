@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from fleet.nodeside import ferry
 from fleet.shell import quote
 from fleet.transport.transfer.agent import agent
+from fleet.transport.transfer.wanted import entries
 
 SIZE_MAX = 1 << 42  # 4 TiB: a file listed larger is no checkpoint fleet copies
 MTIME_MAX = 1 << 62  # nanoseconds since the epoch (year 2116): later is not a file's time
@@ -54,14 +55,7 @@ def parse(out: str, ckpt: str) -> Listing:
             return None
         return rel if rel.startswith(ckpt + "/") and ferry.part_of(rel) is None else None
 
-    for line in out.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or len(obj) != 1:
-            continue
-        (key, value), = obj.items()
+    for key, value in entries(out):
         if key == "root" and isinstance(value, bool):
             got.there = value
         elif key == "missing" and value == ckpt:

@@ -5,7 +5,7 @@ differ where a version or a partial file is, and the stream held to that (`Bound
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,18 @@ class Listing:
     truncated: bool = False
 
 
+def entries(out: str) -> Iterator[tuple[str, Any]]:
+    """`ferry list`'s lines as (key, value), each a JSON object of one key; any other line
+    (rc noise, a damaged line) is passed over."""
+    for line in out.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and len(obj) == 1:
+            yield next(iter(obj.items()))
+
+
 def parse_listing(out: str, asked: list[str]) -> Listing:
     """`ferry list`'s lines, as from an untrusted node: a name that leaves the directory, lies
     under no path asked for, or is malformed is not taken (nor a line that is not one of
@@ -67,14 +79,7 @@ def parse_listing(out: str, asked: list[str]) -> Listing:
             return None
         return rel if any(rel == a or rel.startswith(a + "/") for a in asked) else None
 
-    for line in out.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or len(obj) != 1:
-            continue
-        (key, value), = obj.items()
+    for key, value in entries(out):
         if key == "root" and isinstance(value, bool):
             got.root = value
         elif key == "truncated":
