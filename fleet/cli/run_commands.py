@@ -78,6 +78,7 @@ def status(run_id: RunArg = None,
     from fleet.run import watched
 
     rec = state.load(run_id)
+    backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
     found = attempts.load(rec)
     every = attempts.records(rec)
     final, lines = backends.for_record(every[-1]).describe(every[-1])
@@ -130,6 +131,7 @@ def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
 
     def word(rec: RunRecord) -> str:
         try:
+            backends.for_record(rec).take_healed(rec)
             found = attempts.load(rec)
             every = attempts.records(rec)
             said = words(backends.for_record(every[-1]).state(every[-1]))
