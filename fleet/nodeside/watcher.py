@@ -56,9 +56,9 @@ def stop_part(run_dir: str, cfg: Config, wrapper: str, verdict: Verdict) -> None
 # Runs stop.sh (the key and the wrapper on its stdin, never on a command line), then the next
 # attempt's heal.sh with the node lost: outside the run's environment and session, so that the
 # stop, which ends this watcher, does not end it.
-HEAL_SH = """IFS= read -r k; IFS= read -r w
+HEAL_SH = """IFS= read -r k <&3; IFS= read -r w <&3; exec 3<&-
 [ -n "$1" ] && printf '%s\\n%s\\n' "$k" "$w" | sh "$1" "$2"
-exec sh "$3" "$4" < /dev/null > /dev/null 2>&1
+exec sh "$3" "$4" < /dev/null >> "$3.log" 2>&1
 """
 
 
@@ -70,10 +70,14 @@ def heal_part(run_dir: str, cfg: Config, wrapper: str, healing: Healing, running
     say(run_dir, f"{healing.why}: starting this node's part of attempt {healing.attempt}")
     env = {k: v for k, v in os.environ.items() if k not in (RUN_ID_VAR, ATTEMPT_ID_VAR)}
     stop = os.path.join(run_dir, "stop.sh") if running else ""
-    p = subprocess.Popen(["sh", "-c", HEAL_SH, "sh", stop, healing.why, cfg.heal.script,
-                          healing.lost], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    # In the background of a shell that ends at once: no child of this watcher, which the
+    # stop finds by its environment, and with it every process descended from it.
+    p = subprocess.Popen(["sh", "-c", f"exec 3<&0; ({HEAL_SH}) &", "sh", stop, healing.why,
+                          cfg.heal.script, healing.lost], stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                         start_new_session=True)
     assert p.stdin is not None
+    p.wait()
     p.stdin.write(f"{cfg.key}\n{wrapper}\n".encode())
     p.stdin.close()
     if running:
