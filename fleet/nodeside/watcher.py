@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from fleet.nodeside.shared.heal_rules import HEALED, Healing, choose, dumps_healed
+from fleet.nodeside.shared.heal_rules import HEALED, Healing, choose, dumps_healed, unhealed
 from fleet.nodeside.shared.nodemap import ATTEMPT_ID_VAR, RUN_ID_VAR, WATCHER_CONFIG, WATCHER_PORT
 from fleet.nodeside.shared.watch_link import Link, listen, part_ended, say
 from fleet.nodeside.shared.watch_rules import (
@@ -147,6 +147,8 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
             heal_part(run_dir, cfg, wrapper, healing, not own[0])
             return
         if verdict is not None:
+            verdict = Verdict(unhealed(verdict.why, verdict.culprit, verdict.lost, cfg.node,
+                                       cfg.heal), verdict.culprit)
             say(run_dir, f"stopping the run: {verdict.why}")
             for link in links:
                 link.send(token, "stop", cfg.node, why=verdict.why, culprit=verdict.culprit)
@@ -204,6 +206,9 @@ def spoke(run_dir: str, cfg: Config, pid: int, start: int) -> None:
                 if own[0] and seen is not None:
                     return  # the master closes the link once it has the end
         verdict = spoke_decide(master, since, seen, now, cfg.after, cfg.hello_within)
+        if verdict is not None:  # nobody is left to heal the run
+            verdict = Verdict(unhealed(verdict.why, master, True, master, cfg.heal),
+                              verdict.culprit, verdict.lost)
         if verdict is not None:
             if not own[0]:
                 stop_part(run_dir, cfg, wrapper, verdict)

@@ -101,3 +101,13 @@ def test_healed_json_is_the_nodes_word(change: dict[str, object]) -> None:
     for text in ("[]", "{", "x" * 3000):
         with pytest.raises(ValueError):
             h.parse_healed(text, "r1", ("node1", "node2", "node3"), ("spare1",))
+
+
+def test_a_fail_fast_stop_says_why_it_was_not_healed() -> None:
+    why = "fail-fast: node1 unreachable (no word from it for 4s)"
+    assert h.unhealed(why, "node1", True, "node1", HEAL) == \
+        why + "; not healed: the master was lost"
+    assert h.unhealed(why, "node3", True, "node1", HEAL) == \
+        why + "; not healed: no standby spare answered"
+    assert h.unhealed(why, "node3", False, "node1", HEAL) == why  # failed: never healed
+    assert h.unhealed(why, "node1", True, "node1", None) == why  # nothing prepared

@@ -128,6 +128,7 @@ def test_without_a_standby_spare_heard_of_the_run_fails_fast(tmp_path: Path) -> 
         other.watcher.send_signal(signal.SIGSTOP)
         said = master.told("stopped_by", AFTER + 8)
         assert said[0].startswith("by=fail-fast: node2 unreachable"), said
+        assert said[0].endswith("; not healed: no standby spare answered"), said
         assert not (master.dir / "healed_with").exists()
         assert not (master.dir / HEALED).exists()
     finally:

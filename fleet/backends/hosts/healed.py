@@ -55,9 +55,9 @@ def take(rec: RunRecord, text: str) -> Healing | None:
         raise RemoteCommandError(rec.nodes[0].host.name, f"read {HEALED}", 0,
                                  f"not a healing fleet prepared ({e}); the run's record is "
                                  "left as it was") from None
-    if h.lost not in lost:
+    if h.lost not in lost or h.run != f"{rec.run_id}-a2":
         raise RemoteCommandError(rec.nodes[0].host.name, f"read {HEALED}", 0,
-                                 f"{h.lost}: no attempt was prepared with it lost")
+                                 f"{h.run} with {h.lost} lost: no such attempt was prepared")
     max_ = int((d / MAX_FILE).read_text().strip() or "1")
     target = state.state_dir() / h.run
     (d / h.lost).rename(target)

@@ -81,6 +81,15 @@ def choose(master: str, culprit: str, lost: bool, heal: Heal | None,
     return Healing(heal.attempt, heal.run, culprit, spare, why, at)
 
 
+def unhealed(why: str, culprit: str, lost: bool, master: str, heal: Heal | None) -> str:
+    """A fail-fast stop's reason where a next attempt was prepared and a node lost: why it was
+    not healed (the reason as it was otherwise)."""
+    if heal is None or not lost:
+        return why
+    return why + ("; not healed: the master was lost" if culprit == master
+                  else "; not healed: no standby spare answered")
+
+
 def dumps_healed(h: Healing) -> str:
     return json.dumps({"attempt": h.attempt, "run": h.run, "lost": h.lost, "spare": h.spare,
                        "why": h.why[:MAX_SAID], "at": h.at}, sort_keys=True) + "\n"

@@ -176,7 +176,7 @@ def hub_decide(hub: Hub, now: float, own_end: tuple[bool, int | None]) -> Verdic
     if len(going) > 1 and all(p.seen is not None and now - p.seen > hub.after for p in going):
         # Every other node silent at once: the master is the one cut off, as far as it can tell.
         return Verdict(f"fail-fast: {hub.master} cut off (no word from any other node for "
-                       f"{hub.after:g}s; seen by {SAID_BY})", hub.master)
+                       f"{hub.after:g}s; seen by {SAID_BY})", hub.master, True)
     for name in sorted(hub.peers):
         p = hub.peers[name]
         if p.ended:
