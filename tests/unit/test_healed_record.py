@@ -19,6 +19,8 @@ from fleet.errors import RemoteCommandError
 from fleet.lifecycle import attempts
 from fleet.nodeside.shared.heal_rules import Healing, dumps_healed
 from fleet.run import record as state
+from fleet.run import watched
+from fleet.states import RunStatus
 
 HOSTS = {n: Host(n, f"10.0.0.{i}") for i, n in enumerate(("node1", "node2", "node3", "spare1"))}
 
@@ -53,6 +55,7 @@ def test_the_attempt_that_ran_is_taken_into_the_record(run: state.RunRecord) -> 
     a2 = state.load("r1-a2")
     assert [n.host.name for n in a2.nodes] == ["node1", "node2", "spare1"]
     assert a2.parent == "r1" and a2.launched
+    assert watched.watched_by(a2, RunStatus.RUNNING).startswith("watched by: the nodes' own ")
     max_, items = attempts.load(run) or (0, [])
     assert max_ == 2 and len(items) == 1
     assert items[0].replaced == {"node3": "spare1"} and items[0].lost == ["node3"]

@@ -12,6 +12,7 @@ import shutil
 from fleet.errors import RemoteCommandError
 from fleet.nodeside.shared.heal_rules import HEALED, MAX_HEALED, Healing, parse_healed
 from fleet.run import record as state
+from fleet.run import watched
 from fleet.run.record import RunRecord
 from fleet.shell import quote
 from fleet.transport import open_transport
@@ -62,6 +63,7 @@ def take(rec: RunRecord, text: str) -> Healing | None:
     target = state.state_dir() / h.run
     (d / h.lost).rename(target)
     state.mark_launched(target)
+    watched.mark(target)  # its own watchers, started with it on the nodes
     hosts = [n.host.name for n in rec.nodes]
     first = {"number": 1, "run_id": rec.run_id, "hosts": hosts, "started": rec.started,
              "ended": h.at, "status": "failed", "why": f"{h.lost} was lost",
