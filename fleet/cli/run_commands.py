@@ -3,6 +3,7 @@ the backend that ran it (the run record says which)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ def stop(run_id: RunArg = None) -> None:
 
     run = state.load(run_id)
     attempts.request_stop(run)  # with [restart]: no attempt after this one
+    with contextlib.suppress(FleetError):  # the attempt its nodes started, stopped too
+        backends.for_record(run).take_healed(run)
     every = attempts.records(run)
     console = Console()
     for rec in reversed(every[:-1]):  # an earlier attempt's lost node may still run its part

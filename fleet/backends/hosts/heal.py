@@ -23,7 +23,9 @@ from fleet.backends.hosts.prepare import Session, prepare_plan
 from fleet.backends.hosts.upload import Sources, upload
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
-from fleet.console import Console
+from fleet.config.select import load_selected
+from fleet.console import Console, Meaning
+from fleet.errors import FleetError
 from fleet.nodeside.shared import nodemap
 from fleet.nodeside.shared.heal_rules import Heal
 from fleet.plan import NodePlan, Plan
@@ -57,6 +59,22 @@ class Staged:
     def heal_for(self, host: str) -> Heal:
         """What node `host`'s watcher is told of the next attempt."""
         return Heal(2, self.run_id, f"{self.run_dir(host)}/{SCRIPT}", (self.spare.name,))
+
+
+def stage(session: Session, plan: Plan, job: Job, console: Console, sources: Sources | None,
+          record_dir: Path, detach: bool) -> Staged | None:
+    """The next attempt prepared, where the run is detached, `[restart] max` is set and the
+    inventory has a spare; None otherwise, or where it could not be (said: the run fails
+    fast)."""
+    inventory = load_selected(job.inventory, job.selection)
+    if not (detach and job.restart.max and inventory.spares and len(plan.nodes) > 1):
+        return None
+    assert sources is not None
+    try:
+        return prepare(session, plan, inventory, job, console, sources, record_dir)
+    except FleetError as e:  # the spare unfit: the run itself may still start
+        console.info(f"healing not prepared: {e}; this detached run fails fast", Meaning.WARN)
+        return None
 
 
 def prepare(session: Session, plan: Plan, inventory: Inventory, job: Job, console: Console,
@@ -98,7 +116,18 @@ def heal_script(n: NodePlan, run_id: str, python: str, lost: list[str]) -> str:
 def arm(session: Session, plan: Plan, staged: Staged, secret: str, port: int,
         console: Console) -> None:
     """Once this attempt's watchers listen (`port`): every node's files of the next attempt,
-    its heal.sh, the records waiting on this machine, then the spare's standby watcher."""
+    its heal.sh, the records waiting on this machine, then the spare's standby watcher (the
+    last: without it, nothing heals). Where that fails, the run goes on and fails fast."""
+    try:
+        _arm(session, plan, staged, secret, port, console)
+    except FleetError as e:
+        console.info(f"healing not prepared: {e}; this detached run fails fast", Meaning.WARN)
+    finally:
+        staged.spare_t.close()
+
+
+def _arm(session: Session, plan: Plan, staged: Staged, secret: str, port: int,
+         console: Console) -> None:
     transports = {**session.transports, staged.spare.name: staged.spare_t}
     by_node: dict[str, list[tuple[str, NodePlan, Plan]]] = {}
     for lost, p in staged.plans.items():

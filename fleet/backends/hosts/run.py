@@ -130,28 +130,15 @@ class HostsRun(Run):
                                                 manifest.dumps(m).encode(), 0o600)
         # A detached run is confirmed by the master's open port, where fleet knows torchrun
         # opens one (a `command` may not).
-        staged = self.stage_heal(options)
+        staged = heal.stage(session, plan, self.job, console, self.sources, self.record_dir,
+                            options.detach)
         console.event(events.Phase(events.Step.STARTING, self.run_id))
         self.pids = self.start_all(
             wait_port=options.detach and self.job.launcher != Launcher.COMMAND,
             watch=options.detach, staged=staged)
         if staged is not None:
-            try:
-                heal.arm(session, plan, staged, self.secret, self.watch_port, console)
-            finally:
-                staged.spare_t.close()
+            heal.arm(session, plan, staged, self.secret, self.watch_port, console)
         session.release()  # its nodes run: the next launch sees them (refuse_held)
-
-    def stage_heal(self, options: Options) -> heal.Staged | None:
-        """A detached run with `[restart] max` and a spare heals by itself: its next attempt
-        prepared now (fleet.backends.hosts.heal)."""
-        inventory = load_selected(self.job.inventory, self.job.selection)
-        if not (options.detach and self.job.restart.max and inventory.spares
-                and len(self.plan.nodes) > 1):
-            return None
-        assert self.sources is not None
-        return heal.prepare(self.session, self.plan, inventory, self.job, self.console,
-                            self.sources, self.record_dir)
 
     def start_all(self, wait_port: bool = False, watch: bool = False,
                   staged: heal.Staged | None = None) -> dict[str, int]:
