@@ -68,6 +68,10 @@ def test_the_attempt_that_ran_is_taken_into_the_record(run: state.RunRecord) -> 
 def test_nothing_healed_changes_nothing(run: state.RunRecord) -> None:
     assert healed.take(run, "") is None
     assert healed.waiting(run) == ["node2", "node3"]
+    # `fleet rm` removes the attempt prepared on every node it was written to.
+    prepared = healed.waiting_record(run)
+    assert prepared is not None and prepared.run_id == "r1-a2"
+    assert sorted(n.host.name for n in prepared.nodes) == ["node1", "node2", "node3", "spare1"]
 
 
 @pytest.mark.parametrize("text", [

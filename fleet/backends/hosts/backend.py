@@ -190,6 +190,8 @@ class HostsBackend(Launch, Recorded, LabTools):
         if bad:
             console.info(f"the local record of {rec.run_id} is kept until every node is clean")
             raise NotEveryNode(f"run {rec.run_id}: {', '.join(bad)} could not be cleaned")
+        if (prepared := healed.waiting_record(rec)) is not None:  # an attempt never started
+            self.delete(prepared, console)
 
     def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
         names = [n.host.name for n in rec.nodes]

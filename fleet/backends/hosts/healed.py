@@ -6,6 +6,7 @@ run's attempts.json says the first attempt, the loss and the replacement."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -27,6 +28,17 @@ def waiting(rec: RunRecord) -> list[str]:
     if rec.parent or not d.is_dir() or (state.state_dir() / f"{rec.run_id}-a2").exists():
         return []
     return sorted(p.name for p in d.iterdir() if (p / "run.json").is_file())
+
+
+def waiting_record(rec: RunRecord) -> RunRecord | None:
+    """One record of every node's directory of the attempt prepared and never taken in
+    (`fleet rm` removes them with the run's own), None where there is none."""
+    lost = waiting(rec)
+    if not lost:
+        return None
+    recs = [state.parse_record((rec.dir / "heal" / x / "run.json").read_text()) for x in lost]
+    nodes = {n.host.name: n for r in recs for n in r.nodes}
+    return dataclasses.replace(recs[0], nodes=tuple(nodes.values()))
 
 
 def read(rec: RunRecord) -> str:
