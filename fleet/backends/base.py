@@ -212,6 +212,11 @@ class Backend(ABC):
         """`fleet ps`: the run's state (or why it is unknown)."""
         raise self.refuse("state")
 
+    def take_healed(self, rec: RunRecord) -> None:
+        """Take into the run's record an attempt that its nodes started by themselves (a
+        detached run that healed without the laptop), once; nothing where none did."""
+        return None
+
     def cancel(self, rec: RunRecord, console: Console) -> None:
         """`fleet stop`: end the run everywhere, nothing of it left."""
         raise self.refuse("cancel")

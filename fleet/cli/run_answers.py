@@ -27,6 +27,7 @@ def status(run_id: str | None, as_json: bool) -> int:
     from fleet.run import watched
 
     rec = state.load(run_id)
+    backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
     found = attempts.load(rec)
     every = attempts.records(rec)
     done = history.finished(rec, every)
@@ -60,6 +61,7 @@ def ps_word(rec: RunRecord) -> str:
     from fleet.transport.group import reason
 
     try:
+        backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
         found = attempts.load(rec)
         every = attempts.records(rec)
         done = history.finished(rec, every)

@@ -3,6 +3,7 @@ the backend that ran it (the run record says which)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import typer
 from fleet.cli import run_answers, run_views
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.console import Console
-from fleet.errors import NotEveryNode
+from fleet.errors import FleetError, NotEveryNode
 
 if TYPE_CHECKING:
     from fleet.run.record import RunRecord
@@ -31,6 +32,8 @@ def stop(run_id: RunArg = None) -> None:
 
     run = state.load(run_id)
     attempts.request_stop(run)  # with [restart]: no attempt after this one
+    with contextlib.suppress(FleetError):  # the attempt its nodes started, stopped too
+        backends.for_record(run).take_healed(run)
     every = attempts.records(run)
     console = Console()
     for rec in reversed(every[:-1]):  # an earlier attempt's lost node may still run its part

@@ -55,8 +55,9 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
     """Every attempt of the run, as `[restart]` decides (one without it)."""
     policy = job.restart
     if policy.max and options.detach:
-        console.info("[restart] restarts a run only while fleet is attached: this detached run "
-                     "fails fast through the nodes' own watchers, and is not restarted")
+        console.info("[restart] on a detached run: the nodes' own watchers start attempt 2, "
+                     "prepared now, once, where a node other than the master is lost and an "
+                     "inventory spare is there; any other end fails fast, not restarted")
     if not policy.max or options.detach:
         ended = attempt(backend, job, console, options, told)
         return ended if isinstance(ended, str) else conclude(ended, console, told)

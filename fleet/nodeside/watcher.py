@@ -12,7 +12,6 @@ removed before the job began."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import socket
@@ -20,115 +19,24 @@ import subprocess
 import sys
 import time
 
-from fleet.nodeside.shared.nodemap import (
-    ATTEMPT_ID_VAR,
-    EXIT_CODE,
-    NODE_LOG,
-    RUN_ID_VAR,
-    WATCHER_CONFIG,
-    WATCHER_PORT,
-)
+from fleet.nodeside.shared.heal_rules import HEALED, Healing, choose, dumps_healed, unhealed
+from fleet.nodeside.shared.nodemap import ATTEMPT_ID_VAR, RUN_ID_VAR, WATCHER_CONFIG, WATCHER_PORT
+from fleet.nodeside.shared.watch_link import Link, listen, part_ended, say
 from fleet.nodeside.shared.watch_rules import (
-    MAX_LINE,
-    NONCE_BYTES,
     BadMessage,
     Config,
     Hub,
-    Message,
     Peer,
     Verdict,
     beat_every,
-    encode,
     hub_decide,
     hub_done,
-    parse,
     parse_config,
-    parse_nonce,
     spoke_decide,
 )
 
 STOP_WAIT_S = 30  # how long the watcher waits for stop.sh to end it, before it ends by itself
 MAX_LINKS = 4  # links the master's watcher holds per node of the run, strangers' included
-
-
-class Link:
-    """One TCP link to another watcher: its nonce (what this side signs over), this side's
-    own (what the other signs over), what has come in and not been read, the last number
-    each way."""
-
-    def __init__(self, sock: socket.socket, opened: float = 0.0) -> None:
-        self.sock, self.opened = sock, opened
-        self.mine = os.urandom(NONCE_BYTES).hex()
-        self.theirs = ""
-        self.buf = b""
-        self.seq_in = 0
-        self.seq_out = 0
-        self.node = ""
-        sock.setblocking(False)
-        self.sock.sendall(f"nonce {self.mine}\n".encode())
-
-    def send(self, token: bytes, kind: str, node: str, **kw: object) -> bool:
-        if not self.theirs:
-            return False
-        self.seq_out += 1
-        try:
-            self.sock.sendall(encode(token, self.theirs, Message(kind, node, self.seq_out,
-                                                                 **kw)))  # type: ignore[arg-type]
-        except OSError:
-            return False
-        return True
-
-    def receive(self, token: bytes, nodes: frozenset) -> list:  # type: ignore[type-arg]
-        """The messages that have come; BadMessage or OSError end the link (EOF: OSError)."""
-        chunk = self.sock.recv(4096)
-        if not chunk:
-            raise OSError("closed")
-        self.buf += chunk
-        out = []
-        while b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            if not self.theirs:
-                self.theirs = parse_nonce(line + b"\n")
-                continue
-            m = parse(line + b"\n", token, self.mine, nodes, self.seq_in)
-            if self.node and m.node != self.node:
-                raise BadMessage("a link changed its node")
-            self.node, self.seq_in = m.node, m.seq
-            out.append(m)
-        if len(self.buf) > MAX_LINE:
-            raise BadMessage("a line too long")
-        return out
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-def part_ended(run_dir: str, pid: int, start: int) -> tuple[bool, int | None]:
-    """(ended, exit code: None where the wrapper died without one) of the node's part: the
-    wrapper of that pid and start time is gone (or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            fields = f.read().rpartition(") ")[2].split()
-        alive = len(fields) > 19 and fields[0] not in "ZX" and fields[19] == str(start)
-    except OSError:
-        alive = False
-    if alive:
-        return False, None
-    try:
-        with open(os.path.join(run_dir, EXIT_CODE), encoding="ascii") as f:
-            said = f.read(8).strip()
-    except (OSError, UnicodeDecodeError):
-        return True, None
-    return True, int(said) if said.isdigit() and int(said) < 256 else None
-
-
-def say(run_dir: str, line: str) -> None:
-    try:
-        with open(os.path.join(run_dir, NODE_LOG), "a", encoding="utf-8") as f:
-            f.write(f"[fleet] watcher: {line}\n")
-    except OSError:
-        pass
 
 
 def stop_part(run_dir: str, cfg: Config, wrapper: str, verdict: Verdict) -> None:
@@ -145,14 +53,40 @@ def stop_part(run_dir: str, cfg: Config, wrapper: str, verdict: Verdict) -> None
     time.sleep(STOP_WAIT_S)
 
 
+# Runs stop.sh (the key and the wrapper on its stdin, never on a command line), then the next
+# attempt's heal.sh with the node lost: outside the run's environment and session, so that the
+# stop, which ends this watcher, does not end it.
+HEAL_SH = """IFS= read -r k <&3; IFS= read -r w <&3; exec 3<&-
+[ -n "$1" ] && printf '%s\\n%s\\n' "$k" "$w" | sh "$1" "$2"
+exec sh "$3" "$4" < /dev/null >> "$3.log" 2>&1
+"""
+
+
+def heal_part(run_dir: str, cfg: Config, wrapper: str, healing: Healing, running: bool) -> None:
+    """Stop this attempt's part of the node (where it still runs) and start the next
+    attempt's, as prepared (a standby spare: start it alone); the stop ends this watcher, the
+    next attempt has watchers of its own."""
+    assert cfg.heal is not None
+    say(run_dir, f"{healing.why}: starting this node's part of attempt {healing.attempt}")
+    env = {k: v for k, v in os.environ.items() if k not in (RUN_ID_VAR, ATTEMPT_ID_VAR)}
+    stop = os.path.join(run_dir, "stop.sh") if running else ""
+    # In the background of a shell that ends at once: no child of this watcher, which the
+    # stop finds by its environment, and with it every process descended from it.
+    p = subprocess.Popen(["sh", "-c", f"exec 3<&0; ({HEAL_SH}) &", "sh", stop, healing.why,
+                          cfg.heal.script, healing.lost], stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                         start_new_session=True)
+    assert p.stdin is not None
+    p.wait()
+    p.stdin.write(f"{cfg.key}\n{wrapper}\n".encode())
+    p.stdin.close()
+    if running:
+        time.sleep(STOP_WAIT_S)
+
+
 def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
-    token, nodes = cfg.token.encode(), frozenset(cfg.nodes)
-    server = socket.socket(socket.AF_INET6 if ":" in cfg.addr else socket.AF_INET)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        server.bind((cfg.addr, 0))
-    except OSError:  # an address the others reach the master by, not the master's own (NAT)
-        server.bind(("", 0))
+    token, nodes = cfg.token.encode(), cfg.everyone
+    server = listen(cfg.addr, cfg.port)
     server.listen(len(cfg.nodes) + 4)
     server.setblocking(False)
     port = os.path.join(run_dir, WATCHER_PORT)
@@ -161,6 +95,7 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
     os.replace(port + ".tmp", port)
     state = Hub(cfg.node, time.monotonic(), cfg.after, cfg.hello_within,
                 {n: Peer() for n in cfg.nodes[1:]})
+    standby: dict[str, float | None] = {s: None for s in (cfg.heal.spares if cfg.heal else ())}
     links: list[Link] = []
     beat, last_beat = beat_every(cfg.after), 0.0
     wrapper = f"{pid} {start}"
@@ -181,6 +116,8 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
             link = next(x for x in links if x.sock is sock)
             try:
                 for m in link.receive(token, nodes):
+                    if m.node in standby:
+                        standby[m.node] = now
                     if m.node in state.peers:
                         state.peers[m.node].seen = now
                         if m.kind == "end":
@@ -194,7 +131,24 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
             links.remove(link)
         own = part_ended(run_dir, pid, start)
         verdict = hub_decide(state, now, own)
+        healing = None if verdict is None else choose(
+            cfg.node, verdict.culprit, verdict.lost, cfg.heal, standby, now, cfg.after,
+            time.time())
+        if healing is not None:
+            say(run_dir, f"healing the run: {healing.why}")
+            healed = os.path.join(run_dir, HEALED)
+            with open(healed + ".tmp", "w", encoding="utf-8") as f:
+                f.write(dumps_healed(healing))
+            os.replace(healed + ".tmp", healed)
+            for link in links:
+                link.send(token, "heal", cfg.node, why=healing.why, culprit=healing.lost,
+                          spare=healing.spare)
+                link.close()
+            heal_part(run_dir, cfg, wrapper, healing, not own[0])
+            return
         if verdict is not None:
+            verdict = Verdict(unhealed(verdict.why, verdict.culprit, verdict.lost, cfg.node,
+                                       cfg.heal), verdict.culprit)
             say(run_dir, f"stopping the run: {verdict.why}")
             for link in links:
                 link.send(token, "stop", cfg.node, why=verdict.why, culprit=verdict.culprit)
@@ -211,7 +165,7 @@ def hub(run_dir: str, cfg: Config, pid: int, start: int) -> None:
 
 
 def spoke(run_dir: str, cfg: Config, pid: int, start: int) -> None:
-    token, nodes, master = cfg.token.encode(), frozenset(cfg.nodes), cfg.nodes[0]
+    token, nodes, master = cfg.token.encode(), cfg.everyone, cfg.nodes[0]
     since, seen = time.monotonic(), None
     beat, last_beat, last_try = beat_every(cfg.after), 0.0, -1e9
     link: Link | None = None
@@ -235,7 +189,13 @@ def spoke(run_dir: str, cfg: Config, pid: int, start: int) -> None:
                     if m.node != master:
                         raise BadMessage("not the master's")
                     seen = now
-                    if m.kind == "stop":
+                    if m.kind == "heal" and cfg.heal is not None:
+                        link.close()
+                        heal_part(run_dir, cfg, wrapper, Healing(
+                            cfg.heal.attempt, cfg.heal.run, m.culprit, m.spare, m.why, 0.0),
+                            not own[0])
+                        return
+                    if m.kind in ("stop", "heal"):
                         link.close()
                         if not own[0]:
                             stop_part(run_dir, cfg, wrapper, Verdict(m.why, m.culprit))
@@ -246,6 +206,9 @@ def spoke(run_dir: str, cfg: Config, pid: int, start: int) -> None:
                 if own[0] and seen is not None:
                     return  # the master closes the link once it has the end
         verdict = spoke_decide(master, since, seen, now, cfg.after, cfg.hello_within)
+        if verdict is not None:  # nobody is left to heal the run
+            verdict = Verdict(unhealed(verdict.why, master, True, master, cfg.heal),
+                              verdict.culprit, verdict.lost)
         if verdict is not None:
             if not own[0]:
                 stop_part(run_dir, cfg, wrapper, verdict)
@@ -258,6 +221,49 @@ def spoke(run_dir: str, cfg: Config, pid: int, start: int) -> None:
                 link = None
 
 
+def standby(run_dir: str, cfg: Config) -> None:
+    """A standby spare's watcher: linked to the master's, it starts the next attempt's part
+    here when the master names this spare in a `heal`; it ends with the master's watcher (a
+    stop, any other end, its silence), having nothing of its own to stop."""
+    assert cfg.heal is not None
+    token, master, since, seen = cfg.token.encode(), cfg.nodes[0], time.monotonic(), None
+    beat, last_beat, last_try = beat_every(cfg.after), 0.0, -1e9
+    link: Link | None = None
+    while spoke_decide(master, since, seen, time.monotonic(), cfg.after,
+                       cfg.hello_within) is None:
+        now = time.monotonic()
+        if link is None and now - last_try >= beat:
+            last_try = now
+            try:
+                link = Link(socket.create_connection((cfg.addr, cfg.port), timeout=beat))
+            except OSError:
+                link = None
+        if link is None:
+            time.sleep(beat / 2)
+            continue
+        if select.select([link.sock], [], [], beat / 2)[0]:
+            try:
+                for m in link.receive(token, cfg.everyone):
+                    if m.node != master:
+                        raise BadMessage("not the master's")
+                    seen = time.monotonic()
+                    if m.kind == "heal" and m.spare == cfg.node:
+                        heal_part(run_dir, cfg, "", Healing(
+                            cfg.heal.attempt, cfg.heal.run, m.culprit, m.spare, m.why, 0.0),
+                            False)
+                    if m.kind in ("stop", "heal"):
+                        link.close()
+                        return
+            except (OSError, BadMessage):
+                link.close()
+                link = None
+                if seen is not None:
+                    return  # the master's watcher ended: so does the run's standby
+        if link is not None and time.monotonic() - last_beat >= beat:
+            last_beat = time.monotonic()
+            link.send(token, "beat", cfg.node)
+
+
 def main() -> None:
     run_dir, pid, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     try:  # start.sh removed the file before the job began: its keys are in this process alone
@@ -266,7 +272,10 @@ def main() -> None:
         say(run_dir, f"not started: {WATCHER_CONFIG}: {e}")
         return
     try:
-        (hub if cfg.master else spoke)(run_dir, cfg, pid, start)
+        if cfg.standby:
+            standby(run_dir, cfg)
+        else:
+            (hub if cfg.master else spoke)(run_dir, cfg, pid, start)
     except Exception as e:  # said where `fleet logs` shows it; the run goes on unwatched
         say(run_dir, f"ended unexpectedly: {e!r}")
         raise

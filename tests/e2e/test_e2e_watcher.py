@@ -101,3 +101,67 @@ def test_a_cut_off_host_stops_a_detached_run_everywhere(cli: CLI, tmp_path: Path
         assert "fail-fast: node3 unreachable" in s.stdout, s.stdout
         assert "fail-fast: node1 unreachable" in s.stdout, s.stdout  # node3's own word
         assert "watched by" not in s.stdout, s.stdout
+
+
+# Every rank joins an all_reduce each 0.2 s for 90 s (attempt 1) or 3 s (attempt 2), then ends
+# well: a detached run that healed completes by itself.
+TIMED = '''import os, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+attempt = os.environ.get("FLEET_ATTEMPT", "1")
+print(f"rank {dist.get_rank()} up, attempt {attempt}", flush=True)
+end = time.monotonic() + (3 if attempt == "2" else 90)
+while time.monotonic() < end:
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.2)
+print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_a_detached_run_with_a_spare_heals_and_completes(cli: CLI, tmp_path: Path) -> None:
+    """node3 cut off mid-run; node4, a spare, takes its rank in attempt 2, which the nodes'
+    watchers start with nobody on this machine; `status` then says the run succeeded, the
+    attempt and the replacement."""
+    _need_testbed()
+    with Testbed(4) as tb:
+        tb.inventory(tmp_path / "inv.toml", per_host={"node4": {"spare": True}})
+        (tmp_path / "timed.py").write_text(TIMED)
+        job = tmp_path / "timed.toml"
+        job.write_text('inventory = "inv.toml"\nscript = "timed.py"\nnproc_per_node = 1\n'
+                       f"[rendezvous]\nport = 29563\n[watchdog]\nunreachable_after = {AFTER}\n"
+                       "[restart]\nmax = 1\n")
+        r = cli("up", "--detach", str(job), timeout=240)
+        assert r.returncode == 0, r.stderr
+        assert "healing prepared: attempt 2" in r.stderr, r.stderr
+        run_id = run_id_of(r.stderr)
+        deadline = time.monotonic() + 90
+        while not all("up" in node_log(tb, n, run_id) for n in ("node1", "node2", "node3")):
+            assert time.monotonic() < deadline, {n: node_log(tb, n, run_id)[-500:]
+                                                 for n in ("node1", "node2", "node3")}
+            time.sleep(0.5)
+        assert fleet_processes(cli) == []
+
+        tb.cut_off("node3")
+        cut = time.monotonic()
+        healed = f"{run_id}-a2"
+        while "done" not in node_log(tb, "node4", healed):
+            assert time.monotonic() - cut < AFTER + 60, {
+                f"{n} {r}": node_log(tb, n, r)[-600:] for n in ("node1", "node2", "node4")
+                for r in (run_id, healed)}
+            time.sleep(0.5)
+        assert "attempt 2" in node_log(tb, "node4", healed)
+        assert fleet_processes(cli) == []
+        deadline = time.monotonic() + 60
+        while True:
+            s = cli("status", run_id, timeout=120)
+            if s.returncode == 0 and "succeeded" in s.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        print(s.stdout)
+        assert s.returncode == 0, s.stdout + s.stderr
+        assert f"run {run_id}: succeeded, attempt 2/2, node3 replaced by node4 after node3 " \
+               "was lost" in s.stdout, s.stdout
+        assert "healed by the nodes' watchers" in s.stdout, s.stdout
+        tb.reconnect("node3")

@@ -15,7 +15,7 @@ from fleet.backends.base import GpuSurvey, LabTools, Launch, Options, Recorded
 from fleet.backends.checks import Check
 from fleet.backends.hosts import check as fleet_check
 from fleet.backends.hosts import execute as fleet_exec
-from fleet.backends.hosts import gpus, planview, recorded
+from fleet.backends.hosts import gpus, healed, planview, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts import pull as fleet_pull
@@ -27,7 +27,7 @@ from fleet.config.inventory import BackendKind, Inventory, load_inventory
 from fleet.config.job import Job
 from fleet.config.select import Selection, load_selected
 from fleet.console import Console
-from fleet.errors import DamagedRecord, NotEveryNode, UsageError
+from fleet.errors import DamagedRecord, FleetError, NotEveryNode, UsageError
 from fleet.facts import run_state
 from fleet.facts.command import Outcome
 from fleet.facts.leases import LeaseOrder, Taken
@@ -107,6 +107,15 @@ class HostsBackend(Launch, Recorded, LabTools):
             return []
         return [node_row(n, results[n.host.name]) for n in rec.nodes if n.host.name in results]
 
+    def take_healed(self, rec: RunRecord) -> None:
+        if not healed.waiting(rec):
+            return
+        try:
+            text = healed.read(rec)
+        except FleetError:  # the master not there to ask: asked again next time
+            return
+        healed.take(rec, text)
+
     def state(self, rec: RunRecord) -> Seen:
         if rec.never_started():
             return Seen(RunStatus.NEVER_STARTED)
@@ -185,6 +194,8 @@ class HostsBackend(Launch, Recorded, LabTools):
         if bad:
             console.info(f"the local record of {rec.run_id} is kept until every node is clean")
             raise NotEveryNode(f"run {rec.run_id}: {', '.join(bad)} could not be cleaned")
+        if (prepared := healed.waiting_record(rec)) is not None:  # an attempt never started
+            self.delete(prepared, console)
 
     def tunnel(self, rec: RunRecord, node: str | None) -> Tunnel:
         names = [n.host.name for n in rec.nodes]

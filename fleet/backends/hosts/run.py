@@ -11,8 +11,8 @@ from pathlib import Path
 
 from fleet import events, manifest
 from fleet.backends.base import Event, Final, Options, Run
+from fleet.backends.hosts import heal, setup, tracker, watchers
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts import setup, tracker, watchers
 from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
 from fleet.backends.hosts.gpus import gate
@@ -105,6 +105,7 @@ class HostsRun(Run):
         self.stopping = False  # a stop of every node is under way
         self.progressed_at: float | None = None  # a rank's first line of its own
         self.problems: dict[str, str] = {}  # where the last stop may have left a process
+        self.watch_port = 0  # where the master's watcher listens (a detached run)
 
     def key(self, host: str) -> str:
         """The node's stop key (record.stop_key)."""
@@ -129,13 +130,18 @@ class HostsRun(Run):
                                                 manifest.dumps(m).encode(), 0o600)
         # A detached run is confirmed by the master's open port, where fleet knows torchrun
         # opens one (a `command` may not).
+        staged = heal.stage(session, plan, self.job, console, self.sources, self.record_dir,
+                            options.detach)
         console.event(events.Phase(events.Step.STARTING, self.run_id))
         self.pids = self.start_all(
             wait_port=options.detach and self.job.launcher != Launcher.COMMAND,
-            watch=options.detach)
+            watch=options.detach, staged=staged)
+        if staged is not None:
+            heal.arm(session, plan, staged, self.secret, self.watch_port, console)
         session.release()  # its nodes run: the next launch sees them (refuse_held)
 
-    def start_all(self, wait_port: bool = False, watch: bool = False) -> dict[str, int]:
+    def start_all(self, wait_port: bool = False, watch: bool = False,
+                  staged: heal.Staged | None = None) -> dict[str, int]:
         """Start the master, then the others in parallel at once: their torchrun waits for
         the master's store itself, and meanwhile imports torch as the master's does. With
         `wait_port` (a detached run, which fleet will not watch), then wait until the master's
@@ -146,8 +152,9 @@ class HostsRun(Run):
         m = plan.master
         tm = session.transports[m.host.name]
         if watch:
-            watchers.write_config(tm, m, watchers.config(plan, m, self.secret,
-                                                         self.key(m.host.name), 0))
+            watchers.write_config(tm, m, watchers.config(
+                plan, m, self.secret, self.key(m.host.name), 0,
+                staged.heal_for(m.host.name) if staged else None))
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
         pids = {m.host.name: self.start_one(tm, m)}
@@ -155,10 +162,11 @@ class HostsRun(Run):
         faults.point(Phase.MASTER_START.value)
         others = plan.nodes[1:]
         if watch:
-            port = watchers.master_port(tm, m.run_dir)
+            port = self.watch_port = watchers.master_port(tm, m.run_dir)
             wrote = each(((n.host.name, n) for n in others), lambda n: watchers.write_config(
                 session.transports[n.host.name], n,
-                watchers.config(plan, n, self.secret, self.key(n.host.name), port)))
+                watchers.config(plan, n, self.secret, self.key(n.host.name), port,
+                                staged.heal_for(n.host.name) if staged else None)))
             if bad := {name: r for name, r in wrote.items() if isinstance(r, Exception)}:
                 raise host_error("starting the nodes' watchers", bad, StartError)
             watched.mark(self.record_dir)

@@ -11,6 +11,7 @@ import hmac
 from fleet.errors import RemoteCommandError
 from fleet.nodedata import number
 from fleet.nodeside.shared import nodemap
+from fleet.nodeside.shared.heal_rules import Heal
 from fleet.nodeside.shared.watch_rules import Config
 from fleet.plan import NodePlan, Plan
 from fleet.shell import quote
@@ -26,13 +27,14 @@ def token(secret: str, run_id: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def config(plan: Plan, n: NodePlan, secret: str, key: str, port: int) -> Config:
+def config(plan: Plan, n: NodePlan, secret: str, key: str, port: int,
+           heal: Heal | None = None) -> Config:
     """Node n's watcher's config; `port`: the master's watcher's (0 on the master: any free
-    one, which it writes down)."""
+    one, which it writes down); `heal`: the next attempt, prepared (fleet.backends.hosts.heal)."""
     after = plan.job.watchdog.unreachable_after
     return Config(plan.run_id, n.host.name, tuple(x.host.name for x in plan.nodes),
                   plan.master.master_addr, port, token(secret, plan.run_id), key, after,
-                  max(3 * after, 30.0))
+                  max(3 * after, 30.0), heal)
 
 
 def write_config(t: Transport, n: NodePlan, cfg: Config) -> None:

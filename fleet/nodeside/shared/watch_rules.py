@@ -11,10 +11,12 @@ import hmac
 import json
 from dataclasses import dataclass, field
 
+from fleet.nodeside.shared.heal_rules import Heal, parse_heal
+
 MAX_LINE = 1024  # bytes of one message, its newline included: a longer line ends the link
 NONCE_BYTES = 16  # each side's challenge, sent first on a connection, as hex
 MAX_WHY = 300  # characters of a stop's reason
-KINDS = ("beat", "end", "stop")
+KINDS = ("beat", "end", "stop", "heal")
 SAID_BY = "the nodes' watchers"  # how a stop record says who decided
 
 
@@ -26,7 +28,8 @@ class BadMessage(ValueError):
 class Message:
     """What one watcher tells another: `beat` (alive), `end` (its node's part ended, with its
     exit code, None: killed outright), `stop` (the master's order to stop, with the reason and
-    the node that set it off)."""
+    the node that set it off), `heal` (the master's order to stop this attempt's part and start
+    the next attempt's, prepared already: the reason, the node lost, the spare in its place)."""
 
     kind: str
     node: str
@@ -34,6 +37,7 @@ class Message:
     code: int | None = None
     why: str = ""
     culprit: str = ""
+    spare: str = ""
 
 
 def sign(token: bytes, nonce: str, body: str) -> str:
@@ -45,8 +49,10 @@ def encode(token: bytes, nonce: str, m: Message) -> bytes:
     fields: dict[str, object] = {"k": m.kind, "n": m.node, "s": m.seq}
     if m.kind == "end":
         fields["c"] = m.code
-    if m.kind == "stop":
+    if m.kind in ("stop", "heal"):
         fields["why"], fields["by"] = m.why[:MAX_WHY], m.culprit
+    if m.kind == "heal":
+        fields["sp"] = m.spare
     body = json.dumps(fields, separators=(",", ":"), sort_keys=True)
     line = f"{sign(token, nonce, body)} {body}\n".encode()
     if len(line) > MAX_LINE:
@@ -90,8 +96,8 @@ def parse(line: bytes, token: bytes, nonce: str, nodes: frozenset[str], after: i
     if not isinstance(got, dict):
         raise BadMessage("not an object")
     kind, node, seq = got.get("k"), got.get("n"), got.get("s")
-    extra = {"end": {"c"}, "stop": {"why", "by"}}.get(kind if isinstance(kind, str) else "",
-                                                       set())
+    extra = {"end": {"c"}, "stop": {"why", "by"}, "heal": {"why", "by", "sp"}}.get(
+        kind if isinstance(kind, str) else "", set())
     if kind not in KINDS or set(got) != {"k", "n", "s"} | extra:
         raise BadMessage("not a message's fields")
     if not isinstance(node, str) or node not in nodes:
@@ -101,13 +107,17 @@ def parse(line: bytes, token: bytes, nonce: str, nodes: frozenset[str], after: i
     code = got.get("c")
     if kind == "end" and code is not None and (type(code) is not int or not 0 <= code < 256):
         raise BadMessage("no exit code")
-    why, by = got.get("why", ""), got.get("by", "")
-    if kind == "stop" and (not isinstance(why, str) or not isinstance(by, str)
-                           or len(why) > MAX_WHY or not _printable(why)
-                           or (by and by not in nodes)):
+    why, by, spare = got.get("why", ""), got.get("by", ""), got.get("sp", "")
+    ordered = kind in ("stop", "heal")
+    if ordered and (not isinstance(why, str) or not isinstance(by, str)
+                    or len(why) > MAX_WHY or not _printable(why)
+                    or (by and by not in nodes)):
         raise BadMessage("no reason to stop")
-    return Message(kind, node, seq, code if kind == "end" else None, why if kind == "stop" else "",
-                   by if kind == "stop" else "")
+    if kind == "heal" and (not by or not isinstance(spare, str) or spare not in nodes
+                           or spare == by):
+        raise BadMessage("no node lost or no spare in its place")
+    return Message(kind, node, seq, code if kind == "end" else None, why if ordered else "",
+                   by if ordered else "", spare if kind == "heal" else "")
 
 
 # ---- decisions ----------------------------------------------------------------------------
@@ -134,10 +144,13 @@ class Hub:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Stop every node's part: why (the stop record's words), and which node set it off."""
+    """Stop every node's part: why (the stop record's words), which node set it off, and
+    whether it was lost (silent), not failed: a loss of a node other than the master is what a
+    prepared next attempt heals (fleet.nodeside.shared.heal_rules)."""
 
     why: str
     culprit: str
+    lost: bool = False
 
 
 def failed(node: str, code: int | None) -> Verdict:
@@ -148,7 +161,7 @@ def failed(node: str, code: int | None) -> Verdict:
 def lost(node: str, seconds: float, never: bool = False) -> Verdict:
     how = (f"its watcher never reached the master's in {seconds:g}s" if never
            else f"no word from it for {seconds:g}s")
-    return Verdict(f"fail-fast: {node} unreachable ({how}; seen by {SAID_BY})", node)
+    return Verdict(f"fail-fast: {node} unreachable ({how}; seen by {SAID_BY})", node, True)
 
 
 def hub_decide(hub: Hub, now: float, own_end: tuple[bool, int | None]) -> Verdict | None:
@@ -163,7 +176,7 @@ def hub_decide(hub: Hub, now: float, own_end: tuple[bool, int | None]) -> Verdic
     if len(going) > 1 and all(p.seen is not None and now - p.seen > hub.after for p in going):
         # Every other node silent at once: the master is the one cut off, as far as it can tell.
         return Verdict(f"fail-fast: {hub.master} cut off (no word from any other node for "
-                       f"{hub.after:g}s; seen by {SAID_BY})", hub.master)
+                       f"{hub.after:g}s; seen by {SAID_BY})", hub.master, True)
     for name in sorted(hub.peers):
         p = hub.peers[name]
         if p.ended:
@@ -197,7 +210,9 @@ def spoke_decide(master: str, since: float, seen: float | None, now: float, afte
 class Config:
     """One node's watcher's: the run and this node, the run's nodes (the master first), where
     the master's watcher listens (port 0 on the master: any free one), the run's token, this
-    node's stop key (what stop.sh asks), and the timings."""
+    node's stop key (what stop.sh asks), and the timings; `heal`: the next attempt, prepared
+    (a detached run with `[restart]` and spares), where a standby spare's watcher is `node`,
+    none of `nodes`."""
 
     run: str
     node: str
@@ -208,16 +223,28 @@ class Config:
     key: str
     after: float
     hello_within: float
+    heal: Heal | None = None
 
     @property
     def master(self) -> bool:
         return self.node == self.nodes[0]
 
+    @property
+    def standby(self) -> bool:
+        return self.node not in self.nodes
+
+    @property
+    def everyone(self) -> frozenset[str]:
+        """Whom messages may come from: the run's nodes and its standby spares."""
+        return frozenset(self.nodes) | frozenset(self.heal.spares if self.heal else ())
+
     def dumps(self) -> str:
         return json.dumps({"run": self.run, "node": self.node, "nodes": list(self.nodes),
                            "addr": self.addr, "port": self.port, "token": self.token,
                            "key": self.key, "after": self.after,
-                           "hello_within": self.hello_within}, sort_keys=True)
+                           "hello_within": self.hello_within,
+                           **({"heal": self.heal.as_obj()} if self.heal else {})},
+                          sort_keys=True)
 
 
 def parse_config(text: str) -> Config:
@@ -228,8 +255,10 @@ def parse_config(text: str) -> Config:
     nodes = got.get("nodes")
     if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
         raise ValueError("nodes: not a list of names")
+    heal = parse_heal(got["heal"]) if "heal" in got else None
     strings = ("run", "node", "addr", "token", "key")
-    if not all(isinstance(got.get(k), str) for k in strings) or got["node"] not in nodes:
+    if not all(isinstance(got.get(k), str) for k in strings) or got["node"] not in (
+            *nodes, *(heal.spares if heal else ())):
         raise ValueError(f"one of {', '.join(strings)} is not a string, or node not in nodes")
     port, after, hello = got.get("port"), got.get("after"), got.get("hello_within")
     if type(port) is not int or not 0 <= port < 65536:
@@ -238,7 +267,7 @@ def parse_config(text: str) -> Config:
                for v in (after, hello)):
         raise ValueError("after, hello_within: not positive numbers")
     return Config(got["run"], got["node"], tuple(nodes), got["addr"], port, got["token"],
-                  got["key"], float(after), float(hello))  # type: ignore[arg-type]
+                  got["key"], float(after), float(hello), heal)  # type: ignore[arg-type]
 
 
 def beat_every(after: float) -> float:
