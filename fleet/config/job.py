@@ -227,6 +227,10 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         if data.is_relative_to(workdir.resolve()):
             # Synced on its own; "/" anchors the pattern at the workdir's root.
             exclude += ("/" + data.relative_to(workdir.resolve()).as_posix(),)
+    if restart.checkpoints:
+        # The checkpoints live on the nodes, copied between them by fleet: a local folder of
+        # that name is never sent over the newest copy a restart brought to a node.
+        exclude += ("/" + restart.checkpoints,)
     # Not synced, by its real path (a link to it, or a name a pattern would read as a glob,
     # is no way round), as a .toml file that holds a [notify] is not (transport.ignore).
     unsent = (os.path.realpath(path),) if root.data.get("notify") else ()

@@ -21,6 +21,7 @@ from fleet.facts import checkpoints as fact
 from fleet.facts.checkpoints import Seen
 from fleet.run import checkpoints as book
 from fleet.run.checkpoints import Kept
+from fleet.transport.sync import scan
 
 
 def job_file(tmp: Path, restart: str, inventory: str = "") -> Path:
@@ -39,6 +40,18 @@ def test_checkpoints_is_a_directory_inside_the_jobs_own(tmp_path: Path, value: s
     job = load_job(job_file(tmp_path, f"max = 1\ncheckpoints = {value}"))
     assert job.restart.checkpoints == kept
     assert load_job(job_file(tmp_path, "max = 1")).restart.checkpoints == ""
+
+
+def test_a_local_checkpoint_folder_is_never_sent_over_the_nodes_copies(tmp_path: Path) -> None:
+    """The nodes' checkpoints are theirs (and fleet's copies): a folder of that name in the
+    laptop's project (a local test run, checkpoints pulled back) is not synced over them."""
+    job = load_job(job_file(tmp_path, 'max = 1\ncheckpoints = "out/ckpt"'))
+    (tmp_path / "out" / "ckpt").mkdir(parents=True)
+    (tmp_path / "out" / "ckpt" / "last.ckpt").write_text("stale")
+    (tmp_path / "out" / "notes.txt").write_text("kept")
+    sent = scan(tmp_path, job.exclude).manifest
+    assert "out/notes.txt" in sent and "train.py" in sent
+    assert not any(rel.startswith("out/ckpt") for rel in sent), sent
 
 
 @pytest.mark.parametrize("value", ['"/ckpt"', '"../ckpt"', '"ckpt/../../x"', '""', '"."',

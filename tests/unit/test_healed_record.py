@@ -92,3 +92,20 @@ def test_heal_sh_quotes_every_name() -> None:
     text = heal.heal_script(n, "r 1-a2", "python3", ["node3", "odd'name"])  # type: ignore[arg-type]
     assert f"cd {shlex.quote('/h/fleet/runs/r 1-a2/node2')} || exit 1" in text
     assert "case \"$1\" in node3|'odd'\"'\"'name') ;;" in text
+
+
+def test_a_run_whose_end_is_kept_is_not_asked_about_a_heal(run: state.RunRecord,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached run prepared to heal that ended without healing keeps its prepared attempt
+    (for `fleet rm`), but once its end is in the record, no status or ps asks its master."""
+    from fleet.backends.hosts.backend import HostsBackend
+    from fleet.run import verdict
+
+    asked: list[str] = []
+    monkeypatch.setattr(healed, "read", lambda rec: asked.append(rec.run_id) or "")
+    HostsBackend().take_healed(run)
+    assert asked == ["r1"]  # not ended: the master is asked
+    verdict.record(run.dir, verdict.Verdict(RunStatus.SUCCEEDED, 0, "fleet status", 200.0,
+                                            "run r1 succeeded", ()))
+    HostsBackend().take_healed(run)
+    assert asked == ["r1"] and healed.waiting(run) == ["node2", "node3"]

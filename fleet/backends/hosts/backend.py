@@ -32,7 +32,7 @@ from fleet.facts import run_state
 from fleet.facts.command import Outcome
 from fleet.facts.leases import LeaseOrder, Taken
 from fleet.plan import Plan
-from fleet.run import hang, outcomes
+from fleet.run import hang, outcomes, verdict
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
 from fleet.states import NodeOutcome, NodeStatus, RunStatus, overall
@@ -108,13 +108,17 @@ class HostsBackend(Launch, Recorded, LabTools):
         return [node_row(n, results[n.host.name]) for n in rec.nodes if n.host.name in results]
 
     def take_healed(self, rec: RunRecord) -> None:
-        if not healed.waiting(rec):
+        # A run whose end fleet has kept is not asked again, healed or not.
+        if not healed.waiting(rec) or verdict.read(rec.dir) is not None:
             return
         try:
             text = healed.read(rec)
         except FleetError:  # the master not there to ask: asked again next time
             return
-        healed.take(rec, text)
+        try:
+            healed.take(rec, text)
+        except FileNotFoundError:  # another fleet command took it in at the same time
+            return
 
     def state(self, rec: RunRecord) -> Seen:
         if rec.never_started():

@@ -109,7 +109,8 @@ def heal_script(n: NodePlan, run_id: str, python: str, lost: list[str]) -> str:
     return "\n".join([
         f"cd {quote(n.run_dir)} || exit 1",
         f"case \"$1\" in {'|'.join(quote(x) for x in lost)}) ;; *) exit 2 ;; esac",
-        f"cp -R {quote(VARIANTS)}/\"$1\"/. . || exit 1",
+        # Then gone: they hold the next attempt's keys, which only its watcher should keep.
+        f"cp -R {quote(VARIANTS)}/\"$1\"/. . && rm -rf {quote(VARIANTS)} || exit 1",
         start_script(n.run_dir, run_id, python), ""])
 
 

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet.backends.hosts.run import with_spares
-from fleet.config.inventory import Host, load_inventory
+from fleet.config.inventory import Host
 from fleet.config.job import Job
+from fleet.config.select import load_selected
 from fleet.console import Console
 from fleet.errors import FleetError, TransportError
 from fleet.facts import checkpoints as fact
@@ -54,7 +55,7 @@ class Keeper:
         self.ckpt = job.restart.checkpoints
         self.dir = state.state_dir() / run_id
         self.kept = book.load(self.dir)
-        self.inventory = load_inventory(job.inventory)
+        self.inventory = load_selected(job.inventory, job.selection)
         self.conns: dict[str, Transport] = {}
         self.nodes: list[Host] = []  # the attempt's, then the free spares
         self.before: dict[str, dict[str, fact.Seen]] = {}
