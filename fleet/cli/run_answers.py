@@ -111,10 +111,15 @@ def keep_seen(run: RunRecord, last: RunRecord, by: str, final: RunStatus | None 
     and the nodes): its verdict kept, where no `fleet up` still watches it (that one keeps its
     own, and may yet start another attempt)."""
     from fleet import backends
-    from fleet.lifecycle import history
+    from fleet.lifecycle import attempts, history
     from fleet.run.record import controller_alive
 
     if controller_alive(run.controller) is True:
+        return
+    # The nodes' watchers may have healed the run since `last` was read: its end is then no
+    # end of the run (attempt 2 goes on), and nothing is kept.
+    backends.for_record(run).take_healed(run)
+    if attempts.records(run)[-1].run_id != last.run_id:
         return
     if final is None:
         final, _ = backends.for_record(last).describe(last)

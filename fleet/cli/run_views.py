@@ -29,7 +29,9 @@ def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
 
     view = run_logs.View(merge, tail, None if since is None
                          else run_logs.parse_since(since, time.time()))
-    every = attempts.records(state.load(run_id))
+    run = state.load(run_id)
+    backends.for_record(run).take_healed(run)  # a detached run that healed by itself
+    every = attempts.records(run)
     console.event(Phase(Step.FOLLOWING, every[0].run_id))
     if attempt is not None and not 1 <= attempt <= len(every):
         raise UsageError(f"run {every[0].run_id} has {len(every)} attempt(s), not {attempt}")

@@ -109,3 +109,18 @@ def test_a_run_whose_end_is_kept_is_not_asked_about_a_heal(run: state.RunRecord,
                                             "run r1 succeeded", ()))
     HostsBackend().take_healed(run)
     assert asked == ["r1"] and healed.waiting(run) == ["node2", "node3"]
+
+
+def test_an_end_read_before_the_heal_was_taken_in_is_not_kept(
+        run: state.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status` read attempt 1's end, and the nodes' watchers healed the run meanwhile: that
+    end is no end of the run (attempt 2 goes on), so no verdict is kept."""
+    from fleet.cli.run_answers import keep_seen
+    from fleet.run import verdict
+
+    text = dumps_healed(Healing(2, "r1-a2", "node3", "spare1", "healed: node3 unreachable",
+                                500.0))
+    monkeypatch.setattr(healed, "read", lambda rec: text)
+    keep_seen(run, run, "fleet status", RunStatus.STOPPED)
+    assert verdict.read(run.dir) is None
+    assert [r.run_id for r in attempts.records(run)] == ["r1", "r1-a2"]

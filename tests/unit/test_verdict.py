@@ -191,7 +191,7 @@ def test_stop_and_logs_keep_no_verdict_while_the_up_that_watches_the_run_lives(
 
     rec = save("r", ("n1",))
     monkeypatch.setattr("fleet.backends.for_record", lambda r: SimpleNamespace(
-        describe=lambda r: (RunStatus.STOPPED, [])))
+        describe=lambda r: (RunStatus.STOPPED, []), take_healed=lambda r: None))
     keep_seen(dataclasses.replace(rec, controller=state.controller_id()), rec, "fleet stop")
     assert verdict.read(rec.dir) is None  # that `fleet up` may start another attempt
     keep_seen(rec, rec, "fleet logs -f")  # no controller known: what the stop saw is kept
