@@ -76,17 +76,24 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
          book: attempts.Book, left: attempts.Left, keeper: Replicas | None = None) -> str:
     """Attempts until the policy says the run is over; what an attempt left on a node it lost
     is stopped once the node answers (`left`), or named at the end. With `keeper`, each
-    attempt's nodes hold the newest checkpoint a survivor has before it starts."""
+    attempt's nodes hold the newest checkpoint a survivor has before it starts (once its hosts
+    passed their checks)."""
     policy = job.restart
     while True:
         opts = book.options(options)
-        if keeper is not None:
-            keeper.ready(opts.attempt, dict(opts.replace),
-                         book.attempts[-1].lost if book.attempts else [])
+        lost = book.attempts[-1].lost if book.attempts else []
+
+        def prepared(opts: Options = opts, lost: list[str] = lost) -> None:
+            book.confirm()
+            # Only once every host (a spare too) passed its checks: a spare found unfit gets
+            # no copy, and no word of one.
+            if keeper is not None:
+                keeper.ready(opts.attempt, dict(opts.replace), lost)
+
         started = time.time()
         try:
             ended = attempt(backend, book.job_for(opts.attempt), console, opts, told,
-                            prepared=book.confirm)
+                            prepared=prepared)
         except HostError as e:  # a spare not fit for the job: the next one, if any
             if book.unfit(e.failures):
                 continue
