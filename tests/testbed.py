@@ -180,6 +180,10 @@ class Testbed:
         if "root" in self.colleagues or len(set(names)) != len(names):
             raise ValueError(f"colleagues {self.colleagues}: distinct names, neither root nor "
                              f"the login user {self.user!r}")
+        for _ in range(16):  # another testbed (a parallel test file) may hold this tag
+            if not Path(f"/sys/class/net/fl{self.tag}br").exists():
+                break
+            self.tag = secrets.token_hex(2)
         self.dir = Path(tempfile.mkdtemp(prefix=f"fleet-tb-{self.tag}-"))
         self.dir.chmod(0o755)  # a non-root user's home lies in it
         self.bridge = f"fl{self.tag}br"
