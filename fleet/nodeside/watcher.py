@@ -39,6 +39,14 @@ STOP_WAIT_S = 30  # how long the watcher waits for stop.sh to end it, before it 
 MAX_LINKS = 4  # links the master's watcher holds per node of the run, strangers' included
 
 
+def dial(cfg: Config, beat: float) -> Link | None:
+    """A link to the master's watcher; None where it does not answer (tried again later)."""
+    try:
+        return Link(socket.create_connection((cfg.addr, cfg.port), timeout=beat))
+    except OSError:
+        return None
+
+
 def stop_part(run_dir: str, cfg: Config, wrapper: str, verdict: Verdict) -> None:
     """Run the node's stop.sh with the reason, outside the run's environment and session (it
     ends this watcher too, which is the run's), then wait for it to do so."""
@@ -173,11 +181,7 @@ def spoke(run_dir: str, cfg: Config, pid: int, start: int) -> None:
     while True:
         now = time.monotonic()
         if link is None and now - last_try >= beat:
-            last_try = now
-            try:
-                link = Link(socket.create_connection((cfg.addr, cfg.port), timeout=beat))
-            except OSError:
-                link = None
+            last_try, link = now, dial(cfg, beat)
         if link is None:
             time.sleep(beat / 2)
         ready = select.select([link.sock], [], [], beat / 2)[0] if link else []
@@ -233,11 +237,7 @@ def standby(run_dir: str, cfg: Config) -> None:
                        cfg.hello_within) is None:
         now = time.monotonic()
         if link is None and now - last_try >= beat:
-            last_try = now
-            try:
-                link = Link(socket.create_connection((cfg.addr, cfg.port), timeout=beat))
-            except OSError:
-                link = None
+            last_try, link = now, dial(cfg, beat)
         if link is None:
             time.sleep(beat / 2)
             continue
