@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fleet.nodeside import ferry
 from fleet.shell import quote
 from fleet.transport.transfer.agent import agent
-from fleet.transport.transfer.wanted import entries
+from fleet.transport.transfer.wanted import entries, safe
 
 SIZE_MAX = 1 << 42  # 4 TiB: a file listed larger is no checkpoint fleet copies
 MTIME_MAX = 1 << 62  # nanoseconds since the epoch (year 2116): later is not a file's time
@@ -49,11 +49,9 @@ def parse(out: str, ckpt: str) -> Listing:
     got = Listing()
 
     def under(rel: object) -> str | None:
-        try:
-            rel = ferry.safe_rel(rel)
-        except ferry.Bad:
-            return None
-        return rel if rel.startswith(ckpt + "/") and ferry.part_of(rel) is None else None
+        rel = safe(rel)
+        return rel if rel is not None and rel.startswith(ckpt + "/") and \
+            ferry.part_of(rel) is None else None
 
     for key, value in entries(out):
         if key == "root" and isinstance(value, bool):

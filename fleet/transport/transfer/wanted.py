@@ -53,6 +53,14 @@ class Listing:
     truncated: bool = False
 
 
+def safe(rel: object) -> str | None:
+    """A name a node listed, where it is a safe relative path (ferry.safe_rel); else None."""
+    try:
+        return ferry.safe_rel(rel)
+    except ferry.Bad:
+        return None
+
+
 def entries(out: str) -> Iterator[tuple[str, Any]]:
     """`ferry list`'s lines as (key, value), each a JSON object of one key; any other line
     (rc noise, a damaged line) is passed over."""
@@ -73,11 +81,9 @@ def parse_listing(out: str, asked: list[str]) -> Listing:
     got = Listing()
 
     def under(rel: object) -> str | None:
-        try:
-            rel = ferry.safe_rel(rel)
-        except ferry.Bad:
-            return None
-        return rel if any(rel == a or rel.startswith(a + "/") for a in asked) else None
+        rel = safe(rel)
+        return rel if rel is not None and any(rel == a or rel.startswith(a + "/")
+                                              for a in asked) else None
 
     for key, value in entries(out):
         if key == "root" and isinstance(value, bool):
