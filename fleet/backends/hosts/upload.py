@@ -12,6 +12,7 @@ from fleet.backends.hosts.ports import Listeners
 from fleet.backends.hosts.prepare import Session, preflight
 from fleet.config.job import Job
 from fleet.console import Console
+from fleet.sizes import sent_to as sizes_sent_to
 from fleet.errors import ConfigError
 from fleet.events import Transfer
 from fleet.nodeside.ferry import part_name
@@ -211,6 +212,8 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
                 files, size, kept, touched = m.files, m.sent, m.kept, m.touched
             console.event(Transfer(node.host.name, label, files, size,
                                    len(src.manifest) - files, took))
+            with lock:
+                sent.setdefault(label, {})[node.host.name] = size
             if kept:
                 console.phase(node.host.name, f"{label}: {transfer.human(kept)} of the files "
                               "sent were there already (a partial or older copy): verified "
@@ -222,7 +225,11 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
             console.phase(node.host.name, f"code: removed {len(ls.stale)} file(s) an earlier "
                           "sync left that are no longer synced (deleted or ignored here)")
 
+    sent: dict[str, dict[str, int]] = {}
     all_ok("prepare", each(lists.items(), finish))
+    for label, sizes in sent.items():
+        if (words := sizes_sent_to(label, sizes)) is not None:
+            console.info(words)
 
 
 def _stream(session: Session, console: Console, sources: Sources, big: list[_Listed]) -> None:
