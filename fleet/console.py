@@ -13,13 +13,14 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, TextIO
 
 from fleet import events as ev
 from fleet.nodeside.shared.scrub import printable as printable  # the node's rule too
 from fleet.phrases import terminal_words
+from fleet.waits import Pending, Words
 
 if TYPE_CHECKING:
     from rich.spinner import Spinner
@@ -179,10 +180,10 @@ class Console:
                 self.err.write("\r\033[K")
 
     @contextlib.contextmanager
-    def waiting(self, text: str) -> Iterator[Waiting]:
+    def waiting(self, text: Words) -> Iterator[Waiting]:
         """A wait a person sees: on a terminal a spinner with `text` (which `Waiting.update`
-        changes), erased when the wait ends; without one, nothing (the lines said before and
-        after are the record)."""
+        changes; a function is asked again at each redraw), erased when the wait ends; without
+        one, nothing (the lines said before and after are the record)."""
         wait = Waiting(self, text)
         if not self.live:
             yield wait
@@ -203,6 +204,15 @@ class Console:
                 self._draw_status()  # the wait this one was nested in, if any
                 with contextlib.suppress(OSError, ValueError):
                     self.err.flush()
+
+    @contextlib.contextmanager
+    def hosts_waiting(self, what: str, hosts: Iterable[str]) -> Iterator[Pending]:
+        """A wait on a step over hosts (fleet.waits): on a terminal its count, and once it is
+        slow the hosts not done yet and what they are on, redrawn as the seconds go."""
+        pending = Pending(what, hosts)
+        with self.waiting(pending.words) as wait:
+            pending.changed = lambda: self._set_status(wait)
+            yield pending
 
     def _set_status(self, wait: Waiting) -> None:
         with self._lock:
@@ -234,7 +244,7 @@ class Console:
                 self._spinner = Spinner("dots")
             frame = self._spinner.render(time.monotonic())
             mark = frame.plain if isinstance(frame, Text) else "*"
-            words = self._fit(printable(self._waits[-1].text), cell_len(mark) + 1)
+            words = self._fit(printable(self._waits[-1].said()), cell_len(mark) + 1)
             if self.err_color:
                 mark = _render(Text(mark, style="cyan"), 10, True)
             line = mark + " " + words
@@ -313,11 +323,15 @@ class Console:
 
 
 class Waiting:
-    """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined)."""
+    """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined), or
+    be made anew at each redraw (a function: fleet.waits.Pending.words)."""
 
-    def __init__(self, console: Console, text: str = "") -> None:
+    def __init__(self, console: Console, text: Words = "") -> None:
         self.console, self.text = console, text
 
-    def update(self, text: str) -> None:
+    def update(self, text: Words) -> None:
         self.text = text
         self.console._set_status(self)
+
+    def said(self) -> str:
+        return self.text() if callable(self.text) else self.text

@@ -41,6 +41,7 @@ from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
+from fleet.waits import Words
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class HostsBackend(Launch, Recorded, LabTools):
     def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
         return prepare(job, console, options)
 
-    def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
+    def checks(self, job: Job, collective: bool, progress: Callable[[Words], None],
                trust: str) -> list[Check]:
         return fleet_check.run_checks(load_selected(job.inventory, job.selection), job, progress,
                                       trust)

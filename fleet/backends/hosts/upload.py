@@ -12,7 +12,6 @@ from fleet.backends.hosts.ports import Listeners
 from fleet.backends.hosts.prepare import Session, preflight
 from fleet.config.job import Job
 from fleet.console import Console
-from fleet.sizes import sent_to as sizes_sent_to
 from fleet.errors import ConfigError
 from fleet.events import Transfer
 from fleet.nodeside.ferry import part_name
@@ -20,6 +19,7 @@ from fleet.plan import SITE, NodePlan, Plan
 from fleet.render import render_node
 from fleet.run import faults
 from fleet.shell import sh
+from fleet.sizes import sent_to as sizes_sent_to
 from fleet.transport import ignore, prune, transfer
 from fleet.transport.group import all_ok, each
 from fleet.transport.sync import (
