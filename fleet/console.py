@@ -18,6 +18,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, TextIO
 
 from fleet import events as ev
+from fleet.banners import Banner
 from fleet.nodeside.shared.scrub import printable as printable  # the node's rule too
 from fleet.phrases import terminal_words
 from fleet.waits import Pending, Words
@@ -96,6 +97,9 @@ class Console:
         self._bar: str | None = None  # a progress bar's line: drawn in place of the spinner
         self._spinner: Spinner | None = None  # made when a wait is first drawn
         self._ticker: threading.Thread | None = None
+        # torchrun's banners shown too (fleet --debug sets FLEET_DEBUG; the job's --debug)
+        self.banners = bool(os.environ.get("FLEET_DEBUG"))
+        self._banner: dict[str, Banner] = {}  # per node: its banner is over, or not yet
 
     @property
     def columns(self) -> int:
@@ -255,8 +259,13 @@ class Console:
 
     def lines(self, index: int, tagged: list[tuple[str, str]], host: str = "",
               ranks: Sequence[int | None] = ()) -> None:
-        """Log lines of one node, printed together (a sink gets one Line each)."""
+        """Log lines of one node, printed together (a sink gets one Line each, all of them);
+        torchrun's own banners before the node's first rank line are not printed
+        (fleet.banners), unless `banners`."""
         if self.sink is None:
+            if not self.banners:
+                seen = self._banner.setdefault(host or str(index), Banner())
+                tagged = [(tag, text) for tag, text in tagged if seen.shown(tag, text)]
             self._lines(index, tagged)
             return
         for i, (tag, text) in enumerate(tagged):

@@ -192,7 +192,8 @@ class HostsBackend(Launch, Recorded, LabTools):
 
     def delete(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
-        results = recorded.on_nodes(rec, remote.remove)
+        with console.hosts_waiting("rm", (n.host.name for n in rec.nodes)) as wait:
+            results = recorded.on_nodes(rec, remote.remove, wait=wait)
         bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
         for name, r in results.items():
             console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")
