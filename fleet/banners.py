@@ -8,7 +8,10 @@ prefix) and only before that node's first rank line:
 - torchrun's Python warning about OMP_NUM_THREADS, in either of torch's log formats: glog's
   (`W1126 08:43:23.620000 1132 torch/distributed/run.py:982] ...`, each line of the block: the
   blank one, the `*****` rules and the `Setting OMP_NUM_THREADS ...` sentence) or logging's
-  (`WARNING:torch.distributed.run:`, then the bare rules and sentence);
+  (`WARNING:torch.distributed.run:`, then the bare rules and sentence), or bare (a blank
+  line, a rule, the sentence, a rule: torch's loggers without a handler of their own, as on a
+  node where torchrun's stderr is a file); a blank line or a bare rule only at the log's start
+  or after another line of the banner;
 - c10d's warnings and notes, from C++ (`[W socket.cpp:601]`, `[W1122 02:09:24.909 socket.cpp:
   207]`, `[I ...]`), that say nothing about the job: `The hostname of the client socket cannot
   be retrieved`, `The IPv6 network addresses of (...) cannot be retrieved`, and `The client
@@ -43,7 +46,8 @@ def ranked(tag: str) -> bool:
 
 def noise(text: str, after_noise: bool = False) -> bool:
     """Whether a line of torchrun's own is one of its known banners or warnings.
-    `after_noise`: the line before it was one (a bare `*****` rule is torchrun's only then)."""
+    `after_noise`: the line before it was one, or it is the log's first (a blank line or a bare
+    `*****` rule is torchrun's only then)."""
     line = text.rstrip("\r")
     m = _GLOG.match(line)
     if m:
@@ -55,7 +59,7 @@ def noise(text: str, after_noise: bool = False) -> bool:
         return bool(_C10D.match(m["msg"]))
     if line.strip() in _HEADER or _OMP.match(line):
         return True
-    return after_noise and bool(_RULE.match(line))
+    return after_noise and (not line.strip() or bool(_RULE.match(line)))
 
 
 class Banner:
@@ -65,7 +69,7 @@ class Banner:
     def __init__(self) -> None:
         self.over = False
         self.hidden = 0
-        self._after = False
+        self._after = True  # the log's start: its blank line and rule may open the banner
 
     def shown(self, tag: str, text: str) -> bool:
         if self.over:

@@ -34,6 +34,8 @@ your system being overloaded, please further tune the variable for optimal perfo
 your application as needed.
 *****************************************
 """.splitlines()
+# Bare, as a node's log holds it under fleet (torch's loggers without their format).
+BARE = ["", *LEGACY[1:], GLOG[4]]
 KEPT = [
     "E1126 08:43:23.620000 1132 torch/distributed/run.py:982] failed to start",
     "[W socket.cpp:663] [c10d] The client socket has failed to connect to [node1]:29500",
@@ -45,8 +47,8 @@ KEPT = [
 
 
 def test_every_known_banner_line_is_recognised_in_both_formats() -> None:
-    for block in (GLOG, LEGACY):
-        after = False
+    for block in (GLOG, LEGACY, BARE):
+        after = True  # the log's start
         for line in block:
             after = noise(line, after)
             assert after, line
@@ -59,13 +61,14 @@ def test_what_is_not_torchruns_known_banner_is_never_noise() -> None:
 
 def test_hidden_only_before_the_nodes_first_rank_line() -> None:
     b = Banner()
-    assert [b.shown("node1", line) for line in LEGACY] == [False] * 4
-    assert b.shown("node1", KEPT[1])  # torchrun's failure to connect: said
+    assert [b.shown("node1", line) for line in BARE] == [False] * 5
+    assert b.shown("node1", KEPT[1])
+    assert b.shown("node1", "")  # a blank line after one that is not the banner's: said
     assert b.shown("node1 setup", "installing")  # the setup's lines are the job's
     assert not b.shown("node1", GLOG[4])
     assert b.shown("node1 r0", "hello from rank 0") and b.over
     assert b.shown("node1", GLOG[4])  # after the job's first line, everything is shown
-    assert b.hidden == 5
+    assert b.hidden == 6
     assert ranked("node1 r12") and ranked("node1 l0") and not ranked("node1 setup")
 
 
