@@ -214,6 +214,9 @@ class Console:
         """A wait on a step over hosts (fleet.waits): on a terminal its count, and once it is
         slow the hosts not done yet and what they are on, redrawn as the seconds go."""
         pending = Pending(what, hosts)
+        if not pending.hosts:  # nothing to wait for: nothing to say
+            yield pending
+            return
         with self.waiting(pending.words) as wait:
             pending.changed = lambda: self._set_status(wait)
             yield pending

@@ -99,6 +99,13 @@ def test_nothing_is_drawn_without_a_person_or_with_json() -> None:
         assert console.err.getvalue() == ""  # type: ignore[attr-defined]
 
 
+def test_a_wait_on_no_host_says_nothing() -> None:
+    err = Tty()
+    with Console(out=io.StringIO(), err=err, live=True).hosts_waiting("the report", []):
+        pass
+    assert err.getvalue() == ""
+
+
 class _Sink:
     def emit(self, event: object) -> None:
         raise AssertionError("a wait is no event")
