@@ -13,13 +13,15 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, TextIO
 
 from fleet import events as ev
+from fleet.banners import Banner
 from fleet.nodeside.shared.scrub import printable as printable  # the node's rule too
 from fleet.phrases import terminal_words
+from fleet.waits import Pending, Words
 
 if TYPE_CHECKING:
     from rich.spinner import Spinner
@@ -95,6 +97,9 @@ class Console:
         self._bar: str | None = None  # a progress bar's line: drawn in place of the spinner
         self._spinner: Spinner | None = None  # made when a wait is first drawn
         self._ticker: threading.Thread | None = None
+        # torchrun's banners shown too (fleet --debug sets FLEET_DEBUG; the job's --debug)
+        self.banners = bool(os.environ.get("FLEET_DEBUG"))
+        self._banner: dict[str, Banner] = {}  # per node: its banner is over, or not yet
 
     @property
     def columns(self) -> int:
@@ -179,10 +184,10 @@ class Console:
                 self.err.write("\r\033[K")
 
     @contextlib.contextmanager
-    def waiting(self, text: str) -> Iterator[Waiting]:
+    def waiting(self, text: Words) -> Iterator[Waiting]:
         """A wait a person sees: on a terminal a spinner with `text` (which `Waiting.update`
-        changes), erased when the wait ends; without one, nothing (the lines said before and
-        after are the record)."""
+        changes; a function is asked again at each redraw), erased when the wait ends; without
+        one, nothing (the lines said before and after are the record)."""
         wait = Waiting(self, text)
         if not self.live:
             yield wait
@@ -203,6 +208,18 @@ class Console:
                 self._draw_status()  # the wait this one was nested in, if any
                 with contextlib.suppress(OSError, ValueError):
                     self.err.flush()
+
+    @contextlib.contextmanager
+    def hosts_waiting(self, what: str, hosts: Iterable[str]) -> Iterator[Pending]:
+        """A wait on a step over hosts (fleet.waits): on a terminal its count, and once it is
+        slow the hosts not done yet and what they are on, redrawn as the seconds go."""
+        pending = Pending(what, hosts)
+        if not pending.hosts:  # nothing to wait for: nothing to say
+            yield pending
+            return
+        with self.waiting(pending.words) as wait:
+            pending.changed = lambda: self._set_status(wait)
+            yield pending
 
     def _set_status(self, wait: Waiting) -> None:
         with self._lock:
@@ -234,7 +251,7 @@ class Console:
                 self._spinner = Spinner("dots")
             frame = self._spinner.render(time.monotonic())
             mark = frame.plain if isinstance(frame, Text) else "*"
-            words = self._fit(printable(self._waits[-1].text), cell_len(mark) + 1)
+            words = self._fit(printable(self._waits[-1].said()), cell_len(mark) + 1)
             if self.err_color:
                 mark = _render(Text(mark, style="cyan"), 10, True)
             line = mark + " " + words
@@ -245,8 +262,13 @@ class Console:
 
     def lines(self, index: int, tagged: list[tuple[str, str]], host: str = "",
               ranks: Sequence[int | None] = ()) -> None:
-        """Log lines of one node, printed together (a sink gets one Line each)."""
+        """Log lines of one node, printed together (a sink gets one Line each, all of them);
+        torchrun's own banners before the node's first rank line are not printed
+        (fleet.banners), unless `banners`."""
         if self.sink is None:
+            if not self.banners:
+                seen = self._banner.setdefault(host or str(index), Banner())
+                tagged = [(tag, text) for tag, text in tagged if seen.shown(tag, text)]
             self._lines(index, tagged)
             return
         for i, (tag, text) in enumerate(tagged):
@@ -313,11 +335,15 @@ class Console:
 
 
 class Waiting:
-    """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined)."""
+    """A wait under way (`Console.waiting`): its text can change as it goes (3/6 joined), or
+    be made anew at each redraw (a function: fleet.waits.Pending.words)."""
 
-    def __init__(self, console: Console, text: str = "") -> None:
+    def __init__(self, console: Console, text: Words = "") -> None:
         self.console, self.text = console, text
 
-    def update(self, text: str) -> None:
+    def update(self, text: Words) -> None:
         self.text = text
         self.console._set_status(self)
+
+    def said(self) -> str:
+        return self.text() if callable(self.text) else self.text

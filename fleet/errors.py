@@ -100,8 +100,18 @@ class HostError(FleetError):
     def __init__(self, action: str, failures: dict[str, str]) -> None:
         self.failures = failures
         lines = [f"{action} failed on {len(failures)} host(s){self.consequence}:"]
-        lines += [f"  {host}: {reason}" for host, reason in failures.items()]
+        lines += [f"  {', '.join(hosts)}: {reason}" for hosts, reason in said_once(failures)]
         super().__init__("\n".join(lines))
+
+
+def said_once(failures: dict[str, str]) -> list[tuple[list[str], str]]:
+    """Hosts that failed with the same words, said once: (the hosts, in order, and the words),
+    in the order of each group's first host. A reason that starts with its own host's name
+    (`node2: no answer...`) is compared, and said, without it."""
+    groups: dict[str, list[str]] = {}
+    for host, reason in failures.items():
+        groups.setdefault(reason.removeprefix(f"{host}: "), []).append(host)
+    return [(hosts, reason) for reason, hosts in groups.items()]
 
 
 class GpusTaken(HostError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleet.console import Meaning
-from fleet.errors import CommandTimedOut, ExitCode, TransportError
+from fleet.errors import CommandTimedOut, ExitCode, TransportError, said_once
 from fleet.facts.command import CAP, Absent, Answer, Outcome
 from fleet.transport.group import reason
 
@@ -48,20 +48,22 @@ def block(g: Group) -> list[tuple[str, Meaning]]:
 
 
 def summary(outcomes: dict[str, Outcome]) -> list[tuple[str, Meaning]]:
-    """Lines for stderr: each host that did not exit 0, and why, then how many did."""
-    lines: list[tuple[str, Meaning]] = []
+    """Lines for stderr: each host that did not exit 0, and why (hosts with the same words
+    said once, named together), then how many did."""
+    said: dict[str, str] = {}
     for name, o in outcomes.items():
         if isinstance(o, Answer) and o.code:
-            lines.append((f"{name}: exit status {o.code}", Meaning.FAIL))
+            said[name] = f"exit status {o.code}"
         elif isinstance(o, Absent):
             hint = f" ({o.hint})" if o.hint else ""
-            lines.append((f"{name}: not run: {o.directory} is not there{hint}", Meaning.FAIL))
+            said[name] = f"not run: {o.directory} is not there{hint}"
         elif isinstance(o, CommandTimedOut):  # its words name the host and say "no answer"
-            lines.append((f"{reason(o)} (it may still run there)", Meaning.FAIL))
+            said[name] = f"{reason(o)} (it may still run there)"
         elif isinstance(o, TransportError):
-            lines.append((f"{name}: unreachable: {reason(o)}", Meaning.FAIL))
+            said[name] = f"unreachable: {reason(o)}"
         elif isinstance(o, Exception):
-            lines.append((f"{name}: no answer: {reason(o)}", Meaning.FAIL))
+            said[name] = f"no answer: {reason(o)}"
+    lines = [(f"{', '.join(hosts)}: {words}", Meaning.FAIL) for hosts, words in said_once(said)]
     ok = sum(1 for o in outcomes.values() if isinstance(o, Answer) and not o.code)
     lines.append((f"{ok} of {len(outcomes)} host(s) exited 0",
                   Meaning.OK if ok == len(outcomes) else Meaning.WARN))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fleet import events as ev
 from fleet.reports import Detached, Forgotten, Stopped
+from fleet.sizes import short
 from fleet.states import RunStatus
 
 
@@ -19,7 +20,7 @@ def terminal_words(event: ev.Event) -> list[tuple[str, str, ev.Tone]]:
         return [(event.host, f"started master{pid}" if event.master else f"started{pid}",
                  ev.Tone.PLAIN)]
     if isinstance(event, ev.Transfer):
-        return [(event.host, f"{event.label}: sent {event.files} file(s), {event.size} bytes "
+        return [(event.host, f"{event.label}: sent {event.files} file(s), {short(event.size)} "
                              f"({event.unchanged} unchanged, {event.seconds:.2f}s)",
                  ev.Tone.PLAIN)]
     if isinstance(event, ev.Attempt):

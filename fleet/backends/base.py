@@ -36,6 +36,7 @@ from fleet.states import NodeOutcome, RunStatus
 from fleet.transport.forward import Tunnel
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus
+from fleet.waits import Words
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class Backend(ABC):
         or an unreachable host raises before anything is left anywhere."""
         raise self.refuse("prepare")
 
-    def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
+    def checks(self, job: Job, collective: bool, progress: Callable[[Words], None],
                trust: str) -> list[Check]:
         """`fleet check`: per host and check, pass / warn / fail with the fix; nothing starts.
         `progress` hears how far they are; `trust` is the command that trusts the keys."""

@@ -91,15 +91,23 @@ def view(console: Console, checks: list[Check], verbose: bool = False) -> str:
             add(c)
         return console.table(HEADERS, rows, meanings)
     for status in (Status.FAIL, Status.WARN):
-        for c in by_host:
-            if c.status is status:
-                add(c)
+        for c in same_once([c for c in by_host if c.status is status]):
+            add(c)
     for host in order:
         passed = [c.name for c in by_host if c.host == host and c.status is Status.PASS]
         if passed:
             rows.append([host, f"{len(passed)} passed", "PASS", ", ".join(passed)])
             meanings.append(Meaning.OK)
     return console.table(HEADERS, rows, meanings)
+
+
+def same_once(checks: list[Check]) -> list[Check]:
+    """Checks that said the same (check, status, words and fix) on several hosts, as one row
+    naming them all (`node1, node2, node3`), where the first of them stood."""
+    groups: dict[tuple[str, Status, str, str], list[str]] = {}
+    for c in checks:
+        groups.setdefault((c.name, c.status, c.detail, c.fix), []).append(c.host)
+    return [Check(", ".join(hosts), *key) for key, hosts in groups.items()]
 
 
 def summary(checks: list[Check]) -> str:

@@ -42,6 +42,8 @@ def main() -> None:
     # fleet's own --debug comes before the command (`fleet up --debug` is the job's debug env)
     lead = list(itertools.takewhile(lambda a: a.startswith("-") and a != "--", args))
     debug = "--debug" in lead or bool(os.environ.get("FLEET_DEBUG"))
+    if debug:  # what the console hides for a person's sake, it shows (torchrun's banners)
+        os.environ["FLEET_DEBUG"] = "1"
     for sig in SIGNALS:
         signal.signal(sig, _interrupt)
     try:

@@ -71,6 +71,7 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                        exclude)
         if debug_env:
             job = dataclasses.replace(job, debug=True)
+            session.console.banners = True  # the distributed debugging asked: all of it
         runner.up(backends.for_inventory(job.inventory), job, session.console, backends.Options(
             detach=detach, checks=not skip_checks, force=force, allow_mismatch=allow_mismatch,
             force_setup=force_setup, wait=wait_seconds(wait), ignore_leases=ignore_leases))

@@ -21,6 +21,7 @@ from fleet.console import printable
 from fleet.indices import ranges
 from fleet.nodedata import number
 from fleet.nodeside import shell_program
+from fleet.sizes import short
 
 if TYPE_CHECKING:  # a type only: fleet.plan imports this module's names and stays below transport
     from fleet.transport import Transport
@@ -325,6 +326,6 @@ def report(dumps: list[NodeDump], hung: bool = False) -> list[str]:
         if d.missing:
             lines.append(f"{d.host}: no run directory")
         for r in d.flight_records:
-            size = f"{r.size} bytes" if r.size is not None else "a symbolic link"
+            size = short(r.size) if r.size is not None else "a symbolic link"
             lines.append(f"{d.host}: NCCL flight recorder dump {printable(r.name)} ({size})")
     return lines

@@ -22,6 +22,7 @@ from fleet.errors import FleetError
 from fleet.facts import stacks
 from fleet.facts.stacks import FR_TRACE
 from fleet.shell import Raw, sh
+from fleet.sizes import short
 from fleet.transport import Transport
 from fleet.transport.group import each, reason
 
@@ -82,7 +83,7 @@ def refusal(r: stacks.FlightRecord, index: int, total: int) -> str | None:
     if index >= FR_MAX_FILES:
         return f"more than {FR_MAX_FILES} files; it stays on the node"
     if r.size > FR_MAX_BYTES:
-        return f"{r.size} bytes, more than {FR_MAX_BYTES >> 20} MiB; it stays on the node"
+        return f"{short(r.size)}, more than {FR_MAX_BYTES >> 20} MiB; it stays on the node"
     if total + r.size > FR_NODE_BYTES:
         return (f"the node's dumps would pass {FR_NODE_BYTES >> 20} MiB together; it stays "
                 "on the node")

@@ -157,7 +157,8 @@ def test_hundreds_of_mb_to_three_hosts_two_sharing_storage(cli: CLI, tb: Testbed
     # Once over this machine's uplink, relayed between the two nodes that do not share storage
     assert "to 2 node(s): this machine -> node1 -> node2" in r.stderr, out
     assert "node3  code: shared with node2" in r.stderr, out
-    assert re.search(r"node1\s+data: sent 4 file\(s\), 314576690 bytes", r.stderr), out
+    assert re.search(r"node1\s+data: sent 4 file\(s\), 300 MiB", r.stderr), out
+    assert "fleet: data: 300 MiB sent to 2 nodes" in r.stderr, out  # one copy, not 600 MiB
     assert_same(tb, tmp_path / "data", ["node1", "node2"], "~/fleet-data-a")
     assert_clean(tb)
 
@@ -179,7 +180,7 @@ def test_hundreds_of_mb_to_three_hosts_two_sharing_storage(cli: CLI, tb: Testbed
     r = cli("up", str(j), timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "node1  data: sent 1 file(s), 1048576 bytes (3 unchanged" in r.stderr, out
+    assert "node1  data: sent 1 file(s), 1 MiB (3 unchanged" in r.stderr, out
     assert "node1  data: 119.0 MiB of the files sent were there already" in r.stderr, out
     assert_same(tb, tmp_path / "data", ["node1", "node2"], "~/fleet-data-a")
     assert_clean(tb)

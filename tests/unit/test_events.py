@@ -126,7 +126,7 @@ def test_the_terminal_renders_events_with_the_words_it_always_printed() -> None:
     assert err.getvalue().splitlines() == [
         "fleet: n1     started master (pid 4242)",
         "fleet: restart: attempt 2/3 in 1.5s (n2 failed)",
-        "fleet: n1     code: sent 3 file(s), 1024 bytes (7 unchanged, 0.25s)",
+        "fleet: n1     code: sent 3 file(s), 1 KiB (7 unchanged, 0.25s)",
         "fleet: n1     stopping the job on 2 node(s)",
         "fleet: node2  started (pid 77)",
         "fleet: run r2 succeeded on all 2 node(s)",

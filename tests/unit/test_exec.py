@@ -117,6 +117,10 @@ def test_summary_names_each_host_that_did_not_exit_0_and_why() -> None:
         "node8: no answer: the command's exit status never came back",
         "3 of 8 host(s) exited 0"]
     assert summary({"a": Answer("", 0)}) == [("1 of 1 host(s) exited 0", Meaning.OK)]
+    same = {n: TransportError("connection refused") for n in ("n1", "n2", "n3")}
+    assert [t for t, _ in summary({**same, "n4": Answer("", 2)})] == [
+        "n1, n2, n3: unreachable: connection refused", "n4: exit status 2",
+        "0 of 4 host(s) exited 0"]  # the same words on three hosts: said once
 
 
 def test_exit_code_0_when_all_succeeded_1_when_one_failed_3_when_one_gave_no_answer() -> None:

@@ -1226,7 +1226,8 @@ def test_without_a_terminal_progress_is_a_line_every_ten_seconds(tmp_path: Path)
         bar.tick()
     lines = err.getvalue().splitlines()
     assert len(lines) == 2, lines  # at 10 s and 20 s
-    assert lines[1] == ("fleet: data 80.0 MiB of 200.0 MiB in place, 4.0 MiB/s, 30s left")
+    assert lines[1] == ("fleet: data 40.0 MiB of 100.0 MiB in place on each of 2 nodes, "
+                        "2.0 MiB/s each, 30s left")
     bar.end()
     assert len(err.getvalue().splitlines()) == 2  # no terminal: nothing to erase
 

@@ -41,6 +41,7 @@ from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason
 from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
+from fleet.waits import Words
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class HostsBackend(Launch, Recorded, LabTools):
     def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
         return prepare(job, console, options)
 
-    def checks(self, job: Job, collective: bool, progress: Callable[[str], None],
+    def checks(self, job: Job, collective: bool, progress: Callable[[Words], None],
                trust: str) -> list[Check]:
         return fleet_check.run_checks(load_selected(job.inventory, job.selection), job, progress,
                                       trust)
@@ -191,7 +192,8 @@ class HostsBackend(Launch, Recorded, LabTools):
 
     def delete(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])
-        results = recorded.on_nodes(rec, remote.remove)
+        with console.hosts_waiting("rm", (n.host.name for n in rec.nodes)) as wait:
+            results = recorded.on_nodes(rec, remote.remove, wait=wait)
         bad = {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}
         for name, r in results.items():
             console.phase(name, f"kept: {bad[name]}" if name in bad else f"removed {r}")

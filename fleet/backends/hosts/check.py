@@ -5,6 +5,7 @@ host's own checks run apart, so that a person can be told how many hosts are don
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from fleet.plan import node_nproc
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each, reason
+from fleet.waits import Pending, Words
 
 CLOCK_SKEW_WARN_S = 2.0
 DISK_WARN_BYTES = 10 << 30
@@ -32,26 +34,8 @@ DISK_FAIL_BYTES = 1 << 30
 REVERSE_DNS_WARN_S = 1.0
 
 
-def _quiet(_: str) -> None:
+def _quiet(_: Words) -> None:
     """No one watches the checks' progress."""
-
-
-class _Tally:
-    """How many hosts' own checks are done, said through `progress` as each one ends."""
-
-    def __init__(self, total: int, progress: Callable[[str], None]) -> None:
-        self.total, self.done, self.progress = total, 0, progress
-        self._lock = threading.Lock()
-        self.say()
-
-    def say(self, then: str = "") -> None:
-        noun = "host" if self.total == 1 else "hosts"
-        self.progress(f"checking {self.total} {noun}: {self.done}/{self.total} done{then}")
-
-    def one_done(self) -> None:
-        with self._lock:
-            self.done += 1
-            self.say()
 
 
 @dataclass
@@ -85,24 +69,28 @@ class _MasterIP:
         return self.value
 
 
-def run_checks(inventory: Inventory, job: Job, progress: Callable[[str], None] = _quiet,
+def run_checks(inventory: Inventory, job: Job, progress: Callable[[Words], None] = _quiet,
                trust: str = "fleet trust INVENTORY") -> list[Check]:
     """Every check of every host. Each host's own checks run apart, all at once (`progress`
-    hears as each host's are done); then what compares or connects the hosts. `trust` is the
-    command that trusts the user's own file, for the advice on an unknown key."""
+    is given words that say, each time they are drawn, how many hosts are done and, once it
+    is slow, which host is on which check); then what compares or connects the hosts. `trust`
+    is the command that trusts the user's own file, for the advice on an unknown key."""
     hosts = {h.name: h for h in inventory.every_host}  # spares too: a spare must be fit
     master = inventory.hosts[0]
     session: dict[str, Transport] = {}
     master_ip = _MasterIP()
-    tally = _Tally(len(hosts), progress)
+    tally = Pending("check", hosts)
+    tally.changed = lambda: progress(tally.words)  # drawn at once, not at the next redraw
+    progress(tally.words)
 
     def own(h: Host) -> _Own:
         try:
-            return _own_checks(h, inventory, master_ip, session, job, trust)
+            return _own_checks(h, inventory, master_ip, session, job, trust,
+                               functools.partial(tally.start, h.name))
         finally:
             if h is master:
                 master_ip.give(None)  # the others never wait for good
-            tally.one_done()
+            tally.finish(h.name)
 
     try:
         found = each(((h.name, h) for h in inventory.every_host), own)
@@ -120,7 +108,7 @@ def run_checks(inventory: Inventory, job: Job, progress: Callable[[str], None] =
                                    if f.health is not None}, master.name)
         checks += [c for o in ours.values() for c in o.rest]
         if all(n in session for n in hosts):
-            tally.say("; testing the ports between them")
+            progress(f"checking port {job.rendezvous.port} between the hosts")
 
             def own_ip(name: str) -> str:
                 net = ours[name].net if name in ours else None
@@ -142,9 +130,12 @@ def marked(inventory: Inventory, checks: list[Check]) -> list[Check]:
 
 
 def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,
-                session: dict[str, Transport], job: Job, trust: str) -> _Own:
-    """Connection, probe, python, GPUs, names, clock, disk, write and interface of one host."""
+                session: dict[str, Transport], job: Job, trust: str,
+                on: Callable[[str], None] = _quiet) -> _Own:
+    """Connection, probe, python, GPUs, names, clock, disk, write and interface of one host
+    (`on` hears which of them it is on)."""
     out, count = _Own(), len(inventory.hosts)
+    on("the ssh connection")
     try:
         t = open_transport(h)
     except Exception as e:  # noqa: BLE001 - a host fleet cannot reach is a row, not a crash
@@ -153,18 +144,22 @@ def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,
     session[h.name] = t
     out.conn = connection_checks(t)
     if h is inventory.hosts[0]:
+        on("the probe for the master's address")
         try:
             master_ip.give(master_address(inventory, probe(t, None)))
         except FleetError as e:
             out.probe.append(Check(h.name, "probe", Status.FAIL, str(e)))
             return out
+    on(f"the master's address (from {inventory.hosts[0].name})")
     ip = master_ip.wait()
     if ip is None:
         return out
+    on("the probe")
     try:
         out.facts = probe(t, ip, deep=True)
     except Exception as e:  # noqa: BLE001 - the probe's failure is this host's row
         out.probe.append(Check(h.name, "probe", Status.FAIL, reason(e)))
+    on("the GPU query")
     try:
         g: GpuFacts | Exception = gpu_facts(t)
     except Exception as e:  # noqa: BLE001 - said as a warning by the check
@@ -176,6 +171,7 @@ def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,
     f = out.facts
     if f is None:
         return out
+    on("the route to the master")
     try:
         out.net = net_for(h, f, ip)
     except RuntimeError as e:
@@ -189,6 +185,7 @@ def _own_checks(h: Host, inventory: Inventory, master_ip: _MasterIP,
         return out
     out.rest += _node_checks(h.name, f.hostname, f.health, t.clock_offset, node_nproc(job, h),
                              alone=count == 1, chosen=bool(h.gpus))
+    on("the write test")
     out.rest.append(_write_check(t))
     if isinstance(out.net, NodeNet):
         out.rest.append(Check(h.name, "interface", Status.PASS if out.net.interface or count == 1

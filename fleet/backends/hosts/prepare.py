@@ -4,7 +4,6 @@ fleet.backends.hosts.upload); nothing of the job runs anywhere yet."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 
 from fleet.backends.checks import Status
@@ -27,6 +26,7 @@ from fleet.facts.probe import (
 from fleet.plan import Plan, make_plan
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import all_ok, each
+from fleet.waits import named
 
 
 class Session:
@@ -51,21 +51,14 @@ class Session:
 
 def connect(inventory: Inventory, console: Console) -> Session:
     """Connect to every host in parallel; if any fails, close the rest and name each failure."""
-    total = len(inventory.hosts)
-    done: list[str] = []
-    lock = threading.Lock()
-
     def one(host: Host) -> Transport:
         t0 = time.monotonic()
         t = open_transport(host, hello=False)  # the probe, next, learns what a hello would
         console.phase(host.name, f"connected ({host.transport}, {time.monotonic() - t0:.2f}s)")
-        with lock:
-            done.append(host.name)
-            wait.update(f"connecting {len(done)}/{total}")
         return t
 
-    with console.waiting(f"connecting 0/{total}") as wait:
-        results = each(((h.name, h) for h in inventory.hosts), one)
+    with console.hosts_waiting("connect", (h.name for h in inventory.hosts)) as wait:
+        results = each(named((h.name, h) for h in inventory.hosts), wait.tracked(one))
     bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
     if bad:
         for r in results.values():
@@ -84,9 +77,10 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     hosts = {h.name: h for h in inventory.hosts}
     guess = master_address(inventory, None)
     hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
-    with console.waiting(f"probing {len(session.transports)} host(s)"):
+    with console.hosts_waiting("probe", session.transports) as wait:
         facts: dict[str, Facts] = all_ok("probe", each(
-            session.transports.items(), lambda t: probe(t, hint, create=create, held=held)))
+            named(session.transports.items()),
+            wait.tracked(lambda t: probe(t, hint, create=create, held=held))))
     session.facts = facts
     own = job.python is not None  # the job's interpreter exists after its setup: checked then
     problems = {name: p for name in facts if (p := python_problem(
@@ -94,10 +88,12 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     if problems:
         raise HostError("checking python", problems)
     master_ip = master_address(inventory, facts[inventory.hosts[0].name])
-    with console.waiting(f"finding the route to the master ({master_ip})"):
+    with console.hosts_waiting(f"the route to the master ({master_ip})",
+                               session.transports) as wait:
         if master_ip != hint:  # the route could only be asked once the master's IP was known
             facts = all_ok("finding the route to the master", each(
-                session.transports.items(), lambda t: probe(t, master_ip, create=False)))
+                named(session.transports.items()),
+                wait.tracked(lambda t: probe(t, master_ip, create=False))))
         if not own:
             _versions_agree(facts, inventory.hosts[0].name, console, allow_mismatch)
         nets = all_ok("finding the route to the master", each(
@@ -132,11 +128,11 @@ def check_job_python(session: Session, plan: Plan, console: Console,
                      allow_mismatch: bool = False) -> Plan:
     """After setup, the job's own interpreter on every node: there, with torch (and accelerate
     where the launcher needs it), the same versions everywhere. The plan with its versions."""
-    with console.waiting("checking the job's python"):
+    with console.hosts_waiting("the job's python", (n.host.name for n in plan.nodes)) as wait:
         facts: dict[str, Facts] = all_ok("checking the job's python", each(
-            ((n.host.name, n) for n in plan.nodes),
-            lambda n: probe(session.transports[n.host.name], None, create=False,
-                            python=n.python)))
+            named((n.host.name, n) for n in plan.nodes),
+            wait.tracked(lambda n: probe(session.transports[n.host.name], None, create=False,
+                                         python=n.python))))
     problems = {}
     for n in plan.nodes:
         why = python_problem(dataclasses.replace(n.host, python=n.python), facts[n.host.name],
@@ -160,8 +156,9 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
         return None
     facts = session.gpus
     if not facts:
-        with console.waiting("listing GPUs"):
-            facts = all_ok("listing GPUs", each(session.transports.items(), gpu_facts))
+        with console.hosts_waiting("the GPU list", session.transports) as wait:
+            facts = all_ok("listing GPUs", each(named(session.transports.items()),
+                                                wait.tracked(gpu_facts)))
     problems = {}
     for h in inventory.hosts:
         f = facts[h.name]

@@ -16,6 +16,7 @@ from fleet.run import outcomes
 from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each
+from fleet.waits import Pending, named
 
 R = TypeVar("R")
 ASK_S = 8.0  # what `status` and `ps` wait for a live run's nodes, all asked at once
@@ -54,17 +55,22 @@ def ask(record: RunRecord, fn: Callable[[Transport, str], R], only: set[str] | N
 
 
 def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R],
-             only: set[str] | None = None) -> dict[str, R | Exception]:
+             only: set[str] | None = None,
+             wait: Pending | None = None) -> dict[str, R | Exception]:
     """fn(transport, run dir) on every node of a recorded run (or those named in `only`),
-    connected afresh, in parallel."""
+    connected afresh, in parallel (`wait` hears each node's connection, its call and its
+    end)."""
+    wait = wait or Pending("", ())
 
     def one(node: NodeRecord) -> R:
         absolute = node.run_dir.startswith("/")  # recorded expanded: no home needed
+        wait.start(node.host.name, "its connection")
         with open_transport(node.host, hello=not absolute) as t:
+            wait.start(node.host.name, "")
             return fn(t, t.path(node.run_dir))
 
-    return each(((n.host.name, n) for n in record.nodes
-                 if only is None or n.host.name in only), one)
+    return each(named((n.host.name, n) for n in record.nodes
+                      if only is None or n.host.name in only), wait.tracked(one))
 
 
 def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None

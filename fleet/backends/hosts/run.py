@@ -43,6 +43,7 @@ from fleet.transport import Transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each
 from fleet.transport.link import Link
+from fleet.waits import named
 
 
 def prepare(job: Job, console: Console, options: Options) -> HostsRun:
@@ -157,7 +158,8 @@ class HostsRun(Run):
                 staged.heal_for(m.host.name) if staged else None))
         state.mark_launched(self.record_dir)
         self.may_run.add(m.host.name)
-        pids = {m.host.name: self.start_one(tm, m)}
+        with console.hosts_waiting("start", [m.host.name]):
+            pids = {m.host.name: self.start_one(tm, m)}
         console.event(started_event(m, pids[m.host.name], True))
         faults.point(Phase.MASTER_START.value)
         others = plan.nodes[1:]
@@ -171,8 +173,9 @@ class HostsRun(Run):
                 raise host_error("starting the nodes' watchers", bad, StartError)
             watched.mark(self.record_dir)
         self.may_run.update(n.host.name for n in others)
-        results = each(((n.host.name, n) for n in others), lambda n: self.start_one(
-            session.transports[n.host.name], n))
+        with console.hosts_waiting("start", (n.host.name for n in others)) as wait:
+            results = each(named((n.host.name, n) for n in others), wait.tracked(
+                lambda n: self.start_one(session.transports[n.host.name], n)))
         bad = {name: r for name, r in results.items() if isinstance(r, Exception)}
         if bad:
             raise host_error("starting the job", bad, StartError)
@@ -305,9 +308,10 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
     for o in outcomes:
         console.phase(o.name, o.describe(), MEANINGS.get(o.status, Meaning.PLAIN))
     failed = [o for o in outcomes if o.status is NodeStatus.FAILED]
-    found = each(((o.name, o) for o in failed), lambda o: failure.explain(
-        session.transports[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
-        kernel_log=True))
+    with console.hosts_waiting("the failure's report", (o.name for o in failed)) as wait:
+        found = each(named((o.name, o) for o in failed), wait.tracked(lambda o: failure.explain(
+            session.transports[o.name], o.name, o.node_rank, plan.nodes[o.node_rank].run_dir,
+            kernel_log=True)))
     causes = [r for o in failed if isinstance(r := found[o.name], failure.RankFailure)]
     root = failure.first(causes)
     lost = [o for o in outcomes if o.status is NodeStatus.UNREACHABLE]

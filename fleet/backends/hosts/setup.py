@@ -20,6 +20,7 @@ from fleet.run import faults
 from fleet.shell import quote, sh
 from fleet.transport import Transport
 from fleet.transport.group import each, failures
+from fleet.waits import named
 
 MARKER = ".fleet-setup"  # in the job's directory on the node: the hash of the last good setup
 TAIL_LINES = 20  # of a failed setup's output, in the error
@@ -158,16 +159,11 @@ def run(session_t: dict[str, Transport], plan: Plan, console: Console,
             raise SetupFailed(f"setup exited {code}; its output ends:\n    {shown}")
         t.run(sh("printf", "%s\n", wanted) + " > " + quote(f"{node.code_dir}/{MARKER}"),
               what="record the setup").check(name)
-        with lock:
-            done.append(name)
-            wait.update(f"setup: {len(done)}/{len(todo)} node(s) done")
         return SetupResult(True, time.monotonic() - t0)
 
     interrupted = threading.Event()
-    lock = threading.Lock()
-    done: list[str] = []
-    with console.waiting(f"setup: running on {len(todo)} node(s)") as wait:
-        results = each(((n, n) for n in todo), one, cancel=interrupted.set)
+    with console.hosts_waiting("setup", todo) as wait:
+        results = each(named((n, n) for n in todo), wait.tracked(one), cancel=interrupted.set)
     bad = failures(results)
     if bad:
         raise SetupError("setup", bad)

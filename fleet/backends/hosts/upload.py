@@ -19,6 +19,7 @@ from fleet.plan import SITE, NodePlan, Plan
 from fleet.render import render_node
 from fleet.run import faults
 from fleet.shell import sh
+from fleet.sizes import sent_to as sizes_sent_to
 from fleet.transport import ignore, prune, transfer
 from fleet.transport.group import all_ok, each
 from fleet.transport.sync import (
@@ -31,6 +32,7 @@ from fleet.transport.sync import (
     scan,
 )
 from fleet.transport.sync import send as send_bundle
+from fleet.waits import Pending
 
 SYNCED = ".fleet-synced"  # in a node's code directory: the run whose sync it holds
 
@@ -123,22 +125,24 @@ def upload(session: Session, plan: Plan, console: Console,
     leader = {name: group[0] for group in plan.storage for name in group}
     nodes = {n.host.name: n for n in plan.nodes}
     what = "code and data" if sources.data is not None else "code"
-    with console.waiting(f"sending the {what} to {len(nodes)} node(s)"):
-        return _upload(session, plan, console, sources, leader, nodes)
+    with console.hosts_waiting(f"sending the {what}", nodes) as wait:
+        return _upload(session, plan, console, sources, leader, nodes, wait)
 
 
 def _upload(session: Session, plan: Plan, console: Console, sources: Sources,
-            leader: dict[str, str], nodes: dict[str, NodePlan]) -> Sources:
+            leader: dict[str, str], nodes: dict[str, NodePlan], wait: Pending) -> Sources:
     _sync(session, plan, console, sources,
-          [(n, leader[name] == name, True) for name, n in nodes.items()])
+          [(n, leader[name] == name, True) for name, n in nodes.items()], wait)
 
     def confirm(node: NodePlan) -> bool:
         """A node that shares its leader's storage sees the leader's sync; if it does not (a
         copied workdir, say), it gets its own."""
         t = session.transports[node.host.name]
+        wait.start(node.host.name, f"the look at {leader[node.host.name]}'s copy")
         seen = t.run(sh("cat", f"{node.code_dir}/{SYNCED}") + " 2>/dev/null",
                      what="read the sync marker").out.strip()
         if seen == plan.run_id:
+            wait.finish(node.host.name)
             console.phase(node.host.name, f"code: shared with {leader[node.host.name]}")
             return True
         console.phase(node.host.name, "code: its storage is not shared after all; syncing")
@@ -147,12 +151,12 @@ def _upload(session: Session, plan: Plan, console: Console, sources: Sources,
     seen = all_ok("prepare", each(((n, nodes[n]) for n in nodes if leader[n] != n), confirm))
     unshared = [(nodes[n], True, False) for n, shared in seen.items() if not shared]
     if unshared:
-        _sync(session, plan, console, sources, unshared)
+        _sync(session, plan, console, sources, unshared, wait)
     return sources
 
 
 def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
-          todo: list[tuple[NodePlan, bool, bool]]) -> None:
+          todo: list[tuple[NodePlan, bool, bool]], wait: Pending) -> None:
     """For each (node, syncs its directories, writes the run's files): list, stream what is
     large, bundle the rest; the caller's guard removes what was written on a failure."""
     code, data = sources.code, sources.data
@@ -165,6 +169,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         if syncs and node.data_dir and data is not None:
             dirs.append((data, node.data_dir, data.manifest, "data"))
         private = (node.run_dir, f"{node.run_dir}/{SITE}") if run_files else ()
+        wait.start(node.host.name, "its listing")
         t0 = time.monotonic()
         r = t.run(listing_script([d[1] for d in dirs], private, (node.code_dir,),
                                  tuple(prune.listing_lines(node.code_dir)) if syncs else ()),
@@ -198,6 +203,7 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         if ls.run_files:
             entries += [Entry(f"{node.run_dir}/{name}", mode, data=text.encode())
                         for name, (text, mode) in render_node(plan, node).files.items()]
+        wait.start(node.host.name, "its files")
         if entries:
             got = send_bundle(t, entries, plan.run_id, after)
             with lock:
@@ -211,6 +217,8 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
                 files, size, kept, touched = m.files, m.sent, m.kept, m.touched
             console.event(Transfer(node.host.name, label, files, size,
                                    len(src.manifest) - files, took))
+            with lock:
+                sent.setdefault(label, {})[node.host.name] = size
             if kept:
                 console.phase(node.host.name, f"{label}: {transfer.human(kept)} of the files "
                               "sent were there already (a partial or older copy): verified "
@@ -221,8 +229,13 @@ def _sync(session: Session, plan: Plan, console: Console, sources: Sources,
         if ls.stale:
             console.phase(node.host.name, f"code: removed {len(ls.stale)} file(s) an earlier "
                           "sync left that are no longer synced (deleted or ignored here)")
+        wait.finish(node.host.name)
 
+    sent: dict[str, dict[str, int]] = {}
     all_ok("prepare", each(lists.items(), finish))
+    for label, sizes in sent.items():
+        if (words := sizes_sent_to(label, sizes)) is not None:
+            console.info(words)
 
 
 def _stream(session: Session, console: Console, sources: Sources, big: list[_Listed]) -> None:

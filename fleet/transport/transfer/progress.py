@@ -50,6 +50,11 @@ class Bar:
         # Before 1% is in place the rate is mostly the start (receivers, first reads): a time
         # left from it would be hours off.
         left = f"{eta:.0f}s left" if at * 100 >= want else "time left: estimating"
+        each = {s.expected for s in self.states.values() if s.expected}
+        many = sum(1 for s in self.states.values() if s.expected)
+        if many > 1 and len(each) == 1:  # one copy sent to N nodes: said once, not N times
+            return (f"{self.label} {human(at // many)} of {human(want // many)} in place on "
+                    f"each of {many} nodes, {human(int(rate / many))}/s each, {left}{nodes}")
         return (f"{self.label} {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
                 f"{left}{nodes}")
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleet import sizes
 from fleet.console import printable
 from fleet.nodeside import ferry
 
@@ -123,17 +124,8 @@ def problem_text(err: dict[str, object]) -> str:
 
 
 def _size(n: object) -> str:
-    if not isinstance(n, int):
-        return "?"
-    if n < 1024:
-        return f"{n} bytes"
-    x = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        x /= 1024
-        if x < 1024 or unit == "TiB":
-            break
-    return f"{x:.1f} {unit}"
+    return sizes.human(n) if isinstance(n, int) else "?"
 
 
 def human(n: int) -> str:
-    return _size(n)
+    return sizes.human(n)

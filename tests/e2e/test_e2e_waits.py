@@ -1,0 +1,93 @@
+"""Waits and words a person reads quickly, end to end on real hosts: the same failure on two
+hosts said once naming both; on a terminal, what fleet waits for, and nowhere else; torchrun's
+banner kept in the node's log, not shown ahead of the job's first line (`fleet logs` the same),
+shown with `fleet --debug`."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+from tests.testbed import Testbed
+
+pytestmark = pytest.mark.e2e
+
+HELLO = 'import os\nprint("hello from rank", os.environ["RANK"], flush=True)\n'
+
+
+def job(tmp_path: Path, port: int) -> Path:
+    (tmp_path / "hello.py").write_text(HELLO)
+    path = tmp_path / "job.toml"
+    path.write_text(f'inventory = "inv.toml"\nscript = "hello.py"\nnproc_per_node = 2\n'
+                    f"[rendezvous]\nport = {port}\n")
+    return path
+
+
+def on_a_terminal(cli: CLI, *args: str) -> tuple[int, str, str]:
+    """fleet with stderr a terminal (a pty) and stdout a pipe: exit code, stdout, what the
+    terminal got."""
+    parent, child = pty.openpty()
+    env = {**cli.env, "TERM": "xterm", "COLUMNS": "200"}
+    env.pop("FLEET_PLAIN", None)
+    p = subprocess.Popen([sys.executable, "-m", "fleet", *args], cwd=cli.cwd, env=env,
+                         stdout=subprocess.PIPE, stderr=child, text=True,
+                         stdin=subprocess.DEVNULL)
+    os.close(child)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(parent, 4096)
+        except OSError:  # the other end closed: the command ended
+            break
+        if not chunk:
+            break
+        said += chunk
+    out = p.communicate(timeout=300)[0]
+    os.close(parent)
+    return p.returncode, out, said.decode(errors="replace")
+
+
+def test_one_failure_said_once_waits_on_a_terminal_and_no_torchrun_banner(
+        cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    path = job(tmp_path, 29961)
+    # Both hosts fail the same check with the same words: one line naming both.
+    tb2.inventory(tmp_path / "inv.toml", python="/nonexistent/python3")
+    bad = cli("up", str(path))
+    assert bad.returncode == 5, bad.stdout + bad.stderr
+    said = [line for line in bad.stderr.splitlines() if "/nonexistent/python3" in line]
+    assert len(said) == 1, bad.stderr
+    assert said[0].startswith("  node1, node2: python '/nonexistent/python3' not found"), said
+    assert "checking python failed on 2 host(s); nothing was started:" in bad.stderr
+    assert "waiting:" not in bad.stderr  # no terminal: no wait's line in what is kept
+
+    tb2.inventory(tmp_path / "inv.toml")
+    code, out, terminal = on_a_terminal(cli, "up", str(path))
+    assert code == 0, out + terminal
+    # What it waited for, drawn in place on the terminal (the counts: no clock involved).
+    for what in ("connect", "probe", "sending the code", "start"):
+        assert f"waiting: {what}" in terminal, terminal
+    assert "\r\x1b[K" in terminal
+    # The job's lines, and not torchrun's OMP_NUM_THREADS block ahead of them.
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"{host} r{rank} | hello from rank {rank}" in out, out
+    assert "OMP_NUM_THREADS" not in out and "*****" not in out, out
+    assert "OMP_NUM_THREADS" not in terminal
+    run_id = re.search(r"run (\S+): ", terminal)
+    assert run_id, terminal
+
+    # Kept in the node's log: `fleet logs` shows what `up` showed, `fleet --debug logs` all.
+    logs = cli("logs", run_id[1])
+    assert logs.returncode == 0, logs.stderr
+    assert sorted(line for line in logs.stdout.splitlines() if "|" in line) == \
+        sorted(line for line in out.splitlines() if "|" in line), logs.stdout + out
+    full = cli("--debug", "logs", run_id[1])
+    assert full.returncode == 0, full.stderr
+    banner = [line for line in full.stdout.splitlines() if "OMP_NUM_THREADS" in line]
+    assert sorted(line.split()[0] for line in banner) == ["node1", "node2"], full.stdout

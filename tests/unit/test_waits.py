@@ -1,0 +1,140 @@
+"""What fleet waits for, said on a terminal: the count of hosts done, and once a wait is slow
+(over a second) the hosts not done and what they are on; drawn only where a person watches."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fleet.backends.hosts import check
+from fleet.console import Console
+from fleet.transport.group import each
+from fleet.waits import Pending, named, slow_words
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_words_count_first_then_name_the_slowest_hosts() -> None:
+    assert slow_words("probe", 4, 3, [("node2", "", 0.5)], 0.5) == "waiting: probe 3/4 hosts done"
+    assert (slow_words("probe", 4, 3, [("node2", "", 2.4)], 2.4)
+            == "waiting: probe 3/4 hosts done; node2 still answering (2 s)")
+    assert (slow_words("check", 3, 0, [("a", "the probe", 3), ("b", "the GPU query", 9),
+                                       ("c", "", 1)], 9)
+            == "waiting: check 0/3 hosts done; b still on the GPU query (9 s), a still on the "
+               "probe (3 s) and 1 more")
+    assert slow_words("rm", 1, 0, [("n1", "", 5)], 5) == "waiting: rm; n1 still answering (5 s)"
+    assert slow_words("probe", 2, 2, [], 7) == "waiting: probe 2/2 hosts done"
+
+
+def test_pending_tracks_each_host_and_its_step_with_its_own_clock() -> None:
+    clock = Clock()
+    p = Pending("check", ["node1", "node2", "node3"], clock)
+    told: list[str] = []
+    p.changed = lambda: told.append(p.words())
+    p.start("node2", "the probe")
+    p.finish("node1")
+    clock.now += 0.5
+    assert p.words() == "waiting: check 1/3 hosts done"
+    clock.now += 3
+    p.start("node3", "the write test")
+    clock.now += 1
+    assert p.words() == ("waiting: check 1/3 hosts done; node2 still on the probe (4 s), "
+                         "node3 still on the write test (1 s)")
+    p.finish("node2")
+    p.start("node2", "late")  # a host done stays done
+    assert p.done == 2 and "node2" not in p.words()
+    assert told[0] == "waiting: check 0/3 hosts done" and len(told) == 5
+
+
+def test_a_fanout_finishes_each_host_however_its_call_ends() -> None:
+    p = Pending("probe", ["a", "b"])
+
+    def one(x: int) -> int:
+        if x == 2:
+            raise RuntimeError("boom")
+        return x
+    out = each(named([("a", 1), ("b", 2)]), p.tracked(one))
+    assert out["a"] == 1 and isinstance(out["b"], RuntimeError) and p.done == 2
+
+
+def test_a_wait_on_hosts_is_drawn_on_a_terminal_and_redrawn_as_seconds_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    err = Tty()
+    console = Console(out=io.StringIO(), err=err, color=False, live=True)
+    with console.hosts_waiting("probe", ["node1", "node2"]) as p:
+        p.finish("node1")
+        p.t0 -= 5  # as if it had waited 5 s: the ticker's next draw names node2
+        p._doing["node2"] = ("", p.t0)
+        deadline = time.monotonic() + 10
+        while "node2 still" not in err.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())
+    assert "waiting: probe 1/2 hosts done" in drawn
+    assert "waiting: probe 1/2 hosts done; node2 still answering (5 s)" in drawn
+    assert err.getvalue().endswith("\r\x1b[K")  # erased once the wait is over
+
+
+def test_nothing_is_drawn_without_a_person_or_with_json() -> None:
+    for console in (Console(out=io.StringIO(), err=io.StringIO()),
+                    Console(out=io.StringIO(), err=Tty(), live=True, sink=_Sink())):
+        with console.hosts_waiting("probe", ["a"]) as p:
+            p.finish("a")
+        assert console.err.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_a_wait_on_no_host_says_nothing() -> None:
+    err = Tty()
+    with Console(out=io.StringIO(), err=err, live=True).hosts_waiting("the report", []):
+        pass
+    assert err.getvalue() == ""
+
+
+class _Sink:
+    def emit(self, event: object) -> None:
+        raise AssertionError("a wait is no event")
+
+
+def test_the_checks_say_which_check_each_host_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleet check`'s progress: a slow host is named with the check it is on (here its
+    connection, which never comes), and every host is counted done as its checks end."""
+    from fleet.config.inventory import Host, Inventory
+    from fleet.config.job import Job
+
+    ticks = iter(range(0, 10_000, 10))  # every look at the clock: 10 s later
+
+    class Slow(Pending):
+        def __init__(self, what: str, hosts: list[str]) -> None:
+            super().__init__(what, hosts, clock=lambda: float(next(ticks)))
+
+    shown: list[Callable[[], str]] = []
+    said: list[str] = []
+
+    def refuse(host: Host, *a: object, **k: object) -> object:
+        said.append(shown[0]())  # what a person sees while this host connects
+        raise OSError("refused")
+
+    monkeypatch.setattr(check, "Pending", Slow)
+    monkeypatch.setattr(check, "open_transport", refuse)
+    inv = Inventory(Path("inv.toml"), (Host("n1", "127.0.0.1"),))
+    found = check.run_checks(inv, Job.__new__(Job),
+                             lambda w: shown.append(w) if callable(w) else None)
+    assert [c.host for c in found] == ["n1"] and found[0].status.value == "fail"
+    assert re.fullmatch(r"waiting: check; n1 still on the ssh connection \(\d+ s\)", said[0]), said
+    assert shown[0]() == "waiting: check"  # done: nothing slow is named
