@@ -149,8 +149,9 @@ class Transfer:
         def start(i: int, name: str) -> None:
             tg = self.targets[name]
             listen = tg.address if self.relay and i > 0 else None
+            # The head of the chain is fed from here: the bulk of the bytes (openssh).
             self.recv[name] = Receiver(name, tg.t, tg.python, listen, self.states[name],
-                                       self.changed, self._lost)
+                                       self.changed, self._lost, bulk=i == 0 or not self.relay)
         for i, name in enumerate(self.order):
             start(i, name)
         # Nothing is sent before the program said it runs: /bin/sh, which reads the program
