@@ -28,6 +28,10 @@ OFF = "FLEET_OPENSSH"  # "0": never use the binary (fleet's own connection carri
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes192-ctr,aes256-ctr")
 ALIVE_S = 5  # as fleet's own connection's keepalive
+# A stream shorter than this stays on fleet's own connection: `ssh` logs in anew (a key
+# exchange, an authentication: about 0.1 s), which paramiko's cost per byte pays back only
+# past some tens of MB (a touched-only transfer sends nothing but times).
+BULK_MIN = 64 << 20
 
 
 @dataclass(frozen=True)

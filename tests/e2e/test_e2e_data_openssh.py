@@ -39,7 +39,7 @@ def test_the_head_of_the_relay_is_fed_through_ssh_with_fleets_trust(
     body = f'exec {real} "$@"'
     cli.env["PATH"] = f"{wrapper(tmp_path, body)}:{cli.env['PATH']}"
     tb2.inventory(tmp_path / "inv.toml", workdir="~/fleet-ossh-a")
-    make_data(tmp_path / "data", [12, 5])
+    make_data(tmp_path / "data", [40, 30])  # past openssh.BULK_MIN
     r = cli("up", str(job(tmp_path, 29861)), timeout=120)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
@@ -62,7 +62,7 @@ def test_a_binary_that_cannot_log_in_leaves_the_stream_to_fleets_connection(
     body = "echo 'Host key verification failed.' >&2; exit 255"
     cli.env["PATH"] = f"{wrapper(tmp_path, body)}:{cli.env['PATH']}"
     tb2.inventory(tmp_path / "inv.toml", hosts=["node1"], workdir="~/fleet-ossh-b")
-    make_data(tmp_path / "data", [10])
+    make_data(tmp_path / "data", [66])
     r = cli("up", str(job(tmp_path, 29862)), timeout=120)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out

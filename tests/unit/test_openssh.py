@@ -112,6 +112,7 @@ def test_a_transfer_streams_through_the_pipe_and_is_verified(
         vias.append(self.via)
     monkeypatch.setattr(receiver.Receiver, "__init__", spy)
     monkeypatch.setattr(openssh, "command", lambda host: ["/bin/sh", "-s"])
+    monkeypatch.setattr(openssh, "BULK_MIN", BUNDLE_MAX)
     src, big = data(tmp_path)
     t = LocalTransport(Host("here", "localhost", transport="local"))
     st = push.sync_dir(t, sys.executable, scan(src, ()), str(tmp_path / "dst"), "data",
@@ -132,9 +133,29 @@ def test_a_binary_that_does_not_start_falls_back_to_fleets_connection(
     monkeypatch.setattr(receiver.Receiver, "__init__", spy)
     monkeypatch.setattr(openssh, "command", lambda host: [
         "/bin/sh", "-c", "echo 'Host key verification failed.' >&2; exit 255"])
+    monkeypatch.setattr(openssh, "BULK_MIN", BUNDLE_MAX)
     src, big = data(tmp_path)
     t = LocalTransport(Host("here", "localhost", transport="local"))
     push.sync_dir(t, sys.executable, scan(src, ()), str(tmp_path / "dst"), "data",
                   Console(live=False))
     assert (tmp_path / "dst" / "big.bin").read_bytes() == big
     assert vias[0].via == "ssh did not start (Host key verification failed.)"
+
+
+def test_a_stream_under_bulk_min_stays_on_fleets_connection(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """ssh's own handshake costs more than it saves on a short stream."""
+    made = receiver.Receiver.__init__
+    vias: list[str] = []
+
+    def spy(self: receiver.Receiver, *a: object, **kw: object) -> None:
+        made(self, *a, **kw)  # type: ignore[arg-type]
+        vias.append(self.via)
+    monkeypatch.setattr(receiver.Receiver, "__init__", spy)
+    monkeypatch.setattr(openssh, "command", lambda host: ["/bin/sh", "-s"])
+    src, big = data(tmp_path)
+    assert len(big) < openssh.BULK_MIN
+    push.sync_dir(LocalTransport(Host("here", "localhost", transport="local")), sys.executable,
+                  scan(src, ()), str(tmp_path / "dst"), "data", Console(live=False))
+    assert vias == ["not the bulk of a stream"]
+    assert (tmp_path / "dst" / "big.bin").read_bytes() == big

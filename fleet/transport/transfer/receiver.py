@@ -31,13 +31,12 @@ class Receiver:
         self.script = "exec " + agent(python, f"recv {self.mark}" +
                                       (f" {quote(listen)}" if listen else ""))
         self.closed = False
-        self.via = "fleet's connection"  # what carries the stream, or why not ssh
-        args = openssh.command(t.host) if bulk else "not fed from this machine"
+        args = openssh.command(t.host) if bulk else "not the bulk of a stream"
         self.pipe: Pipe
         if isinstance(args, list):
             self.pipe, self.via = openssh.OpenSSHPipe(args, self.script), "ssh"
         else:
-            self.pipe, self.via = t.pipe(self.script), args
+            self.pipe, self.via = t.pipe(self.script), args  # why not ssh
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"ferry-{name}")
         self.reader.start()
 
