@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import (
+    PY,
     Config,
     Proc,
     Scratch,
@@ -67,6 +68,9 @@ class Case:
     reps: int
     touched: bool = False
     rsync: int = -1  # -1: every rep
+    # also a first up with fleet's own connection only (FLEET_OPENSSH=0): the stream as it
+    # went before the `ssh` binary carried it, side by side in the same run
+    paramiko: bool = False
 
     @property
     def rsync_reps(self) -> int:
@@ -78,10 +82,10 @@ def matrix(cfg: Config) -> tuple[list[Case], list[Case]]:
     rsync's speed; quick: about 4 min. Behind the uplink rsync runs once per case (it sends
     the data once per host: 67 s for 100 MB to 8 hosts) and not at all for 1 GB (11 min)."""
     if cfg.quick:
-        return ([Case("100 MB", 1, 1, touched=True), Case("1 GB", 1, 1, touched=True),
-                 Case("4 GB", 1, 1)],
+        return ([Case("100 MB", 1, 1, touched=True),
+                 Case("1 GB", 1, 1, touched=True, paramiko=True), Case("4 GB", 1, 1)],
                 [Case("100 MB", 4, 1)])
-    return ([Case("100 MB", 1, 3, touched=True), Case("1 GB", 1, 3, touched=True),
+    return ([Case("100 MB", 1, 3, touched=True), Case("1 GB", 1, 3, touched=True, paramiko=True),
              Case("4 GB", 1, 1, touched=True),
              Case("1 GB", 2, 1), Case("1 GB", 4, 1), Case("1 GB", 8, 1)],
             [*(Case("100 MB", n, 3, rsync=1) for n in (1, 2, 4, 8)),
@@ -173,10 +177,12 @@ def data_phase(proc: Proc) -> tuple[float, bool, int | None]:
     return err[idx[-1]].t - start, True, sum(last.values()) if last else None
 
 
-def fleet_up(sc: Scratch, job: Path, inv: Path, deadline: float) -> Up:
+def fleet_up(sc: Scratch, job: Path, inv: Path, deadline: float, paramiko: bool = False) -> Up:
     """One `fleet up --detach` of the data job, watched: stopped past `deadline` seconds or
-    RSS_GUARD; the run (which only runs `true`) killed on the hosts afterwards."""
-    proc = sc.fleet("up", "--detach", str(job), "-i", str(inv))
+    RSS_GUARD; the run (which only runs `true`) killed on the hosts afterwards. `paramiko`:
+    with FLEET_OPENSSH=0 (no stream through the `ssh` binary)."""
+    proc = Proc([PY, "-m", "fleet", "up", "--detach", str(job), "-i", str(inv)],
+                env={**sc.env(), **({"FLEET_OPENSSH": "0"} if paramiko else {})}, cwd=sc.dir)
     peak_kib, stopped = 0, ""
     until = time.monotonic() + deadline
     for _ in range(int(deadline / POLL) + 2):
@@ -347,6 +353,7 @@ class Row:
     rsyncs: list[float | None] = field(default_factory=list)
     again: list[Up] = field(default_factory=list)  # after touch
     rsync_again: list[float | None] = field(default_factory=list)
+    paramiko: list[Up] = field(default_factory=list)  # first, fleet's own connection only
 
 
 def run_unshaped(b: Bench, case: Case) -> Row:
@@ -377,6 +384,13 @@ def run_unshaped(b: Bench, case: Case) -> Row:
             row.again.append(again)
             b.check(ds, n, again)
         b.clean()
+        if case.paramiko and not (up.stopped or up.failed):
+            settle()
+            old = fleet_up(b.sc, job, b.inventory(n), 60 + STOP_AT_BASELINE * (base or slow),
+                           paramiko=True)
+            row.paramiko.append(old)
+            b.check(ds, n, old)
+            b.clean()
         if up.stopped or up.failed:
             break  # missed by far, or broken: the other runs would say the same
     return row
@@ -463,12 +477,14 @@ def sent_text(ups: list[Up]) -> str:
 def unshaped_row(table: Table, case: Case, row: Row) -> None:
     one = case.hosts == 1
     for label, ups, rs, judged in (("first", row.ups, row.rsyncs, "transfer"),
-                                   ("touched", row.again, row.rsync_again, "wall")):
-        if label == "touched" and not case.touched:
+                                   ("touched", row.again, row.rsync_again, "wall"),
+                                   ("first, paramiko", row.paramiko, row.rsyncs, "")):
+        if (label == "touched" and not case.touched) or (judged == "" and not ups):
             continue
         base = base_value(rs)
         target = (("(b) transfer " if judged == "transfer" else "(c) up ")
-                  + verdict(ups, value(ups, judged), base, RSYNC_TARGET)) if one else "-"
+                  + verdict(ups, value(ups, judged), base, RSYNC_TARGET)) \
+            if one and judged else "-"
         table.add(case.size, case.hosts, label, len(ups), seconds(ups, "wall"),
                   seconds(ups, "transfer"), base_text(rs),
                   ratio(value(ups, "transfer"), base), ratio(value(ups, "wall"), base), target,
@@ -558,6 +574,9 @@ def run(cfg: Config) -> list[Table]:
         "fleet up: the command to its exit (--detach; the job runs `true`); fleet transfer: "
         "from the end of planning (the last `node rank` line) to the last `data:` line, "
         "stderr lines timestamped as they arrive; fleet sent: what its `data:` lines say",
+        "first, paramiko: the same first up with FLEET_OPENSSH=0 (the stream on fleet's own "
+        "paramiko connection, as before the `ssh` binary carried it), after the others, "
+        "against the same rsync",
         "touched: `touch` of every file after the first run (content unchanged), then the "
         "same `fleet up` into the same workdir, and rsync again onto its own copy",
         f"targets at 1 host: (b) first transfer <= {RSYNC_TARGET}x rsync, (c) the touched "

@@ -222,7 +222,8 @@ def test_cmd_hash_lists_the_partial_file_over_the_file_and_skips_what_is_not_the
 
 
 def test_held_script_under_a_real_sh_hashes_each_directory(tmp_path: Path) -> None:
-    """One round trip for every synced directory, each after its `#dir N` line."""
+    """One round trip for every synced directory, each after its `#dir N` line; the block
+    digests only (a push compares those: one pass of hashing on the node, not two)."""
     one, two = tmp_path / "one", tmp_path / "two"
     put(one / "x", b"x" * 10)
     put(two / "sub/y", b"y" * (B + 1))
@@ -233,9 +234,21 @@ def test_held_script_under_a_real_sh_hashes_each_directory(tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     helds = plan.parse_helds(r.stdout, asks)
     assert [sorted(h) for h in helds] == [["x"], ["sub/y", "sub/z"]]
-    assert helds[0]["x"].sha == sha(b"x" * 10) and helds[0]["x"].kind == "file"
+    assert helds[0]["x"].sha == "" and helds[0]["x"].kind == "file"
     assert helds[1]["sub/y"].blocks == (ferry.digest(b"y" * B), ferry.digest(b"y"))
-    assert helds[1]["sub/z"] == Held("part", 1, sha(b"z"), (ferry.digest(b"z"),))
+    assert helds[1]["sub/z"] == Held("part", 1, "", (ferry.digest(b"z"),))
+
+
+def test_a_file_with_every_block_the_same_is_only_touched_and_one_block_off_is_sent(
+        tmp_path: Path) -> None:
+    body = data(3 * B + 5, 7)
+    put(tmp_path / "f", body)
+    lf = push.local_file("f", tmp_path / "f", True)
+    assert lf.sha == sha(body) and lf.blocks == tuple(ferry.hash_file(str(tmp_path / "f"))[2])
+    same = Held("file", len(body), "", lf.blocks)
+    assert plan.need(lf, same) == Need(touch=True)
+    off = Held("file", len(body), "", (*lf.blocks[:2], "0" * ferry.DIGEST_HEX, lf.blocks[3]))
+    assert plan.need(lf, off) == Need(blocks=(2,))
 
 
 # ---- frames -------------------------------------------------------------------------------------
@@ -830,10 +843,12 @@ def test_need_everything_where_nothing_is_held_or_nothing_was_hashed() -> None:
 def test_need_only_a_touch_where_the_same_content_is_there() -> None:
     blocks = (d("1"), d("2"))
     assert plan.need(lf(2 * B, blocks), Held("file", 2 * B, SHA, blocks)) == Need(touch=True)
-    # the same sha in a partial file is not in place yet; another sha is not the same content
+    assert plan.need(lf(2 * B, blocks), Held("file", 2 * B, "", blocks)) == Need(touch=True)
+    # the same blocks in a partial file are not in place yet; another block is not the same
+    # content (the blocks decide: a node that asks for blocks only sends no whole sha256)
     assert plan.need(lf(2 * B, blocks), Held("part", 2 * B, SHA, blocks)) == Need(blocks=())
-    assert plan.need(lf(2 * B, blocks), Held("file", 2 * B, "b" * 64, blocks)) == \
-        Need(blocks=())
+    assert plan.need(lf(2 * B, blocks), Held("file", 2 * B, SHA, (d("1"), d("3")))) == \
+        Need(blocks=(1,))
 
 
 def test_need_the_rest_of_a_partial_file() -> None:

@@ -86,10 +86,11 @@ def target(root: str, rel: str, strict: bool = False) -> str:
 
 
 # ---- hashing what a node has ------------------------------------------------------------------
-def hash_file(path: str, start: int = 0) -> tuple[int, str, list[str]]:
+def hash_file(path: str, start: int = 0, whole_sha: bool = True) -> tuple[int, str, list[str]]:
     """(size, sha256, block digests) of a file, read once; from block `start` on (the size is
-    then the whole file's, the hash and digests of what was read)."""
-    whole = hashlib.sha256()
+    then the whole file's, the hash and digests of what was read). Without `whole_sha`, the
+    sha256 is "" (one pass of hashing instead of two)."""
+    whole = hashlib.sha256() if whole_sha else None
     blocks = []
     size = start * BLOCK
     with open(path, "rb") as f:
@@ -98,15 +99,17 @@ def hash_file(path: str, start: int = 0) -> tuple[int, str, list[str]]:
             b = f.read(BLOCK)
             if not b:
                 break
-            whole.update(b)
+            if whole is not None:
+                whole.update(b)
             blocks.append(digest(b))
             size += len(b)
-    return size, whole.hexdigest(), blocks
+    return size, whole.hexdigest() if whole is not None else "", blocks
 
 
-def cmd_hash(root: str, rels: list[str], out: IO[str]) -> None:
+def cmd_hash(root: str, rels: list[str], out: IO[str], whole_sha: bool = True) -> None:
     """Per file, what a transfer can keep of it; one line each: JSON path, TAB, "part" or
-    "file", TAB, size, TAB, sha256, TAB, the block digests run together. With a partial file:
+    "file", TAB, size, TAB, sha256 (empty without `whole_sha`: a push compares the blocks),
+    TAB, the block digests run together. With a partial file:
     its whole blocks, then the file's blocks after them (see kept_from); else the file's. A
     file that is not there (or cannot be read) gets no line."""
     for rel in rels:
@@ -114,14 +117,14 @@ def cmd_hash(root: str, rels: list[str], out: IO[str]) -> None:
         try:
             if os.path.isfile(part):
                 kind = "part"
-                size, sha, blocks = hash_file(part)
+                size, sha, blocks = hash_file(part, 0, whole_sha)
                 keep = kept_from(size, final)
                 if keep is not None:
-                    size, _, rest = hash_file(final, keep)
+                    size, _, rest = hash_file(final, keep, False)
                     blocks = blocks[:keep] + rest
             elif os.path.isfile(final):
                 kind = "file"
-                size, sha, blocks = hash_file(final)
+                size, sha, blocks = hash_file(final, 0, whole_sha)
             else:
                 continue
         except OSError:

@@ -12,10 +12,10 @@ from fleet.nodeside.ferry.send import cmd_list, cmd_send
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["hash"] and len(argv) == 2:
+    if argv[:1] == ["hash"] and (len(argv) == 2 or argv[2:] == ["blocks"]):
         threading.Thread(target=_exit_when_unread, daemon=True).start()  # fleet gone: stop
         rels = json.loads(sys.stdin.readline() or "[]")
-        cmd_hash(argv[1], [safe_rel(r) for r in rels], sys.stdout)
+        cmd_hash(argv[1], [safe_rel(r) for r in rels], sys.stdout, len(argv) == 2)
         return 0
     if argv[:1] == ["recv"] and len(argv) in (2, 3):
         return cmd_recv(argv[1:])
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
         rels = json.loads(sys.stdin.readline() or "[]")
         cmd_list(argv[1], [safe_rel(r) for r in rels], sys.stdout)
         return 0
-    sys.stderr.write("usage: ferry hash ROOT < [paths] | ferry recv MARK [LISTEN] | "
+    sys.stderr.write("usage: ferry hash ROOT [blocks] < [paths] | ferry recv MARK [LISTEN] | "
                      "ferry send ROOT MARK < [paths] | ferry list ROOT < [paths]\n")
     return 2
 

@@ -3,6 +3,7 @@ and one directory to one node (the Slurm login node), streamed or in one bundle.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import threading
@@ -45,12 +46,38 @@ def local_file(rel: str, path: Path, with_hashes: bool) -> Local:
     st = os.stat(path)
     lf = Local(rel, path, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
     if with_hashes:
-        size, sha, blocks = ferry.hash_file(str(path))
-        if size != st.st_size:
+        size, sha, blocks = _hashes(str(path))
+        after = os.stat(path)
+        if size != st.st_size or (after.st_size, after.st_mtime_ns) != (size, st.st_mtime_ns):
             raise WorkdirError(f"{path}: changed while fleet read it; start again once it is "
                                "written")
         lf = Local(rel, path, size, st.st_mtime_ns, lf.mode, sha, tuple(blocks))
     return lf
+
+
+def _hashes(path: str) -> tuple[int, str, list[str]]:
+    """ferry.hash_file, the whole file's sha256 in a thread of its own beside the block digests
+    (hashlib lets go of the GIL): one pass's time where a core is free."""
+    whole: list[str | OSError] = []
+
+    def sha() -> None:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                while b := f.read(ferry.BLOCK):
+                    h.update(b)
+            whole.append(h.hexdigest())
+        except OSError as e:
+            whole.append(e)
+    th = threading.Thread(target=sha, daemon=True, name="hash-whole")
+    th.start()
+    try:
+        size, _, blocks = ferry.hash_file(path, 0, whole_sha=False)
+    finally:
+        th.join()
+    if isinstance(whole[0], OSError):
+        raise whole[0]
+    return size, whole[0], blocks
 
 
 def move(nodes: list[Target], dirs: list[Dir], console: Console) -> tuple[Outcome, list[Move]]:

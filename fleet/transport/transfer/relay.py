@@ -16,6 +16,7 @@ from fleet.errors import (
     WorkdirError,
 )
 from fleet.nodeside import ferry
+from fleet.transport import openssh
 from fleet.transport.base import Transport
 from fleet.transport.transfer import verdict
 from fleet.transport.transfer.plan import Move, Moved, chains, moved_bytes
@@ -146,11 +147,15 @@ class Transfer:
 
     # -- start and link
     def _start(self) -> None:
+        bulk = sum(moved_bytes(m) for m in self.moves) >= openssh.BULK_MIN
+
         def start(i: int, name: str) -> None:
             tg = self.targets[name]
             listen = tg.address if self.relay and i > 0 else None
+            # The head of the chain is fed from here: the bulk of the bytes (openssh).
             self.recv[name] = Receiver(name, tg.t, tg.python, listen, self.states[name],
-                                       self.changed, self._lost)
+                                       self.changed, self._lost,
+                                       bulk=bulk and (i == 0 or not self.relay))
         for i, name in enumerate(self.order):
             start(i, name)
         # Nothing is sent before the program said it runs: /bin/sh, which reads the program
