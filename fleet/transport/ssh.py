@@ -23,7 +23,7 @@ from fleet.transport.connection import open_client
 from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
 from fleet.transport.lines import Lines, Received
-from fleet.transport.trace import span
+from fleet.transport.trace import label, span
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 # Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
@@ -262,7 +262,7 @@ class SSHTransport(Transport):
         program it execs reads the rest. Nothing else is sent before the program speaks first,
         so the shell cannot have read any of it."""
         try:
-            with span(self.host.name, "pipe", named(script, "")):
+            with span(self.host.name, "pipe", label(script)):
                 chan, slot = self._session()
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
@@ -285,7 +285,7 @@ class SSHTransport(Transport):
 
     def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None, received: Received | None = None) -> int:
-        with span(self.host.name, "stream", named(script, "")):
+        with span(self.host.name, "stream", label(script)):
             return self._stream(script, on_lines, stop, received)
 
     def _stream(self, script: str, on_lines: Callable[[list[str]], None],

@@ -20,6 +20,15 @@ def path() -> str:
     return os.environ.get(VAR, "")
 
 
+def label(script: str) -> str:
+    """A script's name in the record: its first telling line (a shell program's comment)."""
+    for line in script.splitlines():
+        line = line.strip()
+        if line and line not in ("{", "(") and not line.startswith("set -- "):
+            return line[:80]
+    return ""
+
+
 def note(host: str, kind: str, what: str, began: float, seconds: float | None) -> None:
     """One round trip (or a channel held open: `seconds` to its close, None if not closed)."""
     target = path()
