@@ -1,6 +1,6 @@
-"""Where a `fleet up` spends its round trips, per host and phase: read from FLEET_TRACE's record
-(fleet/transport/trace.py: one line per connection or session channel) and fleet's stderr, whose
-per-host lines mark the end of each phase."""
+"""Where a `fleet up` spends its round trips before the job runs, per host and phase: read from
+FLEET_TRACE's record (fleet/transport/trace.py: one line per connection or session channel,
+with what it ran, when it began and how long it took, on fleet's own clock)."""
 
 from __future__ import annotations
 
@@ -10,68 +10,57 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import Line
-
-# Each phase ends, per host, at the first stderr line matching its pattern ("{host}" stands for
-# the host's name; a pattern without it ends the phase on every host at once).
+# A round trip's phase, by its kind and what it ran (the first pattern that matches); what
+# matches none (the run's own streams, heartbeats, the end) is not counted.
 PHASES: tuple[tuple[str, str], ...] = (
-    ("connect", r"fleet: {host}\s+connected \("),
-    ("gate, claim, probe, plan", r"fleet: {host}\s+node rank "),
-    ("upload and port checks", r"^fleet: preflight: |fleet: {host}\s+code: sent "),
-    ("start", r"fleet: {host}\s+started "),
+    ("connect", r"^connect:"),
+    ("gate (GPUs, leases)", r"^run: list GPUs"),
+    ("claim + probe", r"^stream: # fleet's claim|^run: probe$"),
+    ("port checks", r"test listener|^run: connect test|^run: stop the listener"),
+    ("upload", r"^run: create |\.fleet-bundle|^run: read the setup marker"),
+    ("start", r"manifest\.json|^run: start run\.sh|watcher"),
 )
 
 
 @dataclass
 class Budget:
-    """Per phase: the round trips each host made in it, and when its last host ended it."""
+    """Per phase: the round trips each host made in it, and how long the phase took (from its
+    first round trip's start to its last one's end, over every host)."""
 
     trips: dict[str, list[int]] = field(default_factory=dict)  # per phase, one count a host
-    ends: dict[str, float] = field(default_factory=dict)  # per phase, seconds since the command
-    whats: dict[str, set[str]] = field(default_factory=dict)  # per phase, what was run
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
-def ends_of(err: list[Line], t0_wall: float, host: str) -> list[float]:
-    """Wall times at which `host` ended each phase (the later of its patterns' first lines)."""
-    out = []
-    for _, pattern in PHASES:
-        alts = [re.compile(p.replace("{host}", re.escape(host))) for p in pattern.split("|")]
-        hits = [min((x.wall for x in err if rx.search(x.text)), default=None) for rx in alts]
-        found = [h for h in hits if h is not None]
-        out.append(max(found) if found else float("nan"))
-    return out
+def phase_of(kind: str, what: str) -> str | None:
+    said = f"{kind}: {what}"
+    for name, pattern in PHASES:
+        if re.search(pattern, said):
+            return name
+    return None
 
 
-def read(trace: Path, err: list[Line], t0_wall: float) -> Budget:
-    """The budget of one launch, from its trace file and its stderr lines."""
+def read(trace: Path) -> Budget:
+    """The budget of one launch, from its trace file (a missing file: an empty budget)."""
     recs = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
     hosts = sorted({r["host"] for r in recs})
     b = Budget()
-    for host in hosts:
-        ends = ends_of(err, t0_wall, host)
-        mine = [r for r in recs if r["host"] == host]
-        start = t0_wall
-        for (name, _), end in zip(PHASES, ends, strict=True):
-            inside = [r for r in mine if start <= r["t"] < end]
-            b.trips.setdefault(name, []).append(len(inside))
-            b.whats.setdefault(name, set()).update(f"{r['kind']}: {r['what'][:40]}"
-                                                   for r in inside)
-            b.ends[name] = max(b.ends.get(name, 0.0), end - t0_wall)
-            start = end
+    for name, _ in PHASES:
+        mine = [r for r in recs if phase_of(r["kind"], r["what"]) == name]
+        b.trips[name] = [sum(1 for r in mine if r["host"] == h) for h in hosts]
+        # A stream held open (the claim) counts from its start to its first answer's need:
+        # its own length is the launch's, so only its start counts here.
+        if mine:
+            ends = [r["t"] + (r["s"] or 0.0) if r["kind"] != "stream" else r["t"] for r in mine]
+            b.seconds[name] = max(ends) - min(r["t"] for r in mine)
     return b
 
 
-def merged(budgets: list[Budget]) -> list[tuple[str, float, float, list[str]]]:
-    """Per phase, medians over launches: round trips per host, seconds the phase took (its last
-    host's end minus the phase before's), and what ran in it."""
+def merged(budgets: list[Budget]) -> list[tuple[str, float, float | None]]:
+    """Per phase, medians over launches: round trips per host, and the phase's seconds."""
     out = []
-    prev: list[float] = [0.0] * len(budgets)
     for name, _ in PHASES:
         trips = [statistics.median(b.trips[name]) for b in budgets if b.trips.get(name)]
-        ends = [b.ends.get(name, float("nan")) for b in budgets]
-        secs = [e - p for e, p in zip(ends, prev, strict=True)]
-        prev = ends
-        whats = sorted(set().union(*(b.whats.get(name, set()) for b in budgets)))
-        out.append((name, statistics.median(trips) if trips else float("nan"),
-                    statistics.median(secs) if secs else float("nan"), whats))
+        secs = [b.seconds[name] for b in budgets if name in b.seconds]
+        out.append((name, statistics.median(trips) if trips else 0.0,
+                    statistics.median(secs) if secs else None))
     return out

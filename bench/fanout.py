@@ -67,13 +67,11 @@ def fleet_hello(sc: Scratch, n: int, src: Path | None = None) -> Hello:
     trace = sc.dir / f"trace-{next_port()}.jsonl"
     proc = sc.fleet("up", str(job), "-i", str(sc.inventory(n)), src=src,
                     FLEET_TRACE=str(trace))
-    t0_wall = time.time() - (time.monotonic() - proc.t0)
     ok = proc.until(lambda p: len(first_lines(p)) >= n, RUN_TIMEOUT)
     code = proc.wait(RUN_TIMEOUT)
     if not ok or code != 0 or proc.ended is None:
         raise RuntimeError(f"fleet up on {n} host(s) failed ({code}):\n{proc.err_text()}")
-    return Hello(max(first_lines(proc).values()), proc.ended - proc.t0,
-                 budget.read(trace, proc.err, t0_wall))
+    return Hello(max(first_lines(proc).values()), proc.ended - proc.t0, budget.read(trace))
 
 
 def ssh_hello(sc: Scratch, n: int) -> Hello:
@@ -117,8 +115,7 @@ def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
     table = Table("fanout: hello under torchrun, command to every rank's first output line and "
                   "to the exit (the whole `fleet up`)", cols)
     spent = Table("fanout: fleet up's round trips per host and phase (FLEET_TRACE), medians",
-                  ["hosts", "fleet", "phase", "round trips per host", "seconds (last host)",
-                   "what ran"])
+                  ["hosts", "fleet", "phase", "round trips per host", "seconds"])
     for n in counts:
         runs: dict[str, list[Hello]] = {"fleet": [], "ssh": [], "before": []}
         for _ in range(reps):  # interleaved, so drift hits all alike
@@ -147,17 +144,19 @@ def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
                                           if runs[w]) for i in range(reps)))
         for who in ("fleet", "before"):
             got = [h.budget for h in runs[who] if h.budget is not None and h.budget.trips]
-            for name, trips, secs, whats in budget.merged(got) if got else []:
+            for name, trips, secs in budget.merged(got) if got else []:
                 spent.add(n, "this" if who == "fleet" else "before", name, f"{trips:g}",
-                          fmt(secs), "; ".join(whats)[:300])
+                          fmt(secs))
     table.notes.append(f"median of {reps} runs each, interleaved; nproc 1, static rendezvous, "
                        "the worker only prints (no torch import in it, but torchrun imports "
                        "torch); `whole`: to fleet's exit, and to the last ssh's exit")
     if before:
         table.notes.append(f"before: fleet from {before_root} ({where})")
     spent.notes.append("a round trip: a connection, or one session channel (a command, a "
-                       "stream, SFTP's); a phase ends on each host at fleet's line for it "
-                       "(connected, node rank, code: sent and the preflight line, started)")
+                       "stream, an SFTP file); its phase by what it ran (bench/budget.py); "
+                       "seconds: from the phase's first round trip to its last one's end, over "
+                       "every host (on fleet's clock); the claim's stream counts by its start. "
+                       "Upload and port checks run side by side")
     return [table, spent]
 
 

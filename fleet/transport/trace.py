@@ -34,7 +34,7 @@ def note(host: str, kind: str, what: str, began: float, seconds: float | None) -
     target = path()
     if not target:
         return
-    line = json.dumps({"host": host, "kind": kind, "what": what[:80], "t": round(began, 4),
+    line = json.dumps({"host": host, "kind": kind, "what": what[:200], "t": round(began, 4),
                        "s": None if seconds is None else round(seconds, 4)})
     with _lock, open(target, "a", encoding="utf-8") as f:
         f.write(line + "\n")
