@@ -15,7 +15,9 @@ from pathlib import Path
 PHASES: tuple[tuple[str, str], ...] = (
     ("connect", r"^connect:"),
     ("gate (GPUs, leases)", r"^run: list GPUs"),
-    ("claim + probe", r"^stream: # fleet's claim|^run: probe$"),
+    # The claim's stream is named by its first telling line: the claim script's comment, or,
+    # where the probe rides on it (its text an argument of the claim), the probe's.
+    ("claim + probe", r"^stream: # fleet\S* (claim|probe) |^run: probe$|^answer: the probe"),
     ("port checks", r"test listener|^run: connect test|^run: stop the listener"),
     ("upload", r"^run: create |\.fleet-bundle|^run: read the setup marker"),
     ("start", r"manifest\.json|^run: start run\.sh|watcher"),
@@ -46,9 +48,11 @@ def read(trace: Path) -> Budget:
     b = Budget()
     for name, _ in PHASES:
         mine = [r for r in recs if phase_of(r["kind"], r["what"]) == name]
-        b.trips[name] = [sum(1 for r in mine if r["host"] == h) for h in hosts]
-        # A stream held open (the claim) counts from its start to its first answer's need:
-        # its own length is the launch's, so only its start counts here.
+        # An "answer" is no round trip of its own: when a stream's awaited part came.
+        b.trips[name] = [sum(1 for r in mine if r["host"] == h and r["kind"] != "answer")
+                         for h in hosts]
+        # A stream held open (the claim) counts by its start (its length is the launch's), and
+        # to the answer it was waited for, where one is noted.
         if mine:
             ends = [r["t"] + (r["s"] or 0.0) if r["kind"] != "stream" else r["t"] for r in mine]
             b.seconds[name] = max(ends) - min(r["t"] for r in mine)

@@ -20,6 +20,7 @@ from fleet.nodeside import shell_program
 from fleet.shell import Raw, home_word
 from fleet.transport import Transport
 from fleet.transport.group import each
+from fleet.transport.trace import note
 
 ANSWER_S = 30.0  # how long a node may take to say whether it could be claimed
 THEN_S = 60.0  # how long the script run once claimed (the probe) may take after the answer
@@ -114,6 +115,8 @@ class Claim:
                         text = section(self.lines, self.mark)
                         self.said = Said(text or "", self.sent, time.time())
                         self.ended.set()
+                        note(self.host.name, "answer", "the probe, in the claim's stream",
+                             self.sent, self.said.received - self.sent)
 
         try:
             self.sent = time.time()
