@@ -167,12 +167,13 @@ class Scratch:
         self.dir.mkdir()
         self.launches = 0
 
-    def env(self) -> dict[str, str]:
+    def env(self, src: Path | None = None, **extra: str) -> dict[str, str]:
         return {**os.environ, "FLEET_STATE_DIR": str(self.dir / ".fleet"), "NO_COLOR": "1",
-                "PYTHONPATH": str(FLEET_PATH[0])}
+                "PYTHONPATH": str(src or FLEET_PATH[0]), **extra}
 
-    def fleet(self, *args: str) -> Proc:
-        return Proc([PY, "-m", "fleet", *args], env=self.env(), cwd=self.dir)
+    def fleet(self, *args: str, src: Path | None = None, **extra: str) -> Proc:
+        """`python -m fleet ARGS` from the snapshot (or `src`), `extra` in its environment."""
+        return Proc([PY, "-m", "fleet", *args], env=self.env(src, **extra), cwd=self.dir)
 
     def inventory(self, n: int, workdir: str | None = None) -> Path:
         """An inventory of the first n hosts. Each one gets a workdir of its own unless given,
@@ -196,15 +197,16 @@ class Scratch:
         return path
 
 
-def snapshot(dest: Path) -> str:
-    """Copy fleet (with its templates, where the installed package maps them) to dest, check
-    that it runs, and use it for every launch: the tree may be edited while benchmarks run.
-    Returns where it came from (commit, and whether fleet had uncommitted changes)."""
+def snapshot(dest: Path, root: Path = ROOT, use: bool = True) -> str:
+    """Copy fleet (with its templates, where the installed package maps them) from `root` to
+    dest, check that it runs, and (`use`) use it for every launch: the tree may be edited while
+    benchmarks run. Returns where it came from (commit, and whether fleet had uncommitted
+    changes)."""
     for attempt in range(5):
         shutil.rmtree(dest / "fleet", ignore_errors=True)
-        shutil.copytree(ROOT / "fleet", dest / "fleet",
+        shutil.copytree(root / "fleet", dest / "fleet",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        shutil.copytree(ROOT / "templates", dest / "fleet" / "templates",
+        shutil.copytree(root / "templates", dest / "fleet" / "templates",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         # Byte-compiled, as `pip install` leaves a package: where PYTHONDONTWRITEBYTECODE is
         # set (this machine sets it) every launch would otherwise compile fleet's modules anew.
@@ -214,12 +216,13 @@ def snapshot(dest: Path) -> str:
         check = subprocess.run([PY, "-c", probe], env=env, capture_output=True, text=True,
                                timeout=60, cwd=dest)
         if check.returncode == 0 and check.stdout.startswith(str(dest)):
-            FLEET_PATH[0] = dest
+            if use:
+                FLEET_PATH[0] = dest
             break
         time.sleep(2 + attempt)  # caught in the middle of an edit: try again
     else:
-        raise RuntimeError(f"fleet in {ROOT} does not import: {check.stderr.strip()[-500:]}")
-    git = ["git", "-C", str(ROOT)]
+        raise RuntimeError(f"fleet in {root} does not import: {check.stderr.strip()[-500:]}")
+    git = ["git", "-C", str(root)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, timeout=30).stdout.strip() or "unknown"
     dirty = subprocess.run([*git, "status", "--porcelain", "--", "fleet", "templates"],

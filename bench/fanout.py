@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import budget
 from bench.common import (
     PY,
     Config,
@@ -21,6 +23,7 @@ from bench.common import (
     next_port,
     ratio,
     run_id_of,
+    snapshot,
     ssh_argv,
     testbed,
     torchrun_line,
@@ -44,19 +47,36 @@ def first_lines(proc: Proc) -> dict[int, float]:
     return seen
 
 
-def fleet_hello(sc: Scratch, n: int) -> float:
-    """fleet up of the hello job on n hosts: seconds until every rank's first line."""
+# Where BENCH_FANOUT_BEFORE names another fleet tree (a checkout of an earlier commit), fanout
+# runs its `fleet up` too, interleaved with this one's and the loop's: before and after, side by
+# side under the same load.
+BEFORE_VAR = "BENCH_FANOUT_BEFORE"
+
+
+@dataclass
+class Hello:
+    first: float  # seconds from the command to every rank's first line
+    whole: float  # seconds from the command to its exit (every rank done)
+    budget: budget.Budget | None = None  # fleet's round trips per phase (FLEET_TRACE)
+
+
+def fleet_hello(sc: Scratch, n: int, src: Path | None = None) -> Hello:
+    """fleet up of the hello job on n hosts: seconds until every rank's first line, and until
+    its exit; where it came from is traced (FLEET_TRACE) for the round-trip budget."""
     job = sc.job("hello", HELLO_SCRIPT, next_port())
-    proc = sc.fleet("up", str(job), "-i", str(sc.inventory(n)))
+    trace = sc.dir / f"trace-{next_port()}.jsonl"
+    proc = sc.fleet("up", str(job), "-i", str(sc.inventory(n)), src=src,
+                    FLEET_TRACE=str(trace))
     ok = proc.until(lambda p: len(first_lines(p)) >= n, RUN_TIMEOUT)
     code = proc.wait(RUN_TIMEOUT)
-    if not ok or code != 0:
+    if not ok or code != 0 or proc.ended is None:
         raise RuntimeError(f"fleet up on {n} host(s) failed ({code}):\n{proc.err_text()}")
-    return max(first_lines(proc).values())
+    return Hello(max(first_lines(proc).values()), proc.ended - proc.t0, budget.read(trace))
 
 
-def ssh_hello(sc: Scratch, n: int) -> float:
-    """The same torchrun lines started by a parallel ssh loop: seconds to every first line."""
+def ssh_hello(sc: Scratch, n: int) -> Hello:
+    """The same torchrun lines started by a parallel ssh loop: seconds to every first line, and
+    to the last ssh's exit."""
     tb, port, tag = sc.tb, next_port(), new_tag()
     for h in tb.hosts[:n]:
         (h.home / "hello.py").write_text(HELLO_SCRIPT)
@@ -73,32 +93,71 @@ def ssh_hello(sc: Scratch, n: int) -> float:
         if len(firsts) < n or any(c != 0 for c in codes):
             raise RuntimeError(f"ssh loop on {n} host(s) failed ({codes}): "
                                + " / ".join(p.err_text()[-300:] for p in procs))
-        return max(firsts.values())
+        return Hello(max(firsts.values()), max((p.ended or time.monotonic()) for p in procs) - t0)
     finally:
         for p in procs:
             p.kill()
         kill_run(tb, tag)
 
 
-def fanout_table(tb: Testbed, cfg: Config) -> Table:
+def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
     sc = Scratch(tb, "fanout")
-    counts, reps = cfg.pick((1, 2, 4, 8), (1, 2, 4)), cfg.reps(3, 1)
-    table = Table("fanout: command to every rank's first output line (hello under torchrun)",
-                  ["hosts", "fleet up", "ssh loop", "fleet/ssh", "target"])
+    counts, reps = cfg.pick((1, 2, 4, 8), (4, 8)), cfg.reps(3, 3)
+    before_root = os.environ.get(BEFORE_VAR)
+    before: Path | None = None
+    if before_root:
+        before = Path(tempfile.mkdtemp(prefix="fleet-before-", dir=sc.dir))
+        where = snapshot(before, Path(before_root), use=False)
+    cols = ["hosts", "fleet: first line", "ssh: first line", "ratio",
+            "fleet: whole up", "ssh: whole", "fleet/ssh (whole)", "target (whole)"]
+    if before:
+        cols += ["before: whole up", "before/ssh (whole)"]
+    table = Table("fanout: hello under torchrun, command to every rank's first output line and "
+                  "to the exit (the whole `fleet up`)", cols)
+    spent = Table("fanout: fleet up's round trips per host and phase (FLEET_TRACE), medians",
+                  ["hosts", "fleet", "phase", "round trips per host", "seconds"])
     for n in counts:
-        fl: list[float] = []
-        base: list[float] = []
-        for _ in range(reps):  # interleaved, so drift hits both alike
+        runs: dict[str, list[Hello]] = {"fleet": [], "ssh": [], "before": []}
+        for _ in range(reps):  # interleaved, so drift hits all alike
             wait_idle()
-            fl.append(fleet_hello(sc, n))
+            runs["fleet"].append(fleet_hello(sc, n))
+            if before:
+                wait_idle()
+                runs["before"].append(fleet_hello(sc, n, before))
             wait_idle()
-            base.append(ssh_hello(sc, n))
-        f, b = median(fl), median(base)
-        ok = f is not None and b is not None and f <= 1.15 * b
-        table.add(n, fmt(f), fmt(b), ratio(f, b), "<= 1.15x " + ("met" if ok else "MISSED"))
-    table.notes.append(f"median of {reps} runs each, fleet and ssh loop interleaved; nproc 1, "
-                       "static rendezvous, the worker only prints (no torch import in it)")
-    return table
+            runs["ssh"].append(ssh_hello(sc, n))
+
+        def med(who: str, attr: str, rs: dict[str, list[Hello]] = runs) -> float | None:
+            return median([getattr(h, attr) for h in rs[who]])
+
+        whole, base = med("fleet", "whole"), med("ssh", "whole")
+        ok = whole is not None and base is not None and whole <= 1.15 * base
+        row = [n, fmt(med("fleet", "first")), fmt(med("ssh", "first")),
+               ratio(med("fleet", "first"), med("ssh", "first")), fmt(whole), fmt(base),
+               ratio(whole, base), "<= 1.15x " + ("met" if ok else "MISSED")]
+        if before:
+            row += [fmt(med("before", "whole")), ratio(med("before", "whole"), base)]
+        table.add(*row)
+        table.notes.append(f"{n} hosts, each run's whole up (fleet / ssh"
+                           + (" / before" if before else "") + "): " + ", ".join(
+                               " / ".join(fmt(runs[w][i].whole) for w in ("fleet", "ssh", "before")
+                                          if runs[w]) for i in range(reps)))
+        for who in ("fleet", "before"):
+            got = [h.budget for h in runs[who] if h.budget is not None and h.budget.trips]
+            for name, trips, secs in budget.merged(got) if got else []:
+                spent.add(n, "this" if who == "fleet" else "before", name, f"{trips:g}",
+                          fmt(secs))
+    table.notes.append(f"median of {reps} runs each, interleaved; nproc 1, static rendezvous, "
+                       "the worker only prints (no torch import in it, but torchrun imports "
+                       "torch); `whole`: to fleet's exit, and to the last ssh's exit")
+    if before:
+        table.notes.append(f"before: fleet from {before_root} ({where})")
+    spent.notes.append("a round trip: a connection, or one session channel (a command, a "
+                       "stream, an SFTP file); its phase by what it ran (bench/budget.py); "
+                       "seconds: from the phase's first round trip to its last one's end, over "
+                       "every host (on fleet's clock); the claim's stream counts by its start. "
+                       "Upload and port checks run side by side")
+    return [table, spent]
 
 
 # ---- fleet's control plane ------------------------------------------------------------------
@@ -240,4 +299,4 @@ def control_plane_table(tb: Testbed, cfg: Config) -> Table:
 def run(cfg: Config) -> list[Table]:
     n = 8 if cfg.quick else 16
     with testbed(n, cfg) as tb:
-        return [fanout_table(tb, cfg), control_plane_table(tb, cfg)]
+        return [*fanout_table(tb, cfg), control_plane_table(tb, cfg)]

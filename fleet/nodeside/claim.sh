@@ -5,11 +5,16 @@
 # when fleet closes the channel (or its connection dies) the next write fails, the shell dies
 # of SIGPIPE and the lock (fd 9, held by this shell alone) is released. A claim that is being
 # released so (a launch that just gave up) is waited for, 3 s at most, before "busy".
+# $3 (may be ""): a script run once claimed (or unsupported), before the holding starts, in a
+# subshell (in the home directory, as any command starts) without the lock's descriptor: the
+# launch's probe, in the claim's own round trip.
 set -u
+then=${3:-}
 mkdir -p "$1" && cd "$1" || exit 1
 me=".fleet-claim.$(uname -n)"
 if ! command -v flock >/dev/null 2>&1; then
   echo unsupported
+  [ -z "$then" ] || (cd "${HOME:-/}" && eval "$then")
   exit 0
 fi
 exec 9>>"$me" || exit 1
@@ -21,10 +26,12 @@ if [ "$got" -eq 75 ]; then  # held by another launch (75: flock's conflict, aske
 fi
 if [ "$got" -ne 0 ]; then  # a filesystem without locks (some NFS mounts): nothing to hold
   echo unsupported
+  [ -z "$then" ] || (cd "${HOME:-/}" && eval "$then") 9>&-
   exit 0
 fi
 printf '%s\n' "$2" > "$me.who"
 echo claimed
+[ -z "$then" ] || (cd "${HOME:-/}" && eval "$then") 9>&-
 while sleep 0.5 9>&-; do
   echo . || exit 0
 done

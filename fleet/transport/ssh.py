@@ -23,6 +23,7 @@ from fleet.transport.connection import open_client
 from fleet.transport.forward import direct_tcpip
 from fleet.transport.framing import BOOT, Result, frame, unframe
 from fleet.transport.lines import Lines, Received
+from fleet.transport.trace import label, span
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 # Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
@@ -45,7 +46,8 @@ class SSHTransport(Transport):
         self.sessions = Budget(MAX_SESSIONS)
 
     def connect(self, hello: bool = True) -> None:
-        self._client = open_client(self.host)
+        with span(self.host.name, "connect", self.host.address):
+            self._client = open_client(self.host)
         if hello:
             self._hello()
 
@@ -96,6 +98,10 @@ class SSHTransport(Transport):
 
     def run(self, script: str, timeout: float | None = 60.0, what: str = "") -> Result:
         what = named(script, what)
+        with span(self.host.name, "run", what):
+            return self._run(script, timeout, what)
+
+    def _run(self, script: str, timeout: float | None, what: str) -> Result:
         token = secrets.token_hex(8)
         out: list[bytes] = []
         err: list[bytes] = []
@@ -150,7 +156,7 @@ class SSHTransport(Transport):
         progress = Progress(self.STALL_S, self._abort)
         sftp = None
         try:
-            with progress:
+            with progress, span(self.host.name, "put", path):
                 sftp = self._sftp_client()
                 if sftp is not None:
                     with sftp.open(path, "wb") as f:
@@ -256,7 +262,8 @@ class SSHTransport(Transport):
         program it execs reads the rest. Nothing else is sent before the program speaks first,
         so the shell cannot have read any of it."""
         try:
-            chan, slot = self._session()
+            with span(self.host.name, "pipe", label(script)):
+                chan, slot = self._session()
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise TransportError(f"lost connection to {self.host.address}: {e}") from e
         pipe = SSHPipe(chan, slot)
@@ -270,13 +277,19 @@ class SSHTransport(Transport):
     def open_port(self, address: str, port: int) -> Stream:
         # Not a session: sshd's MaxSessions counts shells, commands and subsystems only, and a
         # forward bounds its own connections (forward.MAX_CONNECTIONS).
-        return direct_tcpip(self._transport(), self.host, address, port)
+        with span(self.host.name, "port", f"{address}:{port}"):
+            return direct_tcpip(self._transport(), self.host, address, port)
 
     def sftp_available(self) -> bool:
         return self._sftp_client() is not None
 
     def stream(self, script: str, on_lines: Callable[[list[str]], None],
                stop: threading.Event | None = None, received: Received | None = None) -> int:
+        with span(self.host.name, "stream", label(script)):
+            return self._stream(script, on_lines, stop, received)
+
+    def _stream(self, script: str, on_lines: Callable[[list[str]], None],
+                stop: threading.Event | None, received: Received | None) -> int:
         token = secrets.token_hex(8)
         lines = Lines(token, on_lines, received)
         slot = None

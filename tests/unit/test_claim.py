@@ -6,7 +6,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fleet.backends.hosts.claim import Answer, ClaimState, claim_script, parse_answer
+from fleet.backends.hosts.claim import (
+    Answer,
+    ClaimState,
+    claim_script,
+    marked,
+    parse_answer,
+    section,
+)
 
 
 def start(workdir: Path, run_id: str) -> subprocess.Popen[str]:
@@ -63,3 +70,43 @@ def test_a_filesystem_that_cannot_lock_is_unsupported_not_busy(tmp_path: Path) -
     p = subprocess.run(["sh", "-c", claim_script(str(tmp_path / "fleet"), "run-a")],
                        capture_output=True, text=True, env=env, timeout=10)
     assert p.stdout.splitlines() == ["unsupported"], p.stdout + p.stderr
+
+
+def test_then_runs_once_claimed_between_its_markers_in_the_home(tmp_path: Path) -> None:
+    """The launch's probe rides on the claim: it runs after "claimed", from the home directory,
+    and its lines come between the markers that section() reads; the holding goes on after."""
+    home = tmp_path / "home"
+    home.mkdir()
+    then = marked("pwd; echo 'py={}'", "m1")
+    p = subprocess.Popen(["sh", "-c", claim_script(str(tmp_path / "fleet"), "run-a", then)],
+                         stdout=subprocess.PIPE, text=True, start_new_session=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
+    try:
+        assert p.stdout is not None
+        lines = [p.stdout.readline().rstrip("\n") for _ in range(6)]
+    finally:
+        p.kill()
+        p.wait(10)
+    assert lines[:5] == ["claimed", "m1-begin", str(home), "py={}", "m1-end"]
+    assert lines[5] == "."  # still holding
+    assert section(lines, "m1") == f"{home}\npy={{}}"
+
+
+def test_then_does_not_run_for_a_busy_host(tmp_path: Path) -> None:
+    first = start(tmp_path / "fleet", "run-a")
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "claimed"
+        out = subprocess.run(["sh", "-c", claim_script(str(tmp_path / "fleet"), "run-b",
+                                                       marked("echo probed", "m2"))],
+                             capture_output=True, text=True, timeout=10).stdout
+        assert out.splitlines() == ["busy run-a"]
+    finally:
+        first.kill()
+        first.wait(10)
+
+
+def test_section_takes_only_what_lies_between_the_markers() -> None:
+    assert section(["claimed", "m-begin", "a=1", "", "b=2", "m-end", "."], "m") == "a=1\n\nb=2"
+    assert section(["claimed", "m-begin", "a=1"], "m") is None  # the end never came
+    assert section(["m-end", "a=1"], "m") is None
+    assert section(["noise", "x-begin", "m-begin", "m-end"], "m") == ""

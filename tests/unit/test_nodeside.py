@@ -26,6 +26,9 @@ from fleet.backends.hosts.ports import (
     listener_script,
     parse_connects,
     parse_listener,
+    parse_reach_and_listen,
+    reach_and_listen_script,
+    reached,
 )
 from fleet.facts import failure, run_state
 from fleet.facts import slurm as sj
@@ -237,6 +240,38 @@ def test_a_listener_takes_its_connections_then_ends() -> None:
     while Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid):
         assert time.monotonic() < deadline, "the listener outlived its one connection"
         time.sleep(0.05)
+
+
+def test_a_worker_tests_the_master_and_listens_in_one_command() -> None:
+    """The worker's side of the port checks: the test of the master's port and its own listener,
+    one round trip; each part read by its own parser."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        r = sh(reach_and_listen_script(sys.executable, "127.0.0.1", port, "mk"))
+        code, said, listened = parse_reach_and_listen(r.stdout, "mk")
+    assert (code, reached(code, said, "py")) == (0, (True, "")), r.stdout + r.stderr
+    ok, lport, pid = parse_listener(listened)
+    assert ok and int(lport) > 0, listened
+    socket.create_connection(("127.0.0.1", int(lport)), timeout=5).close()  # it ends so
+    closed = sh(reach_and_listen_script(sys.executable, "127.0.0.1", port, "mk"))
+    code, said, listened = parse_reach_and_listen(closed.stdout, "mk")
+    good, why = reached(code, said, "py")
+    assert code == 1 and not good and "refused" in why.lower()
+    ok, lport, _ = parse_listener(listened)
+    assert ok  # the listener starts whatever the test said: the master tries it next
+    socket.create_connection(("127.0.0.1", int(lport)), timeout=5).close()
+
+
+def test_the_merged_port_check_answer_is_parsed_by_its_marker() -> None:
+    assert parse_reach_and_listen("noise\nrefused\nmk 1\nlistening 4000 77\n", "mk") == (
+        1, "noise\nrefused", "listening 4000 77")
+    assert parse_reach_and_listen("mk x\nlistening 1 2", "mk")[0] is None
+    assert parse_reach_and_listen("no marker at all", "mk") == (None, "no marker at all", "")
+    with pytest.raises(RuntimeError, match="cannot test"):  # the test's status never came
+        reached(None, "", "py")
+    with pytest.raises(RuntimeError, match="cannot test"):
+        reached(127, "py: not found", "py")
+    assert reached(1, "a\nconnection refused", "py") == (False, "connection refused")
 
 
 def _state(pid: str) -> bytes:

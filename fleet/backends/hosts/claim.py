@@ -2,11 +2,14 @@
 started, one `fleet up` at a time prepares a machine (two launches at once would sync into the
 same code directory and meet at the same rendezvous). The claim is a lock held by a script on
 the node (fleet/nodeside/claim.sh) for as long as fleet keeps its channel open: a fleet that
-dies releases it with its connection."""
+dies releases it with its connection. Once it holds the host, the script runs what the launch
+asks next (its probe) in the same round trip, between two marker lines (`section`)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -17,8 +20,11 @@ from fleet.nodeside import shell_program
 from fleet.shell import Raw, home_word
 from fleet.transport import Transport
 from fleet.transport.group import each
+from fleet.transport.trace import note
 
 ANSWER_S = 30.0  # how long a node may take to say whether it could be claimed
+THEN_S = 60.0  # how long the script run once claimed (the probe) may take after the answer
+THEN_LINES = 20_000  # lines kept of what it prints (a node's word: bounded)
 
 
 class ClaimState(Enum):
@@ -44,34 +50,82 @@ def parse_answer(line: str) -> Answer | None:
     return Answer(state, holder if state is ClaimState.BUSY else "")
 
 
-def claim_script(workdir: str, run_id: str) -> str:
-    return shell_program("claim.sh", Raw(home_word(workdir)), run_id)
+def claim_script(workdir: str, run_id: str, then: str = "") -> str:
+    return shell_program("claim.sh", Raw(home_word(workdir)), run_id, then)
+
+
+def marked(script: str, mark: str) -> str:
+    """`script` between the marker lines `section` looks for."""
+    return f"echo {mark}-begin\n{script}\necho {mark}-end"
+
+
+def section(lines: list[str], mark: str) -> str | None:
+    """What `marked(script, mark)` printed: the lines between its markers (None until the end
+    marker came). Anything before the first marker (the claim's answer, rc noise) is not its."""
+    begin, end = f"{mark}-begin", f"{mark}-end"
+    inside: list[str] | None = None
+    for line in lines:
+        if inside is None:
+            if line.strip() == begin:
+                inside = []
+        elif line.strip() == end:
+            return "\n".join(inside)
+        else:
+            inside.append(line)
+    return None
+
+
+@dataclass(frozen=True)
+class Said:
+    """What the script run once claimed printed, and when: the stream began at `sent`, its end
+    marker came at `received` (time.time())."""
+
+    text: str
+    sent: float
+    received: float
 
 
 class Claim:
     """One host's claim: the script's channel, kept open by a thread until release()."""
 
-    def __init__(self, t: Transport, host: Host, run_id: str) -> None:
+    def __init__(self, t: Transport, host: Host, run_id: str, then: str = "") -> None:
         self.t, self.host = t, host
         self.stop = threading.Event()
         self.answered = threading.Event()
         self.answer: Answer | None = None
         self.problem: Exception | None = None
-        self.thread = threading.Thread(target=self._hold, args=(run_id,), daemon=True)
+        self.mark = f"fleet-then-{secrets.token_hex(8)}" if then else ""
+        self.lines: list[str] = []  # what came after the answer, up to then's end marker
+        self.said: Said | None = None
+        self.ended = threading.Event()  # then's end marker came, or the stream ended
+        self.sent = time.time()
+        script = claim_script(host.workdir, run_id, marked(then, self.mark) if then else "")
+        self.thread = threading.Thread(target=self._hold, args=(script,), daemon=True)
 
-    def _hold(self, run_id: str) -> None:
+    def _hold(self, script: str) -> None:
         def on_lines(lines: list[str]) -> None:
             for line in lines:
-                if self.answer is None and (a := parse_answer(line)) is not None:
-                    self.answer = a
-                    self.answered.set()
+                if self.answer is None:
+                    if (a := parse_answer(line)) is not None:
+                        self.answer = a
+                        self.answered.set()
+                elif self.said is None and self.mark and len(self.lines) < THEN_LINES:
+                    self.lines.append(line)
+                    if line.strip() == f"{self.mark}-end":
+                        text = section(self.lines, self.mark)
+                        self.said = Said(text or "", self.sent, time.time())
+                        self.ended.set()
+                        note(self.host.name, "answer", "the probe, in the claim's stream",
+                             self.sent, self.said.received - self.sent)
 
         try:
-            self.t.stream(claim_script(self.host.workdir, run_id), on_lines, self.stop)
+            self.sent = time.time()
+            self.t.stream(script, on_lines, self.stop)
         except Exception as e:  # the connection's loss is the caller's to report
             self.problem = e
         finally:
             self.answered.set()
+            self.ended.set()
 
     def take(self) -> Answer:
         self.thread.start()
@@ -80,6 +134,15 @@ class Claim:
         if self.answer is None:
             raise self.problem or TransportError("the claim script ended without an answer")
         return self.answer
+
+    def then_said(self) -> Said:
+        """What the script run once claimed printed (after take() answered claimed or
+        unsupported)."""
+        if not self.ended.wait(THEN_S):
+            raise TransportError(f"no answer to fleet's probe in {THEN_S:.0f}s")
+        if self.said is None:
+            raise self.problem or TransportError("the claim script ended before the probe did")
+        return self.said
 
     def release(self) -> None:
         self.stop.set()
@@ -91,6 +154,7 @@ class Claims:
 
     def __init__(self, claims: list[Claim]) -> None:
         self.claims = claims
+        self.said: dict[str, Said] = {}  # per host, what the script run once claimed printed
 
     def release(self) -> None:
         each(((c.host.name, c) for c in self.claims), Claim.release)
@@ -98,10 +162,11 @@ class Claims:
 
 
 def claim_all(session: dict[str, Transport], hosts: tuple[Host, ...], run_id: str,
-              console: Console) -> Claims:
+              console: Console, then: dict[str, str] | None = None) -> Claims:
     """Claim every host at once; a host that another launch holds stops this one (HostsBusy,
-    exit 6) before anything is written, naming the holder."""
-    claims = [Claim(session[h.name], h, run_id) for h in hosts]
+    exit 6) before anything is written, naming the holder. `then`: per host a script each
+    claim runs once it holds its host, in the same round trip (Claims.said: what it printed)."""
+    claims = [Claim(session[h.name], h, run_id, (then or {}).get(h.name, "")) for h in hosts]
     results = each(((c.host.name, c) for c in claims), Claim.take)
     held = Claims(claims)
     errors = {name: r for name, r in results.items() if isinstance(r, Exception)}
@@ -120,4 +185,10 @@ def claim_all(session: dict[str, Transport], hosts: tuple[Host, ...], run_id: st
             console.phase(name, "warning: cannot hold a lock here (no `flock`, or a "
                                 "filesystem without locks): another launch at the same time "
                                 "would not be kept out")
+    if then:
+        said = each(((c.host.name, c) for c in claims if c.mark), Claim.then_said)
+        if bad := {name: r for name, r in said.items() if isinstance(r, Exception)}:
+            held.release()
+            raise host_error("probing", bad)
+        held.said = {name: r for name, r in said.items() if isinstance(r, Said)}
     return held

@@ -4,7 +4,9 @@ listeners (fleet/nodeside/listen.py) and connections (connect.py) from the nodes
 
 from __future__ import annotations
 
+import secrets
 import threading
+from collections.abc import Callable
 
 from fleet.backends.checks import Check, Status
 from fleet.config.inventory import Host
@@ -57,6 +59,38 @@ def listener_script(python: str, port: int, expect: int, seconds: int = LISTEN_S
                          LISTENER_MARK, python="listen.py")
 
 
+def reach_and_listen_script(python: str, addr: str, port: int | str, mark: str) -> str:
+    """A worker's two checks in one round trip: connect_script's test of addr:port, its exit
+    status on a marker line, then listener_script's listener (any free port, one connection)."""
+    return "\n".join([connect_script(python, addr, port), f"echo {mark} $?",
+                      listener_script(python, 0, 1)])
+
+
+def parse_reach_and_listen(out: str, mark: str) -> tuple[int | None, str, str]:
+    """reach_and_listen_script's answer: the connect test's exit status (None where its marker
+    line never came), what the test printed, and what the listener's start printed."""
+    before: list[str] = []
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        word, _, code = line.strip().partition(" ")
+        if word == mark:
+            n = number(code, 256)
+            return n, "\n".join(before), "\n".join(lines[i + 1:])
+        before.append(line)
+    return None, out, ""
+
+
+def reached(code: int | None, out: str, python: str) -> tuple[bool, str]:
+    """A connect test's verdict from its exit status and output: (reached?, why not); raises
+    where the node's python could not even try (a broken interpreter is not a firewall)."""
+    if code == 0:
+        return True, ""
+    why = out.strip().splitlines()[-1] if out.strip() else "timed out"
+    if code != 1:
+        raise RuntimeError(f"cannot test the connection with {python}: {why}")
+    return False, why
+
+
 def start_listener(t: Transport, port: int, expect: int,
                    seconds: int = LISTEN_S) -> tuple[bool, str, str]:
     """Start a listener on the node (port 0: any free one) that lives until `expect` connections
@@ -98,9 +132,30 @@ class Listeners:
         self._started: list[tuple[Transport, str]] = []
 
     def start(self, t: Transport, port: int, expect: int) -> tuple[bool, str, str]:
+        return self._start(t, lambda: start_listener(t, port, expect))
+
+    def reach_and_start(self, t: Transport, addr: str, port: int | str
+                        ) -> tuple[tuple[int | None, str], tuple[bool, str, str]]:
+        """A worker's test of addr:port and its listener's start, in one round trip: (the
+        test's exit status and output, see reached(); the listener as start() says it)."""
+        test: list[tuple[int | None, str]] = []
+
+        def both() -> tuple[bool, str, str]:
+            mark = f"fleet-reach-{secrets.token_hex(6)}"
+            r = t.run(reach_and_listen_script(t.host.python, addr, port, mark), timeout=30,
+                      what="connect test and a test listener")
+            code, said, listened = parse_reach_and_listen(r.out, mark)
+            test.append((code, said))
+            return parse_listener(listened)
+
+        listened = self._start(t, both)
+        return test[0], listened
+
+    def _start(self, t: Transport, run: Callable[[], tuple[bool, str, str]]
+               ) -> tuple[bool, str, str]:
         if self.cancelled.is_set():
             raise Cancelled("the port checks were given up")
-        ok, info, pid = start_listener(t, port, expect)
+        ok, info, pid = run()
         with self._lock:
             late = self.cancelled.is_set()  # given up while it started: stop_all missed it
             if ok and not late:
@@ -121,20 +176,8 @@ class Listeners:
              lambda tp: stop_listener(*tp))
 
 
-def can_connect(t: Transport, addr: str, port: str | int) -> tuple[bool, str]:
-    """Whether a TCP connection opens from the node; raises if the node's python cannot even
-    try (a broken interpreter is not a firewall)."""
-    r = t.run(connect_script(t.host.python, addr, port), timeout=20, what="connect test")
-    if r.ok:
-        return True, ""
-    why = r.out.strip().splitlines()[-1] if r.out.strip() else "timed out"
-    if r.code != 1:
-        raise RuntimeError(f"cannot test the connection with {t.host.python}: {why}")
-    return False, why
-
-
 def can_connect_each(t: Transport, targets: list[tuple[str, str]]) -> list[tuple[bool, str]]:
-    """can_connect for many targets in one command (one session, not one per target)."""
+    """A connection test to many targets in one command (one session, not one per target)."""
     if not targets:
         return []
     r = t.run(connect_each_script(t.host.python, targets), timeout=30, what="connect test")
@@ -160,8 +203,7 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
                       "`port` under [rendezvous] in the job")]
     checks = [Check(master.name, "rendezvous port", Status.PASS, f"{master_ip}:{port} free")]
 
-    def reach(t: Transport) -> Check:
-        good, why = can_connect(t, master_ip, port)
+    def reach(t: Transport, good: bool, why: str) -> Check:
         if good:
             return Check(t.host.name, "reach master", Status.PASS, f"TCP to {master_ip}:{port}")
         return Check(t.host.name, "reach master", Status.FAIL,
@@ -170,9 +212,16 @@ def port_checks(session: dict[str, Transport], master: Host, master_ip: str, por
                      f"TCP {port} (and the ephemeral ports Gloo/NCCL use) from the other nodes")
 
     def worker(t: Transport) -> tuple[Check, tuple[bool, str, str]]:
-        return reach(t), listeners.start(t, 0, 1)
+        (code, said), listened = listeners.reach_and_start(t, master_ip, port)
+        try:
+            return reach(t, *reached(code, said, t.host.python)), listened
+        except Exception:
+            if listened[0]:
+                stop_listener(t, listened[2])
+            raise
 
-    # Each worker on its own connection: it reaches the master, then listens. The master then
+    # Each worker on its own connection: it reaches the master, then listens, in one round
+    # trip. The master then
     # tries every worker's listener in one command: one session on its connection, where one
     # per worker queued 63 deep at 64 hosts. The master's listener ends by itself once every
     # worker reached it; it is killed otherwise.

@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from fleet.backends.checks import Status
-from fleet.backends.hosts.claim import Claims
+from fleet.backends.hosts.claim import Claims, claim_all
 from fleet.backends.hosts.ports import Listeners, port_checks
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher
@@ -19,7 +19,9 @@ from fleet.facts.probe import (
     literal_address,
     master_address,
     net_for,
+    parse_probe,
     probe,
+    probe_script,
     python_problem,
     storage_groups,
 )
@@ -68,6 +70,31 @@ def connect(inventory: Inventory, console: Console) -> Session:
     return Session({n: r for n, r in results.items() if isinstance(r, Transport)})
 
 
+def claim_and_probe(session: Session, inventory: Inventory, run_id: str, console: Console,
+                    held: bool = False) -> None:
+    """Claim every host (fleet.backends.hosts.claim) and, in the same round trip, probe it as
+    prepare_plan would (the probe runs once the claim holds the host, so nothing is written
+    before it does): session.claims and session.facts."""
+    hint = _hint(inventory)
+    scripts = {h.name: probe_script(h.python, h.workdir, hint, True, held)
+               for h in inventory.hosts}
+    with console.waiting(f"claiming and probing {len(inventory.hosts)} host(s)"):
+        session.claims = claim_all(session.transports, inventory.hosts, run_id, console,
+                                   scripts)
+    for name, said in session.claims.said.items():
+        f = session.facts[name] = parse_probe(said.text)
+        if f.home:
+            session.transports[name].learnt(f.home, f.shell, "", f.node_time, said.sent,
+                                            said.received)
+
+
+def _hint(inventory: Inventory) -> str | None:
+    """The master's address where the inventory gives it as an IP: the probe can ask the route
+    to it at once."""
+    guess = master_address(inventory, None)
+    return guess if literal_address(guess) or guess == "127.0.0.1" else None
+
+
 def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
                  console: Console, *, create: bool = True, allow_mismatch: bool = False,
                  held: bool = False, run: str = "") -> Plan:
@@ -75,12 +102,13 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     with `held`, also the fleet runs alive there), then plan with what was learnt: homes,
     master IP, interfaces, shared storage."""
     hosts = {h.name: h for h in inventory.hosts}
-    guess = master_address(inventory, None)
-    hint = guess if literal_address(guess) or guess == "127.0.0.1" else None
-    with console.hosts_waiting("probe", session.transports) as wait:
-        facts: dict[str, Facts] = all_ok("probe", each(
-            named(session.transports.items()),
-            wait.tracked(lambda t: probe(t, hint, create=create, held=held))))
+    hint = _hint(inventory)
+    facts: dict[str, Facts] = dict(session.facts)  # claim_and_probe's, where it ran
+    if set(facts) != set(session.transports):
+        with console.hosts_waiting("probe", session.transports) as wait:
+            facts = all_ok("probe", each(
+                named(session.transports.items()),
+                wait.tracked(lambda t: probe(t, hint, create=create, held=held))))
     session.facts = facts
     own = job.python is not None  # the job's interpreter exists after its setup: checked then
     problems = {name: p for name in facts if (p := python_problem(

@@ -13,13 +13,13 @@ from fleet import events, manifest
 from fleet.backends.base import Event, Final, Options, Run
 from fleet.backends.hosts import heal, setup, tracker, watchers
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts.claim import claim_all
 from fleet.backends.hosts.events import follow_events
 from fleet.backends.hosts.gpus import gate
 from fleet.backends.hosts.notifier import start_watch
 from fleet.backends.hosts.prepare import (
     Session,
     check_job_python,
+    claim_and_probe,
     connect,
     prepare_plan,
     refuse_held,
@@ -61,9 +61,10 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
         session.gpus = gate(session.transports, list(inventory.hosts), options.wait,
                             options.ignore_leases, console)
         # Before anything is written: another launch preparing these hosts stops this one.
-        session.claims = claim_all(session.transports, inventory.hosts, run_id, console)
-        faults.point(Phase.PROBE.value)
+        # The probe runs in the claim's round trip, once it holds each host.
         held = options.checks and not options.force
+        claim_and_probe(session, inventory, run_id, console, held)
+        faults.point(Phase.PROBE.value)
         plan = prepare_plan(session, inventory, job, run_id, console,
                             allow_mismatch=options.allow_mismatch, held=held,
                             run=options.parent)
