@@ -54,13 +54,13 @@ def show(headers: tuple[str, ...], rows: list[list[str]]) -> None:
 
 def runs(records: list[RunRecord], all_runs: bool) -> None:
     """Each run with its state: its record's where finished, else asked (all runs at once)."""
+    if not [r for r in records if not r.parent]:
+        echo(NO_RUN)
+        return
     from fleet.cli import run_answers
     from fleet.lifecycle import attempts
     from fleet.transport.group import each, reason
 
-    if not [r for r in records if not r.parent]:
-        echo(NO_RUN)
-        return
     hosts_of = {r.run_id: [n.host.name for n in attempts.records(r)[-1].nodes]
                 for r in records if not r.parent}
     records = [r for r in records if not r.parent]  # a restart's attempts: with their run
