@@ -46,8 +46,8 @@ def test_runs_have_a_header_and_their_columns_stay_in_line_under_a_long_state() 
 
 
 def test_alive_rows_name_the_run_the_host_and_the_node() -> None:
-    rows = listing.alive_rows({"node1": ["r1/0", "r2/1"], "node2": []})
-    assert rows == [["r1", "running", "node1", "0"], ["r2", "running", "node1", "1"]]
+    rows = listing.alive_rows({"node1": ["r1/node1", "r2/gpu-a"], "node2": []})
+    assert rows == [["r1", "running", "node1", "node1"], ["r2", "running", "node1", "gpu-a"]]
     assert plain(listing.ALIVE, rows)[0].split() == ["RUN", "STATE", "HOST", "AS", "NODE"]
 
 
