@@ -37,7 +37,8 @@ def nothing_alive(path: Path, answered: int, unreachable: int) -> str:
     """`ps --hosts` when no host runs anything: said, naming how many hosts were asked."""
     hosts = f"{answered} host{'s' if answered != 1 else ''}"
     if not unreachable:
-        return f"no run is running on any of the {hosts} of {path}"
+        return f"no run is running on any of the {hosts} of {path}" if answered > 1 else \
+            f"no run is running on the one host of {path}"
     if not answered:
         return f"no host of {path} answered: nothing is known to run"
     return f"no run is running on the {hosts} of {path} that answered ({unreachable} " \

@@ -53,7 +53,7 @@ def test_alive_rows_name_the_run_the_host_and_the_node() -> None:
 
 @pytest.mark.parametrize("answered, unreachable, words", [
     (3, 0, "no run is running on any of the 3 hosts of lab.toml"),
-    (1, 0, "no run is running on any of the 1 host of lab.toml"),
+    (1, 0, "no run is running on the one host of lab.toml"),
     (2, 1, "no run is running on the 2 hosts of lab.toml that answered (1 unreachable)"),
     (0, 2, "no host of lab.toml answered: nothing is known to run"),
 ])
