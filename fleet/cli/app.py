@@ -4,6 +4,7 @@ in the shell), `--version`, help as a person reads it, and `echo`."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 import time
@@ -14,8 +15,9 @@ import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from fleet import __version__
-from fleet.console import printable
+from fleet.cli.coercion import lighten
 from fleet.errors import UsageError
+from fleet.nodeside.shared.scrub import printable
 from fleet.timespan import parse_duration
 
 if TYPE_CHECKING:  # types only: the CLI loads what a command needs when it runs
@@ -30,15 +32,34 @@ COMPLETE_VAR = f"_{PROG.upper()}_COMPLETE"  # set by the shell's completion scri
 
 class FleetGroup(TyperGroup):
     """fleet's command group: named `fleet` however it was started (`python -m fleet` too: the
-    shell's completion asks `_FLEET_COMPLETE`), its help tidied once before it is read."""
+    shell's completion asks `_FLEET_COMPLETE`), its help tidied once before it is read, its
+    parameters taken without pydantic where they are plain (fleet.cli.coercion)."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("prog_name", PROG)
         given = kwargs.pop("args", args[0] if args else None)
-        if COMPLETE_VAR not in os.environ:  # a shell's completion shows no help: it is spared
+        argv = sys.argv[1:] if given is None else list(given)
+        if COMPLETE_VAR not in os.environ and shows_help(self, argv):  # rich, only for help
+            from fleet.cli import helpview
+
+            helpview.load()
             tidy(self)
-        return super().main(optional_values(sys.argv[1:] if given is None else list(given)),
-                            *args[1:], **kwargs)
+        lighten(self)
+        return super().main(optional_values(argv), *args[1:], **kwargs)
+
+
+def shows_help(group: Any, argv: list[str]) -> bool:
+    """Whether this command line may show help (`--help`, or a group named without its
+    command: `fleet`, `fleet export`): only then is the help tidied, which loads rich."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    if "--help" in words:
+        return True
+    command = group
+    for word in (w for w in words if not w.startswith("-")):
+        command = getattr(command, "commands", {}).get(word)
+        if command is None:  # a command's own argument
+            return False
+    return hasattr(command, "commands")
 
 
 WAIT_FOREVER = "forever"
@@ -174,6 +195,7 @@ def _options(debug: Annotated[bool, typer.Option(
             "--version", "-V", callback=_version, is_eager=True,
             help="Show fleet's version and exit.")] = False) -> None:
     """Run a PyTorch distributed job across the hosts of an inventory."""
+    gc.enable()  # the command runs: collections as usual (fleet.cli.quick_start)
 
 
 def selection(node: list[str] | None, exclude: list[str] | None) -> Selection:

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 
 def status(run_id: str | None, as_json: bool) -> int:
     """`fleet status`: prints the run; its exit code."""
+    from fleet.run import record as state
+
+    rec = state.load(run_id)  # a run not recorded is said before the backends are loaded
     from fleet import backends
     from fleet.cli import run_views
     from fleet.lifecycle import attempts, history
-    from fleet.run import record as state
     from fleet.run import watched
 
-    rec = state.load(run_id)
     backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
     found = attempts.load(rec)
     every = attempts.records(rec)

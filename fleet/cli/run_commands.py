@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -101,59 +100,18 @@ def ps(all_runs: Annotated[bool, typer.Option("--all", help="Every recorded run,
     """List the recorded runs, newest last, each with its state.
 
     A finished run's state is its record's; only live runs are asked, all at once."""
+    from fleet.cli import listing
     from fleet.run import record as state
 
     if hosts is not None:
-        _ps_hosts(hosts)
+        code = listing.alive(hosts)
+        if code:
+            raise typer.Exit(code)
         return
     runs, damaged = state.all_runs()
     for path, why in damaged.items():
         echo(f"fleet: skipping a damaged run record {path} ({why})", err=True)
-    if runs:
-        _ps_runs(runs, all_runs)
-
-
-def _ps_runs(runs: list[RunRecord], all_runs: bool) -> None:
-    """Each run with its state: its record's where finished, else asked (all runs at once)."""
-    from fleet.lifecycle import attempts
-    from fleet.transport.group import each, reason
-
-    hosts_of = {r.run_id: attempts.records(r)[-1].nodes for r in runs if not r.parent}
-    runs = [r for r in runs if not r.parent]  # a restart's attempts: with their run
-    runs = runs if all_runs else runs[-10:]
-    results = each(((r.run_id, r) for r in runs), run_answers.ps_word)
-    for rec in runs:
-        r = results[rec.run_id]
-        said = r if isinstance(r, str) else f"unknown ({reason(r)})"
-        names = ",".join(n.host.name for n in hosts_of.get(rec.run_id, rec.nodes))
-        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
-        echo(f"{rec.run_id:<40} {said:<12} {started}  {names}")
-
-
-def _ps_hosts(path: Path) -> None:
-    from fleet.config.inventory import Host, load_inventory
-    from fleet.facts import run_state
-    from fleet.transport import open_transport
-    from fleet.transport.group import each, reason
-
-    inv = load_inventory(path)
-
-    def alive(h: Host) -> list[str]:
-        with open_transport(h) as t:
-            return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
-
-    results = each(((h.name, h) for h in inv.every_host), alive)
-    bad = 0
-    for name, r in results.items():
-        if isinstance(r, Exception):
-            bad += 1
-            echo(f"{name}: unreachable: {reason(r)}", err=True)
-            continue
-        for held in r:
-            run_id, _, node = held.partition("/")
-            echo(f"{run_id:<40} running      {name} (as node {node})")
-    if bad:
-        raise typer.Exit(3)
+    listing.runs(runs, all_runs)
 
 
 @app.command()

@@ -7,29 +7,69 @@ import time
 from typing import TYPE_CHECKING
 
 from fleet.console import Console, Meaning
-from fleet.errors import UsageError
+from fleet.errors import Interrupted, UsageError
 from fleet.states import RunStatus
 
 if TYPE_CHECKING:
     from fleet.lifecycle.history import Finished
+    from fleet.run.logs import View
     from fleet.run.record import RunRecord
 
 
 def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
           rank: int | None, attempt: int | None, merge: bool, tail: int | None,
           since: str | None) -> int:
-    """`fleet logs`; with `follow`, the run's exit code at its end (0 without)."""
+    """`fleet logs`; with `follow`, the run's exit code at its end (0 without). With `follow`
+    its header comes first, and an interruption says that the run goes on."""
+    from fleet.lifecycle import attempts
+    from fleet.run import logs as run_logs
+    from fleet.run import record as state
+
+    view = run_logs.View(merge, tail, None if since is None
+                         else run_logs.parse_since(since, time.time()))
+    run = state.load(run_id)
+    if follow and console.sink is None:  # at once, from the record: before any host is asked
+        console.info(header(run, attempts.records(run)))
+    try:
+        return _logs(console, run, follow, node, rank, attempt, view)
+    except Interrupted as e:
+        if not follow:
+            raise
+        raise StoppedFollowing(e.signame, run.run_id) from None
+
+
+class StoppedFollowing(Interrupted):
+    """Ctrl-C (or SIGTERM) on `fleet logs -f`: fleet stops following and says that the run goes
+    on. An interruption like any other (exit 130): 0 would read as the run's success."""
+
+    def __init__(self, signame: str, run_id: str) -> None:
+        super().__init__(signame)
+        self.args = (f"stopped following; run {run_id} goes on (`fleet stop {run_id}` stops "
+                     "it)",)
+
+
+def header(run: RunRecord, every: list[RunRecord]) -> str:
+    """What `logs -f` says first, from the local record alone: the run, its state as fleet saw
+    it end (or that no end is recorded yet), its nodes and its start."""
+    from fleet.lifecycle import history
+
+    done = history.finished(run, every)
+    state = done.verdict.status.value if done else "no end recorded yet"
+    nodes = ", ".join(n.host.name for n in every[-1].nodes)
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started))
+    return (f"following run {run.run_id} ({state}) on {nodes}, started {started}; Ctrl-C stops "
+            "following, not the run")
+
+
+def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank: int | None,
+          attempt: int | None, view: View) -> int:
     from fleet import backends
     from fleet.events import Phase, Step, Verdict
     from fleet.lifecycle import attempts
     from fleet.run import logs as run_logs
     from fleet.run import outcomes
-    from fleet.run import record as state
     from fleet.transport.forward import declared, recorded
 
-    view = run_logs.View(merge, tail, None if since is None
-                         else run_logs.parse_since(since, time.time()))
-    run = state.load(run_id)
     backends.for_record(run).take_healed(run)  # a detached run that healed by itself
     every = attempts.records(run)
     console.event(Phase(Step.FOLLOWING, every[0].run_id))

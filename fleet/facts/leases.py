@@ -21,7 +21,7 @@ from fleet.nodeside.shared.lease_rules import (
     lease_gpus,
     lease_time,
 )
-from fleet.nodeside.shared.lease_rules import MAX_LEASE_S as MAX_LEASE_S  # fleet.cli.gpus
+from fleet.nodeside.shared.lease_rules import MAX_LEASE_S as MAX_LEASE_S  # fleet.cli.leases
 from fleet.nodeside.shared.lease_rules import MAX_NAMES as MAX_NAMES  # fleet.facts.gpus
 from fleet.nodeside.shared.lease_rules import MAX_RECORDS as MAX_RECORDS
 from fleet.nodeside.shared.scrub import masked

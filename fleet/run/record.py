@@ -11,10 +11,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleet.config.inventory import BackendKind, Host
 from fleet.errors import DamagedRecord, RunNotFound, UsageError
-from fleet.plan import Plan, rank_span
+
+if TYPE_CHECKING:  # the planner is not needed to read a record (`fleet ps` starts faster)
+    from fleet.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class NodeRecord:
     def ranks(self) -> str:
         """`node rank 1 (ranks 2-3)`: the node's rank beside the global ranks its log tags
         carry (`node2 r2`), which a bare "rank 1" would be confused with."""
+        from fleet.plan import rank_span
+
         span = rank_span(self.rank_base, self.nproc)
         return f"node rank {self.node_rank}" + (f" ({span})" if span else "")
 

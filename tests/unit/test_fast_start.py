@@ -23,9 +23,15 @@ from fleet.run import record
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("paramiko", "fabric", "invoke", "jinja2", "torch", "fleet.backends", "fleet.transport",
-         "fleet.lifecycle.runner", "fleet.trust")
-# What is drawn with rich: typer's help needs it, --version and a completion do not.
-DRAWN = ("rich.console",)
+         "fleet.lifecycle.runner", "fleet.trust",
+         # typer's coercion builds pydantic adapters (fleet.cli.coercion spares them); its help
+         # module imports Markdown and rich's tracebacks (fleet.cli.helpview spares them)
+         "pydantic", "pydantic_core", "markdown_it", "pygments", "rich.markdown",
+         "rich.traceback",
+         # what only a command loads: the GPU views, the planner (a run record is read without)
+         "fleet.facts.gpus", "fleet.facts.leases", "fleet.gpuview", "fleet.plan")
+# What is drawn with rich: typer's help needs it, --version, a completion and `ps` do not.
+DRAWN = ("rich.console", "rich.markup")
 # Runs fleet's main as the `fleet` command does, then writes the modules it loaded to a file.
 PROGRAM = ("import json, os, sys\n"
            "sys.argv = ['fleet', *sys.argv[1:]]\n"
@@ -71,15 +77,19 @@ def record_run(tmp: Path) -> None:
     (["--version"], None, False),
     (["--help"], None, True),
     (["up", "--help"], None, True),
+    (["export"], None, True),
     ([], COMPLETE, False),
     ([], COMPLETE_RUN, False),
-], ids=["version", "help", "up-help", "complete-command", "complete-run-id"])
+    (["ps", "--all"], None, False),
+], ids=["version", "help", "up-help", "group-help", "complete-command", "complete-run-id",
+        "ps"])
 def test_start_loads_nothing_a_command_alone_needs(tmp_path: Path, args: list[str],
                                                    extra: dict[str, str] | None,
                                                    drawn: bool) -> None:
-    record_run(tmp_path)
+    if args[:1] != ["ps"]:  # `ps` of a recorded run asks its hosts: that is its work, not its start
+        record_run(tmp_path)
     r, modules = loaded(tmp_path, args, extra)
-    assert r.returncode == 0 and r.stdout, r
+    assert r.returncode == (2 if args == ["export"] else 0) and r.stdout, r  # click: 2, no command
     assert heavy(modules, HEAVY) == []
     if not drawn:
         assert heavy(modules, DRAWN) == []
@@ -87,7 +97,31 @@ def test_start_loads_nothing_a_command_alone_needs(tmp_path: Path, args: list[st
         assert r.stdout.split() == ["stop", "status"], r
     if extra == COMPLETE_RUN:
         assert r.stdout.split() == [RUN_ID], r
+    if args == ["--version"]:  # answered before typer is loaded
+        assert heavy(modules, ("typer", "click", "rich")) == [], r
+    if args[:1] == ["ps"]:
+        assert r.stdout.startswith("no run recorded here"), r
 
+
+def test_help_is_typer_rich_help_and_its_stand_ins_leave(tmp_path: Path) -> None:
+    """fleet.cli.helpview's stand-ins exist only while typer's help module loads: the real
+    Markdown and tracebacks are what anything imports afterwards."""
+    program = ("import sys\n"
+               "from fleet.cli import helpview\n"
+               "helpview.load()\n"
+               "assert 'rich.markdown' not in sys.modules and 'markdown_it' not in sys.modules\n"
+               "import typer.rich_utils as u\n"
+               "assert u.Markdown is helpview.NotDrawn\n"
+               "from rich.markdown import Markdown\n"
+               "from rich.traceback import Traceback\n"
+               "assert Markdown is not helpview.NotDrawn and Traceback is not helpview.NotDrawn\n"
+               "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", program], env=env(tmp_path), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "ok\n", r
+    help_text = subprocess.run([sys.executable, "-m", "fleet", "up", "--help"], cwd=tmp_path,
+                               env=env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert help_text.returncode == 0 and "╭─ Options" in help_text.stdout, help_text
 
 def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
     """The guard above means something: a command that asks a backend loads it."""
