@@ -71,7 +71,7 @@ def test_one_failure_said_once_waits_on_a_terminal_and_no_torchrun_banner(
     code, out, terminal = on_a_terminal(cli, "up", str(path))
     assert code == 0, out + terminal
     # What it waited for, drawn in place on the terminal (the counts: no clock involved).
-    for what in ("connect", "probe", "sending the code", "start"):
+    for what in ("connect", "claim and probe", "sending the code", "start"):
         assert f"waiting: {what}" in terminal, terminal
     assert "\r\x1b[K" in terminal
     # The job's lines, and not torchrun's OMP_NUM_THREADS block ahead of them.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -162,10 +163,12 @@ class Claims:
 
 
 def claim_all(session: dict[str, Transport], hosts: tuple[Host, ...], run_id: str,
-              console: Console, then: dict[str, str] | None = None) -> Claims:
+              console: Console, then: dict[str, str] | None = None,
+              done: Callable[[str], None] = lambda name: None) -> Claims:
     """Claim every host at once; a host that another launch holds stops this one (HostsBusy,
     exit 6) before anything is written, naming the holder. `then`: per host a script each
-    claim runs once it holds its host, in the same round trip (Claims.said: what it printed)."""
+    claim runs once it holds its host, in the same round trip (Claims.said: what it printed);
+    `done(host)` once a host's part is over (what a wait says)."""
     claims = [Claim(session[h.name], h, run_id, (then or {}).get(h.name, "")) for h in hosts]
     results = each(((c.host.name, c) for c in claims), Claim.take)
     held = Claims(claims)
@@ -186,7 +189,13 @@ def claim_all(session: dict[str, Transport], hosts: tuple[Host, ...], run_id: st
                                 "filesystem without locks): another launch at the same time "
                                 "would not be kept out")
     if then:
-        said = each(((c.host.name, c) for c in claims if c.mark), Claim.then_said)
+        def heard(c: Claim) -> Said:
+            try:
+                return c.then_said()
+            finally:
+                done(c.host.name)
+
+        said = each(((c.host.name, c) for c in claims if c.mark), heard)
         if bad := {name: r for name, r in said.items() if isinstance(r, Exception)}:
             held.release()
             raise host_error("probing", bad)

@@ -78,9 +78,9 @@ def claim_and_probe(session: Session, inventory: Inventory, run_id: str, console
     hint = _hint(inventory)
     scripts = {h.name: probe_script(h.python, h.workdir, hint, True, held)
                for h in inventory.hosts}
-    with console.waiting(f"claiming and probing {len(inventory.hosts)} host(s)"):
+    with console.hosts_waiting("claim and probe", (h.name for h in inventory.hosts)) as wait:
         session.claims = claim_all(session.transports, inventory.hosts, run_id, console,
-                                   scripts)
+                                   scripts, wait.finish)
     for name, said in session.claims.said.items():
         f = session.facts[name] = parse_probe(said.text)
         if f.home:
