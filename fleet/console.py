@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from fleet import events as ev
 from fleet.nodeside.shared.scrub import printable as printable  # the node's rule too
-from fleet.phrases import terminal_words
+from fleet.phrases import terminal_words, wait_words
 
 if TYPE_CHECKING:
     from rich.spinner import Spinner
@@ -131,6 +131,11 @@ class Console:
         """One event: to the sink, else drawn (fleet.phrases: a Phase draws nothing)."""
         if self.sink is not None:
             self.sink.emit(event)
+            return
+        if (words := wait_words(event)) is not None:  # the wait's line, never a line of its own
+            with self._lock:
+                if self._waits:
+                    self._waits[-1].update(words)
             return
         for host, words, tone in terminal_words(event):
             self._say(f"{host:<{self._width}}  {words}" if host else words, TONES[tone])

@@ -12,9 +12,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from fleet.backends.hosts.ports import connect_script
-from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
+from fleet.errors import (
+    CommandTimedOut,
+    FleetError,
+    JobFailed,
+    RemoteCommandError,
+    UsageError,
+)
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
+from fleet.facts.stopping import StillEnding, parse_ending
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
 from fleet.nodeside.shared import nodemap
@@ -190,31 +197,60 @@ def mark(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None 
         raise RemoteCommandError(t.host.name, "stop.sh mark", r.code, r.out + r.err)
 
 
-def stop(t: Transport, run_dir: str, by: str, key: str,
-         wrapper: Wrapper | None = None) -> Stopped:
+STOP_TIMEOUT_S = 60.0  # what a node's stop.sh may take (its grace, then SIGKILL, is shorter)
+
+
+def stop(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None = None,
+         on_ending: Callable[[StillEnding], None] | None = None) -> Stopped:
     """Stop the run on the node: the pids of the run still alive after it (none, normally),
     and whether there was anything to stop. `wrapper`: the node's as fleet recorded it at the
-    start (None: not known)."""
-    r = t.run(stop_script(run_dir, by, key, wrapper=wrapper), timeout=60, what="stop.sh")
-    left = parse_stop(r.out)
+    start (None: not known). `on_ending` hears, as it waits, what is still ending there."""
+    script = stop_script(run_dir, by, key, wrapper=wrapper)
+    if on_ending is None:
+        r = t.run(script, timeout=STOP_TIMEOUT_S, what="stop.sh")
+        out, code, err = r.out, r.code, r.err
+    else:
+        said: list[str] = []
+
+        def heard(lines: list[str]) -> None:
+            said.extend(lines)
+            for line in lines:
+                if (still := parse_ending(line)) is not None:
+                    on_ending(still)
+
+        late = threading.Event()
+        timer = threading.Timer(STOP_TIMEOUT_S, late.set)
+        timer.daemon = True
+        timer.start()
+        try:
+            code = t.stream(script, heard, late)
+        finally:
+            timer.cancel()
+        if code == -1:
+            raise CommandTimedOut(t.host.name, "stop.sh", STOP_TIMEOUT_S)
+        out, err = "\n".join(said) + "\n", ""
+    left = parse_stop(out)
     if left is None:
-        raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
-    return Stopped(left, parse_found(r.out))
+        raise RemoteCommandError(t.host.name, "stop.sh", code, out + err)
+    return Stopped(left, parse_found(out))
 
 
 # A node's connection, run directory, stop key and wrapper (None: not recorded).
 Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper | None]]]
 
 
-def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopped | Exception]:
+def stop_together(targets: list[tuple[str, Target]], by: str,
+                  heard: Callable[[str, StillEnding | None], None] | None = None
+                  ) -> dict[str, Stopped | Exception]:
     """Stop the run on several nodes, each target giving (transport, run dir, stop key,
     wrapper). Every node's stop is recorded before any node is signalled: a node records
     whether its own part had already failed, and the stop of another node (its peers gone)
     must not decide that.
-    A node that cannot be marked holds the others back MARK_WAIT_S at most."""
+    A node that cannot be marked holds the others back MARK_WAIT_S at most. `heard(node,
+    what)`: what a node says is still ending as its stop waits, and None once it is done."""
     gate = threading.Barrier(max(1, len(targets)))
 
-    def one(target: Target) -> Stopped:
+    def one(name: str, target: Target) -> Stopped:
         arrived = [False]
 
         def arrive() -> None:
@@ -231,8 +267,11 @@ def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopp
                     pass  # stop.sh records the stop itself below, if the node answers at all
                 finally:
                     arrive()
-                return stop(t, run_dir, by, key, wrapper)
+                return stop(t, run_dir, by, key, wrapper,
+                            None if heard is None else lambda e: heard(name, e))
         finally:
             arrive()
+            if heard is not None:
+                heard(name, None)
 
-    return each(targets, one)
+    return each(((name, (name, target)) for name, target in targets), lambda p: one(*p))

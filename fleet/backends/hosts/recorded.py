@@ -12,6 +12,7 @@ from typing import TypeVar
 from fleet.backends.hosts.node import Stopped, stop_together
 from fleet.errors import CommandTimedOut, FleetError
 from fleet.facts import run_state
+from fleet.facts.stopping import StillEnding
 from fleet.run import outcomes
 from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
 from fleet.transport import Transport, open_transport
@@ -67,11 +68,13 @@ def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R],
                  if only is None or n.host.name in only), one)
 
 
-def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None
+def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None,
+                  heard: Callable[[str, StillEnding | None], None] | None = None
                   ) -> dict[str, Stopped | Exception]:
     """Stop a recorded run on every node (or those named in `only`), connected afresh (see
-    node.stop_together). Each node's state once its stop is done is history from then: kept in
-    the run's record (fleet.run.outcomes)."""
+    node.stop_together; `heard`: what each node says is still ending as it waits). Each node's
+    state once its stop is done is history from then: kept in the run's record
+    (fleet.run.outcomes)."""
 
     @contextlib.contextmanager
     def connect(node: NodeRecord) -> Iterator[tuple[Transport, str, str, Wrapper | None]]:
@@ -87,4 +90,5 @@ def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None
                     outcomes.note(record.dir, st.outcome(name, node.node_rank), by)
 
     return stop_together([(n.host.name, lambda n=n: connect(n))  # type: ignore[misc]
-                          for n in record.nodes if only is None or n.host.name in only], by)
+                          for n in record.nodes if only is None or n.host.name in only], by,
+                         heard)
