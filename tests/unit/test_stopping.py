@@ -17,9 +17,12 @@ import pytest
 from fleet import events as ev
 from fleet import phrases
 from fleet.backends.hosts import node as remote
+from fleet.config.inventory import Host
 from fleet.console import Console
 from fleet.facts.stopping import StillEnding, parse_ending
 from fleet.run.stopping import StopProgress
+from fleet.states import NodeStatus
+from fleet.transport import open_transport
 from tests.unit.test_lifecycle import _rendered_node
 
 
@@ -101,8 +104,8 @@ def test_a_terminal_draws_it_as_the_waits_line_and_json_gets_the_event() -> None
 SLOW = """
 import os, signal, time
 def end(*a):
-    time.sleep(1.2)
-    os._exit(0)
+    time.sleep(4)
+    os._exit(143)
 signal.signal(signal.SIGTERM, end)
 print("ready", flush=True)
 time.sleep(30)
@@ -110,7 +113,7 @@ time.sleep(30)
 
 
 def test_stop_sh_says_what_is_still_ending_and_still_leaves_nothing(tmp_path: Path) -> None:
-    """A process that takes 1.2 s to end after SIGTERM: stop.sh, waiting on it without searching
+    """A process that takes 4 s to end after SIGTERM: stop.sh, waiting on it without searching
     /proc every tick, says so (a line the parser takes) and ends once it is gone."""
     node = _rendered_node(tmp_path, (sys.executable, "-c", SLOW), "j-slow")
     run_dir = Path(node.run_dir)
@@ -124,13 +127,18 @@ def test_stop_sh_says_what_is_still_ending_and_still_leaves_nothing(tmp_path: Pa
             assert time.monotonic() < deadline, "the child never started"
             time.sleep(0.01)
         heard: list[StillEnding] = []
-        out = subprocess.run(["sh", "-c", remote.stop_script(str(run_dir), "fleet stop", "k")],
-                             capture_output=True, text=True, timeout=30).stdout
-        heard = [s for line in out.splitlines() if (s := parse_ending(line)) is not None]
-        assert heard, out
-        assert heard[0].since >= 0.5 and heard[0].what in (ev.Ending.OTHER, ev.Ending.WRAPPER)
-        assert remote.parse_stop(out) == []
-        assert wrapper.wait(timeout=20) == 0
+        host = Host(name="local", address="localhost", transport="local")
+        with open_transport(host) as t:
+            # As `fleet stop` does: what is still ending as it is said, and the state after.
+            stopped = remote.stop(t, str(run_dir), "fleet stop", "k", on_ending=heard.append,
+                                  with_state=True)
+        assert heard
+        assert heard[-1].since >= 1 and heard[0].what in (ev.Ending.OTHER, ev.Ending.WRAPPER)
+        assert stopped.left == [] and stopped.found
+        assert stopped.state is not None and stopped.state.done
+        assert stopped.state.status is NodeStatus.STOPPED
+        assert stopped.state.stopped_by == "fleet stop"
+        assert wrapper.wait(timeout=20) == 143
     finally:
         if wrapper.poll() is None:
             os.killpg(wrapper.pid, signal.SIGKILL)

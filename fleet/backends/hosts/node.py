@@ -153,6 +153,7 @@ class Stopped:
 
     left: list[int]
     found: bool = True
+    state: NodeState | None = None  # the run's state there once stopped, where it was asked
 
 
 def parse_found(out: str) -> bool:
@@ -200,12 +201,19 @@ def mark(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None 
 STOP_TIMEOUT_S = 60.0  # what a node's stop.sh may take (its grace, then SIGKILL, is shorter)
 
 
+STATE_MARK = "--- state"  # between stop.sh's words and the run's state after it
+
+
 def stop(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None = None,
-         on_ending: Callable[[StillEnding], None] | None = None) -> Stopped:
+         on_ending: Callable[[StillEnding], None] | None = None,
+         with_state: bool = False) -> Stopped:
     """Stop the run on the node: the pids of the run still alive after it (none, normally),
     and whether there was anything to stop. `wrapper`: the node's as fleet recorded it at the
-    start (None: not known). `on_ending` hears, as it waits, what is still ending there."""
+    start (None: not known). `on_ending` hears, as it waits, what is still ending there.
+    `with_state`: the run's state there once stopped, in the same round trip."""
     script = stop_script(run_dir, by, key, wrapper=wrapper)
+    if with_state:
+        script = f"(\n{script}\n)\necho {quote(STATE_MARK)}\n{state_script(run_dir)}"
     if on_ending is None:
         r = t.run(script, timeout=STOP_TIMEOUT_S, what="stop.sh")
         out, code, err = r.out, r.code, r.err
@@ -229,10 +237,14 @@ def stop(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None 
         if code == -1:
             raise CommandTimedOut(t.host.name, "stop.sh", STOP_TIMEOUT_S)
         out, err = "\n".join(said) + "\n", ""
+    after: NodeState | None = None
+    if with_state and f"\n{STATE_MARK}\n" in f"\n{out}":
+        out, said_state = f"\n{out}".rsplit(f"\n{STATE_MARK}\n", 1)
+        after = parse_state(said_state, key)
     left = parse_stop(out)
     if left is None:
         raise RemoteCommandError(t.host.name, "stop.sh", code, out + err)
-    return Stopped(left, parse_found(out))
+    return Stopped(left, parse_found(out), after)
 
 
 # A node's connection, run directory, stop key and wrapper (None: not recorded).
@@ -240,14 +252,15 @@ Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper 
 
 
 def stop_together(targets: list[tuple[str, Target]], by: str,
-                  heard: Callable[[str, StillEnding | None], None] | None = None
-                  ) -> dict[str, Stopped | Exception]:
+                  heard: Callable[[str, StillEnding | None], None] | None = None,
+                  with_state: bool = False) -> dict[str, Stopped | Exception]:
     """Stop the run on several nodes, each target giving (transport, run dir, stop key,
     wrapper). Every node's stop is recorded before any node is signalled: a node records
     whether its own part had already failed, and the stop of another node (its peers gone)
     must not decide that.
     A node that cannot be marked holds the others back MARK_WAIT_S at most. `heard(node,
-    what)`: what a node says is still ending as its stop waits, and None once it is done."""
+    what)`: what a node says is still ending as its stop waits, and None once it is done.
+    `with_state`: each node's state after its stop comes in the same round trip."""
     gate = threading.Barrier(max(1, len(targets)))
 
     def one(name: str, target: Target) -> Stopped:
@@ -268,7 +281,7 @@ def stop_together(targets: list[tuple[str, Target]], by: str,
                 finally:
                     arrive()
                 return stop(t, run_dir, by, key, wrapper,
-                            None if heard is None else lambda e: heard(name, e))
+                            None if heard is None else lambda e: heard(name, e), with_state)
         finally:
             arrive()
             if heard is not None:
