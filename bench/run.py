@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.common import ROOT, Config, Table, snapshot
 from tests.testbed import available
 
-BENCHMARKS = ("start", "fanout", "teardown", "stop", "logs", "footprint", "sync", "data",
+BENCHMARKS = ("start", "fanout", "teardown", "end", "stop", "logs", "footprint", "sync", "data",
               "restart", "scale")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import shutil
 import sys
 import threading
@@ -20,14 +19,13 @@ from typing import TYPE_CHECKING, TextIO
 from fleet import events as ev
 from fleet.banners import Banner
 from fleet.nodeside.shared.scrub import printable as printable  # the node's rule too
-from fleet.phrases import terminal_words
+from fleet.phrases import terminal_words, wait_words
 from fleet.waits import Pending, Words
 
 if TYPE_CHECKING:
     from rich.spinner import Spinner
     from rich.text import Text
 
-_PADDING = re.compile(r" +((?:\x1b\[0m)?)$")
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93")
 
 
@@ -136,6 +134,11 @@ class Console:
         """One event: to the sink, else drawn (fleet.phrases: a Phase draws nothing)."""
         if self.sink is not None:
             self.sink.emit(event)
+            return
+        if (words := wait_words(event)) is not None:  # the wait's line, never a line of its own
+            with self._lock:
+                if self._waits:
+                    self._waits[-1].update(words)
             return
         for host, words, tone in terminal_words(event):
             self._say(f"{host:<{self._width}}  {words}" if host else words, TONES[tone])
@@ -287,33 +290,14 @@ class Console:
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]],
               meanings: Sequence[Meaning | None] = (), err: bool = False) -> str:
-        """Rows as a table, every cell made printable. On a terminal: drawn by rich to fit its
-        width (long cells wrap inside their column), a row coloured by its meaning; otherwise
-        plain columns, one line a row, that scripts can read."""
-        cells = [[printable(c) for c in row] for row in rows]
-        stream = self.err if err else self.out
-        if not interactive(stream):
-            widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-            return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                             .rstrip() for row in [list(headers), *cells])
-        from rich.console import Console as RichConsole
-        from rich.table import Table
-        from rich.text import Text
+        """Rows as a table, every cell made printable (fleet.tables: drawn by rich to a
+        terminal's width, plain columns otherwise)."""
+        from fleet.tables import draw
 
-        t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-        for i, h in enumerate(headers):
-            t.add_column(h, overflow="fold", no_wrap=i < len(headers) - 1 and len(headers) > 1)
-        for i, row in enumerate(cells):
-            meaning = meanings[i] if i < len(meanings) else None
-            t.add_row(*(Text(c) for c in row), style=meaning.value if meaning else None)
-        buf = io.StringIO()
-        color = self.err_color if err else self.color
-        RichConsole(file=buf, width=self.columns, force_terminal=color, no_color=not color,
-                    color_system="standard" if color else None, highlight=False, emoji=False,
-                    markup=False).print(t)
-        # rich pads every row to the table's width: trailing blanks (inside a row's colour too)
-        # only make copied text worse
-        return "\n".join(_PADDING.sub(r"\1", line) for line in buf.getvalue().splitlines())
+        stream = self.err if err else self.out
+        return draw(headers, rows, [m.value if m else None for m in meanings],
+                    self.columns if interactive(stream) else None,
+                    self.err_color if err else self.color)
 
     def emit(self, text: str, err: bool = False) -> None:
         """Print what this console drew (`table`, `paint`: every node's word in it already made

@@ -117,6 +117,30 @@ class Line:
     index: int = 0
 
 
+class Ending(Enum):
+    """What a node's stop still waits for (stop.sh's look, fleet.facts.stopping)."""
+
+    TORCHRUN_WORKERS = "torchrun_workers"  # torchrun, ending its workers
+    TORCHRUN = "torchrun"  # torchrun itself, its workers gone
+    WORKERS = "workers"  # workers whose torchrun is gone
+    WRAPPER = "wrapper"  # run.sh, recording how torchrun ended
+    OTHER = "other"  # other processes of the run (the job's own children)
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """A stop of `total` nodes under way: `done` have ended; `host` is the node waited for
+    longest, `ending` what it still waits for there, `since` seconds after its SIGTERM
+    (`host` empty: none has said yet)."""
+
+    done: int
+    total: int
+    host: str = ""
+    ending: Ending | None = None
+    since: float = 0.0
+    count: int = 0  # how many processes of that kind (workers, other) are still ending
+
+
 @dataclass(frozen=True)
 class Note:
     """Words for a person, not yet typed: what fleet says (about `host`, where one)."""
@@ -147,11 +171,11 @@ class Error:
 
 
 Event = Phase | NodeStarted | NodeEnded | Quiet | Attempt | Transfer | Line | Note | Verdict \
-    | Error
+    | Error | Stopping
 TYPES: dict[str, type[Event]] = {
     "phase": Phase, "node_started": NodeStarted, "node_ended": NodeEnded, "quiet": Quiet,
     "attempt": Attempt, "transfer": Transfer, "line": Line, "note": Note, "verdict": Verdict,
-    "error": Error}
+    "error": Error, "stopping": Stopping}
 NAMES = {t: name for name, t in TYPES.items()}
 
 
@@ -215,6 +239,8 @@ def from_json(d: dict[str, Any]) -> Event:
             value = Step(value)
         elif f.name == "tone":
             value = Tone(value)
+        elif f.name == "ending":
+            value = None if value is None else Ending(value)
         elif f.name == "status":
             value = RunStatus(value)
         elif f.name == "nodes":

@@ -34,6 +34,26 @@ def terminal_words(event: ev.Event) -> list[tuple[str, str, ev.Tone]]:
     return []
 
 
+ENDING = {ev.Ending.TORCHRUN_WORKERS: "torchrun still ending its workers",
+          ev.Ending.TORCHRUN: "torchrun still ending",
+          ev.Ending.WORKERS: "{n} worker(s) still ending",
+          ev.Ending.WRAPPER: "run.sh recording how torchrun ended",
+          ev.Ending.OTHER: "{n} process(es) of the run still ending"}
+
+
+def wait_words(event: ev.Event) -> str | None:
+    """The words of a wait under way that an event changes (a spinner's line on a terminal),
+    or None: `stopping: 3/4 nodes done; node2: torchrun still ending its workers (SIGTERM 2 s
+    ago)`."""
+    if not isinstance(event, ev.Stopping):
+        return None
+    head = f"stopping: {event.done}/{event.total} nodes done"
+    if not event.host or event.ending is None:
+        return head
+    what = ENDING[event.ending].format(n=event.count)
+    return f"{head}; {event.host}: {what} (SIGTERM {event.since:.0f} s ago)"
+
+
 def stopped(s: Stopped) -> str:
     """What a teardown's stop achieved, for the person (and `Interrupted`'s message)."""
     if s.job:

@@ -87,6 +87,26 @@ def quick_start() -> None:
     gc.disable()
     atexit.unregister(gc.freeze)  # once, however often main runs in one process (tests)
     atexit.register(gc.freeze)
+def program() -> None:
+    """The process itself (`fleet`, `python -m fleet`): main, then out at once. Everything fleet
+    keeps is written and closed by then (the run's record first of all), and every thread left
+    is a daemon the interpreter would drop anyway; what Python's own finalization would add is
+    freeing every module fleet loaded, about 0.3 s on a loaded machine after the last word."""
+    code: int = 0
+    try:
+        main()
+    except SystemExit as e:  # as the interpreter turns it into a status
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`fleet ps | head`): nothing to say more
+            code = code or 1
+    os._exit(code)
 
 
 def _run(debug: bool) -> FleetError | Interrupted | None:

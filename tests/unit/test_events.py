@@ -32,6 +32,7 @@ ONE_OF_EACH: list[ev.Event] = [
     ev.Note("stopping the job on 2 node(s)", ev.Tone.WARN, "n1"),
     ev.Verdict("r1", RunStatus.FAILED, 1, (STOPPED, FAILED), "run r1 failed"),
     ev.Error("run r1 failed", 1),
+    ev.Stopping(3, 4, "n2", ev.Ending.TORCHRUN_WORKERS, 2.0),
 ]
 
 

@@ -115,6 +115,10 @@ class FakeTransport:
         out = "marked\n" if "echo marked" in script else "left=\n"
         return type("R", (), {"out": out, "ok": True, "code": 0, "err": ""})()
 
+    def stream(self, script: str, on_lines: Any, stop: Any = None, received: Any = None) -> int:
+        on_lines(self.run(script).out.splitlines())
+        return 0
+
     def close(self) -> None:
         pass
 

@@ -35,6 +35,7 @@ from fleet.plan import Plan
 from fleet.run import hang, outcomes, verdict
 from fleet.run.logs import View
 from fleet.run.record import NodeRecord, RunRecord
+from fleet.run.stopping import StopProgress
 from fleet.states import NodeOutcome, NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
 from fleet.transport.forward import Tunnel
@@ -130,8 +131,11 @@ class HostsBackend(Launch, Recorded, LabTools):
                     why=", ".join(silent) + " unreachable" if silent else "")
 
     def cancel(self, rec: RunRecord, console: Console) -> None:
-        console.hosts([n.host.name for n in rec.nodes])
-        results = recorded.stop_recorded(rec, "fleet stop")
+        names = [n.host.name for n in rec.nodes]
+        console.hosts(names)
+        progress = StopProgress(names, console.event)
+        with console.waiting(f"stopping: 0/{len(names)} nodes done"):
+            results = recorded.stop_recorded(rec, "fleet stop", heard=progress.heard)
         bad = 0
         for name, r in results.items():
             if isinstance(r, Exception):

@@ -61,6 +61,9 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
     outcomes: dict[str, NodeOutcome] = {}
     drained: set[str] = set()  # nodes whose log was read to its end (or can no more be)
     ends: set[str] = set()  # nodes whose end watcher has said what it knows
+    # Nodes whose log ended before their end watcher spoke: the watcher's answer (the state,
+    # in the same round trip as the end) is waited for rather than asked again.
+    pending: dict[str, int] = {}
     joining = Joining(console, {n.host.name: n.nproc for n in plan.nodes}) \
         if ranked and console.live else None
 
@@ -142,7 +145,10 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                 ends.add(name)
             if kind == "drained":
                 drained.add(name)
-                if name not in outcomes and isinstance(result, int | Exception):
+                if (name not in outcomes and isinstance(result, int) and name not in ends
+                        and pids.get(name) is not None):
+                    pending[name] = result
+                elif name not in outcomes and isinstance(result, int | Exception):
                     outcome = _outcome(run, node, result)
                 elif isinstance(result, Exception):
                     console.phase(name, f"the rest of its log could not be read: "
@@ -158,6 +164,10 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                         outcomes[name] = outcome
                         yield NodeEnded(outcome)
                     continue  # its loss already set off the fail-fast
+            elif kind == "end" and name in pending and name not in outcomes:
+                # The watcher could not say (its link broke, or the run's state is not an end):
+                # the state is asked once more, as for a log that ended with no watcher.
+                outcome = _outcome(run, node, pending.pop(name))
             elif kind == "end" and isinstance(result, Exception) and name not in outcomes:
                 outcome = _outcome(run, node, result)
             elif kind == "lost" and name not in outcomes:

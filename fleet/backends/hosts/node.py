@@ -12,9 +12,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from fleet.backends.hosts.ports import connect_script
-from fleet.errors import FleetError, JobFailed, RemoteCommandError, UsageError
+from fleet.errors import (
+    CommandTimedOut,
+    FleetError,
+    JobFailed,
+    RemoteCommandError,
+    UsageError,
+)
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
+from fleet.facts.stopping import StillEnding, parse_ending
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
 from fleet.nodeside.shared import nodemap
@@ -146,6 +153,7 @@ class Stopped:
 
     left: list[int]
     found: bool = True
+    state: NodeState | None = None  # the run's state there once stopped, where it was asked
 
 
 def parse_found(out: str) -> bool:
@@ -190,31 +198,72 @@ def mark(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None 
         raise RemoteCommandError(t.host.name, "stop.sh mark", r.code, r.out + r.err)
 
 
-def stop(t: Transport, run_dir: str, by: str, key: str,
-         wrapper: Wrapper | None = None) -> Stopped:
+STOP_TIMEOUT_S = 60.0  # what a node's stop.sh may take (its grace, then SIGKILL, is shorter)
+
+
+STATE_MARK = "--- state"  # between stop.sh's words and the run's state after it
+
+
+def stop(t: Transport, run_dir: str, by: str, key: str, wrapper: Wrapper | None = None,
+         on_ending: Callable[[StillEnding], None] | None = None,
+         with_state: bool = False) -> Stopped:
     """Stop the run on the node: the pids of the run still alive after it (none, normally),
     and whether there was anything to stop. `wrapper`: the node's as fleet recorded it at the
-    start (None: not known)."""
-    r = t.run(stop_script(run_dir, by, key, wrapper=wrapper), timeout=60, what="stop.sh")
-    left = parse_stop(r.out)
+    start (None: not known). `on_ending` hears, as it waits, what is still ending there.
+    `with_state`: the run's state there once stopped, in the same round trip."""
+    script = stop_script(run_dir, by, key, wrapper=wrapper)
+    if with_state:
+        script = f"(\n{script}\n)\necho {quote(STATE_MARK)}\n{state_script(run_dir)}"
+    if on_ending is None:
+        r = t.run(script, timeout=STOP_TIMEOUT_S, what="stop.sh")
+        out, code, err = r.out, r.code, r.err
+    else:
+        said: list[str] = []
+
+        def heard(lines: list[str]) -> None:
+            said.extend(lines)
+            for line in lines:
+                if (still := parse_ending(line)) is not None:
+                    on_ending(still)
+
+        late = threading.Event()
+        timer = threading.Timer(STOP_TIMEOUT_S, late.set)
+        timer.daemon = True
+        timer.start()
+        try:
+            code = t.stream(script, heard, late)
+        finally:
+            timer.cancel()
+        if code == -1:
+            raise CommandTimedOut(t.host.name, "stop.sh", STOP_TIMEOUT_S)
+        out, err = "\n".join(said) + "\n", ""
+    after: NodeState | None = None
+    if with_state and f"\n{STATE_MARK}\n" in f"\n{out}":
+        out, said_state = f"\n{out}".rsplit(f"\n{STATE_MARK}\n", 1)
+        after = parse_state(said_state, key)
+    left = parse_stop(out)
     if left is None:
-        raise RemoteCommandError(t.host.name, "stop.sh", r.code, r.out + r.err)
-    return Stopped(left, parse_found(r.out))
+        raise RemoteCommandError(t.host.name, "stop.sh", code, out + err)
+    return Stopped(left, parse_found(out), after)
 
 
 # A node's connection, run directory, stop key and wrapper (None: not recorded).
 Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper | None]]]
 
 
-def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopped | Exception]:
+def stop_together(targets: list[tuple[str, Target]], by: str,
+                  heard: Callable[[str, StillEnding | None], None] | None = None,
+                  with_state: bool = False) -> dict[str, Stopped | Exception]:
     """Stop the run on several nodes, each target giving (transport, run dir, stop key,
     wrapper). Every node's stop is recorded before any node is signalled: a node records
     whether its own part had already failed, and the stop of another node (its peers gone)
     must not decide that.
-    A node that cannot be marked holds the others back MARK_WAIT_S at most."""
+    A node that cannot be marked holds the others back MARK_WAIT_S at most. `heard(node,
+    what)`: what a node says is still ending as its stop waits, and None once it is done.
+    `with_state`: each node's state after its stop comes in the same round trip."""
     gate = threading.Barrier(max(1, len(targets)))
 
-    def one(target: Target) -> Stopped:
+    def one(name: str, target: Target) -> Stopped:
         arrived = [False]
 
         def arrive() -> None:
@@ -231,8 +280,11 @@ def stop_together(targets: list[tuple[str, Target]], by: str) -> dict[str, Stopp
                     pass  # stop.sh records the stop itself below, if the node answers at all
                 finally:
                     arrive()
-                return stop(t, run_dir, by, key, wrapper)
+                return stop(t, run_dir, by, key, wrapper,
+                            None if heard is None else lambda e: heard(name, e), with_state)
         finally:
             arrive()
+            if heard is not None:
+                heard(name, None)
 
-    return each(targets, one)
+    return each(((name, (name, target)) for name, target in targets), lambda p: one(*p))

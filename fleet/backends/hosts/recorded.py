@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from fleet.backends.hosts.node import Stopped, stop_together
-from fleet.errors import CommandTimedOut, FleetError
-from fleet.facts import run_state
+from fleet.errors import CommandTimedOut
+from fleet.facts.stopping import StillEnding
 from fleet.run import outcomes
 from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
 from fleet.transport import Transport, open_transport
@@ -73,11 +73,13 @@ def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R],
                       if only is None or n.host.name in only), wait.tracked(one))
 
 
-def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None
+def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None,
+                  heard: Callable[[str, StillEnding | None], None] | None = None
                   ) -> dict[str, Stopped | Exception]:
     """Stop a recorded run on every node (or those named in `only`), connected afresh (see
-    node.stop_together). Each node's state once its stop is done is history from then: kept in
-    the run's record (fleet.run.outcomes)."""
+    node.stop_together; `heard`: what each node says is still ending as it waits). Each node's
+    state once its stop is done is history from then: kept in the run's record
+    (fleet.run.outcomes)."""
 
     @contextlib.contextmanager
     def connect(node: NodeRecord) -> Iterator[tuple[Transport, str, str, Wrapper | None]]:
@@ -86,11 +88,14 @@ def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None
         with open_transport(node.host, hello=not absolute) as t:
             run_dir, key = t.path(node.run_dir), record.stop_key(name)
             yield t, run_dir, key, wrapper(record.dir, name)
-            # Only after a stop that went through (an error skips this).
-            with contextlib.suppress(FleetError):
-                st = run_state.state(t, run_dir, key)
-                if st.done:
-                    outcomes.note(record.dir, st.outcome(name, node.node_rank), by)
 
-    return stop_together([(n.host.name, lambda n=n: connect(n))  # type: ignore[misc]
-                          for n in record.nodes if only is None or n.host.name in only], by)
+    results = stop_together([(n.host.name, lambda n=n: connect(n))  # type: ignore[misc]
+                             for n in record.nodes if only is None or n.host.name in only], by,
+                            heard, with_state=True)
+    # Only after a stop that went through (an error says no state): its state in the same
+    # round trip as the stop.
+    for n in record.nodes:
+        r = results.get(n.host.name)
+        if isinstance(r, Stopped) and r.state is not None and r.state.done:
+            outcomes.note(record.dir, r.state.outcome(n.host.name, n.node_rank), by)
+    return results

@@ -11,6 +11,7 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.prepare import Session
 from fleet.console import Console
 from fleet.errors import CommandTimedOut, FleetError, TransportError
+from fleet.facts.stopping import StillEnding
 from fleet.plan import NodePlan
 from fleet.run.record import Wrapper
 from fleet.transport import Transport
@@ -21,7 +22,8 @@ from fleet.transport.link import RETRY_S, Link, refused
 def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: str,
                key: Callable[[str], str], wrapper: Callable[[str], Wrapper | None],
                links: dict[str, Link] | None = None, lost: set[str] | None = None,
-               retry_for: float = 0.0) -> dict[str, str]:
+               retry_for: float = 0.0,
+               heard: Callable[[str, StillEnding | None], None] | None = None) -> dict[str, str]:
     """Stop the run on these nodes, every node's stop recorded before any is signalled
     (node.stop_together); `key` and `wrapper` give a node's stop key and its wrapper as
     recorded at the start. Where a node's connection fails (or it was lost), the stop is
@@ -38,7 +40,7 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
         return held
 
     reachable = [n for n in nodes if n.host.name not in lost]
-    results = remote.stop_together([(n.host.name, target(n)) for n in reachable], by)
+    results = remote.stop_together([(n.host.name, target(n)) for n in reachable], by, heard)
     why = {n.host.name: "it was lost" for n in nodes if n.host.name in lost}
     why.update({name: reason(r) for name, r in results.items()
                 if isinstance(r, TransportError | CommandTimedOut)})
