@@ -55,6 +55,7 @@ def argv(ssh: str, ep: Endpoint, command: str) -> list[str]:
         "UserKnownHostsFile": " ".join(ep.known_hosts),
         "GlobalKnownHostsFile": "/dev/null",  # fleet reads no system-wide file either
         "UpdateHostKeys": "no",
+        "CheckHostIP": "no",  # before OpenSSH 8.5 it adds the address to known_hosts: no writes
         "HashKnownHosts": "no",
         "ControlMaster": "no",
         "ControlPath": "none",
@@ -76,8 +77,10 @@ def argv(ssh: str, ep: Endpoint, command: str) -> list[str]:
 
 
 def _plain(path: str) -> bool:
-    """A path ssh reads as written: it splits option values at blanks and expands % tokens."""
-    return bool(path) and not any(c.isspace() or c in "%\"'\\" for c in path)
+    """A path ssh reads as written: it splits option values at blanks and expands % tokens and
+    (from OpenSSH 8.4) ${VAR}: fleet's own connection reads such a path literally, so the two
+    would decide trust from two files."""
+    return bool(path) and not any(c.isspace() or c in "%$\"'\\" for c in path)
 
 
 def why_not(host: Host, conn: Any, ssh: str | None) -> str | None:
@@ -97,7 +100,7 @@ def why_not(host: Host, conn: Any, ssh: str | None) -> str | None:
     if not ep.user or not ep.address or ep.address.startswith("-"):
         return "no plain user and address"
     if not all(_plain(p) for p in (*ep.known_hosts, *ep.identities)):
-        return "a key or known_hosts path that ssh would read otherwise (blanks, %, quotes)"
+        return "a key or known_hosts path that ssh would read otherwise (blanks, %, $, quotes)"
     return None
 
 

@@ -35,6 +35,7 @@ def test_the_command_line_keeps_fleets_trust_and_login() -> None:
     assert o["StrictHostKeyChecking"] == "yes" and o["BatchMode"] == "yes"
     assert o["UserKnownHostsFile"] == "/home/ml/.ssh/known_hosts /lab/known_hosts"
     assert o["GlobalKnownHostsFile"] == "/dev/null" and o["UpdateHostKeys"] == "no"
+    assert o["CheckHostIP"] == "no"  # an old ssh would write the address into known_hosts
     assert o["ProxyCommand"] == "none" and o["ProxyJump"] == "none"
     assert o["ControlPath"] == "none" and o["ConnectTimeout"] == "8"
     assert o["Ciphers"].startswith("aes128-gcm@openssh.com,")
@@ -62,6 +63,7 @@ HOST = Host("n1", "10.0.0.7", user="ml", identity="/keys/id", known_hosts="/lab/
     (Host("n1", "h", transport="local"), conn(), "/usr/bin/ssh", "not an SSH host"),
     (HOST, conn(connect_kwargs={"key_filename": ["/my keys/id"]}), "/usr/bin/ssh", "blanks"),
     (Host("n1", "h", known_hosts="/kh/%h"), conn(), "/usr/bin/ssh", "blanks, %"),
+    (Host("n1", "h", known_hosts="/lab/${USER}/kh"), conn(), "/usr/bin/ssh", "blanks, %"),
 ])
 def test_fleets_own_connection_carries_what_the_binary_cannot(
         host: Host, c: SimpleNamespace, ssh: str | None, why: str) -> None:
