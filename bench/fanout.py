@@ -145,6 +145,8 @@ def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
         for who in ("fleet", "before"):
             got = [h.budget for h in runs[who] if h.budget is not None and h.budget.trips]
             for name, trips, secs in budget.merged(got) if got else []:
+                if not trips:  # a fleet from before FLEET_TRACE records nothing of it
+                    continue
                 spent.add(n, "this" if who == "fleet" else "before", name, f"{trips:g}",
                           fmt(secs))
     table.notes.append(f"median of {reps} runs each, interleaved; nproc 1, static rendezvous, "
