@@ -77,6 +77,8 @@ class Banner:
         if ranked(tag):
             self.over = True
             return True
+        if " " in tag:  # not torchrun's own (`node2`): the setup's (`node2 setup`), the job's
+            return True
         self._after = noise(text, self._after)
         self.hidden += self._after
         return not self._after

@@ -65,6 +65,9 @@ def test_hidden_only_before_the_nodes_first_rank_line() -> None:
     assert b.shown("node1", KEPT[1])
     assert b.shown("node1", "")  # a blank line after one that is not the banner's: said
     assert b.shown("node1 setup", "installing")  # the setup's lines are the job's
+    fresh = Banner()  # ... a blank line or a rule of the setup's included, at the log's start
+    assert fresh.shown("node1 setup", "") and fresh.shown("node1 setup", "*****")
+    assert not fresh.shown("node1", BARE[0]) and fresh.hidden == 1
     assert not b.shown("node1", GLOG[4])
     assert b.shown("node1 r0", "hello from rank 0") and b.over
     assert b.shown("node1", GLOG[4])  # after the job's first line, everything is shown
