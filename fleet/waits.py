@@ -60,6 +60,13 @@ class Pending:
                 self._doing[host] = (doing, self.clock())
         self.changed()
 
+    def again(self, host: str, doing: str) -> None:
+        """`host`, done with an earlier part of the step, is on another one (`doing`)."""
+        with self._lock:
+            self._done.discard(host)
+            self._doing[host] = (doing, self.clock())
+        self.changed()
+
     def finish(self, host: str) -> None:
         with self._lock:
             self._done.add(host)

@@ -60,6 +60,9 @@ def test_pending_tracks_each_host_and_its_step_with_its_own_clock() -> None:
     p.start("node2", "late")  # a host done stays done
     assert p.done == 2 and "node2" not in p.words()
     assert told[0] == "waiting: check 0/3 hosts done" and len(told) == 5
+    p.again("node2", "the look at node1's copy")  # ... unless it is on another part again
+    clock.now += 2
+    assert p.done == 1 and "node2 still on the look at node1's copy (2 s)" in p.words()
 
 
 def test_a_fanout_finishes_each_host_however_its_call_ends() -> None:

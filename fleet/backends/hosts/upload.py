@@ -138,7 +138,7 @@ def _upload(session: Session, plan: Plan, console: Console, sources: Sources,
         """A node that shares its leader's storage sees the leader's sync; if it does not (a
         copied workdir, say), it gets its own."""
         t = session.transports[node.host.name]
-        wait.start(node.host.name, f"the look at {leader[node.host.name]}'s copy")
+        wait.again(node.host.name, f"the look at {leader[node.host.name]}'s copy")
         seen = t.run(sh("cat", f"{node.code_dir}/{SYNCED}") + " 2>/dev/null",
                      what="read the sync marker").out.strip()
         if seen == plan.run_id:
