@@ -1252,7 +1252,9 @@ def test_progress_names_each_node_where_they_differ() -> None:
     states = bar_states({"node1": 60 << 20, "node2": 30 << 20}, 100 << 20)
     bar = progress.Bar(Console(out=io.StringIO(), err=io.StringIO()), 100 << 20, states,
                        ["node1", "node2"], Clock())
-    assert bar.text(bar.t0 + 10).endswith("  node1 60% node2 30%")
+    said = bar.text(bar.t0 + 10)
+    assert said.endswith("  node1 60% node2 30%")
+    assert "45.0 MiB of 100.0 MiB in place on average on each of 2 nodes" in said, said
 
 
 def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -> None:
