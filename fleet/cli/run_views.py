@@ -71,13 +71,17 @@ def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank
     from fleet.transport.forward import declared, recorded
 
     backends.for_record(run).take_healed(run)  # a detached run that healed by itself
-    every = attempts.records(run)
+    by_number = attempts.numbered(run)
+    every = list(by_number.values())
     console.event(Phase(Step.FOLLOWING, every[0].run_id))
-    if attempt is not None and not 1 <= attempt <= len(every):
-        raise UsageError(f"run {every[0].run_id} has {len(every)} attempt(s), not {attempt}")
-    chosen = every if attempt is None else [every[attempt - 1]]
+    if attempt is not None and attempt not in by_number:
+        held = (f"{len(by_number)} attempt(s)" if max(by_number) == len(by_number) else
+                f"attempts {', '.join(map(str, by_number))} on record")
+        raise UsageError(f"run {every[0].run_id} has {held}, not {attempt}")
+    chosen = every if attempt is None else [by_number[attempt]]
+    number = {id(one): n for n, one in by_number.items()}
     found = attempts.load(every[0])
-    total = found[0] + 1 if found else len(every)
+    total = found[0] + 1 if found else max(by_number)
     last = every[-1]
     # The job's `forward` ports of the master, while -f follows (a connection of their own).
     forwards = recorded(last.dir / "manifest.json") if follow else ()
@@ -85,7 +89,7 @@ def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank
                   owned=True):
         for one in chosen:
             if len(every) > 1:
-                console.info(f"attempt {every.index(one) + 1}/{total}: run {one.run_id}")
+                console.info(f"attempt {number[id(one)]}/{total}: run {one.run_id}")
             backends.for_record(one).logs(one, console, follow and one is every[-1], node,
                                           rank, view)
     if not follow:

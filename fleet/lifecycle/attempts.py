@@ -307,12 +307,18 @@ def request_stop(rec: state.RunRecord) -> None:
 def records(rec: state.RunRecord) -> list[state.RunRecord]:
     """Every attempt's record, the first one first, the one under way too (the run's own
     alone, without attempts)."""
+    return list(numbered(rec).values())
+
+
+def numbered(rec: state.RunRecord) -> dict[int, state.RunRecord]:
+    """Each attempt's record by its number (1: the run's own), in order: an attempt that never
+    started has no record, and the later ones keep their own numbers."""
     later = []
     for path in state.state_dir().glob(f"{rec.run_id}-a*/run.json"):
         number = path.parent.name.rpartition("-a")[2]
-        if number.isdigit():
+        if number.isdigit() and int(number) > 1:
             later.append((int(number), path.parent.name))
-    return [rec] + [state.load(name) for _, name in sorted(later)]
+    return {1: rec} | {n: state.load(name) for n, name in sorted(later)}
 
 
 def as_json(rec: state.RunRecord) -> dict[str, Any] | None:
