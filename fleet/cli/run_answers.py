@@ -45,8 +45,9 @@ def status(run_id: str | None, as_json: bool) -> int:
         echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
         echo("\n".join(attempts.lines(*found)))
     if done is None and found:
+        run_ids = {a.number: a.run_id for a in found[1]}
         for number, rows in not_over(every, found[1]):
-            echo(f"  attempt {number}/{found[0] + 1} ({every[number - 1].run_id}) is not over "
+            echo(f"  attempt {number}/{found[0] + 1} ({run_ids[number]}) is not over "
                  f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
             echo("\n".join(f"  {row}" for row in rows))
     echo("\n".join(lines + (history.lost_lines(rec.run_id, done) if done else [])))

@@ -131,6 +131,11 @@ def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[s
     tried = attempts.as_json(rec)
     if tried:
         out["attempts"] = tried
+    from fleet.run import watched
+
+    if by := watched.watched_by(last, final):  # a run that goes on: who stops it on a failure
+        out["watched_by"] = {"words": by.removeprefix("watched by: "),
+                             "who": watched.who(last, final)}
     if done is not None:
         from fleet.run import verdict
 

@@ -224,3 +224,31 @@ def test_status_says_who_watches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "where they still run" in watched.watched_by(gone, RunStatus.UNKNOWN)
     slurm = record.RunRecord("r1", "job", 0.0, (), backend=BackendKind.SLURM)
     assert watched.watched_by(slurm, RunStatus.RUNNING) == ""
+    # the same, as a word for `status --json`
+    assert watched.who(rec, RunStatus.RUNNING) == "fleet_up"
+    assert watched.who(gone, RunStatus.RUNNING) == "nodes"
+    assert watched.who(rec, RunStatus.STOPPED) == watched.who(slurm, RunStatus.RUNNING) == ""
+    nobody = record.RunRecord("r2", "job", 0.0, (), controller="elsewhere:1:2")
+    nobody.dir.mkdir(parents=True)
+    assert watched.who(nobody, RunStatus.RUNNING) == "nobody"
+
+
+def test_status_json_says_who_watches_a_run_that_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    import json
+
+    from fleet.cli import run_views
+    from fleet.run import record, watched
+    from fleet.states import RunStatus
+
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    rec = record.RunRecord("r1", "job", 0.0, (), controller="elsewhere:1:2")
+    rec.dir.mkdir(parents=True)
+    watched.mark(rec.dir)
+    run_views.status_json(rec, rec, RunStatus.RUNNING, [])
+    out = json.loads(capsys.readouterr().out)
+    assert out["watched_by"]["who"] == "nodes"
+    assert out["watched_by"]["words"].startswith("the nodes' own watchers")
+    run_views.status_json(rec, rec, RunStatus.SUCCEEDED, [])
+    assert "watched_by" not in json.loads(capsys.readouterr().out)  # over: nobody need watch
