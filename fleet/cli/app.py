@@ -155,12 +155,11 @@ def inventory_given(ctx: typer.Context, value: Path | None) -> Path | None:
 
 
 def _given(ctx: typer.Context, kind: str, value: Path | None) -> None:
-    # Shell completion parses the line too, and connects to nothing: it does not load paramiko
-    # (fleet.config.hostkeys) for advice it will never give.
+    # Shell completion parses the line too, and connects to nothing: no advice to give.
     if value is not None and not ctx.resilient_parsing:
-        from fleet.config import hostkeys
+        from fleet.config.given import given
 
-        hostkeys.given(kind, str(value))
+        given(kind, str(value))
 
 
 app = typer.Typer(cls=FleetGroup, no_args_is_help=True, pretty_exceptions_enable=False,

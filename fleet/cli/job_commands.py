@@ -61,14 +61,16 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
     """Start the job on every host and stream its logs.
 
     The master starts first; every log line is tagged by host and rank."""
-    from fleet import backends
     from fleet.config.job import load_job, with_extra_args
-    from fleet.lifecycle import runner
     from fleet.lifecycle.session import Session
 
     with Session.for_command(as_json) as session:
         job = selected(with_extra_args(load_job(job_path, inventory), extra or []), node,
                        exclude)
+        # SSH and the run's machinery once the job is known good: a bad file is said at once
+        from fleet import backends
+        from fleet.lifecycle import runner
+
         if debug_env:
             job = dataclasses.replace(job, debug=True)
             session.console.banners = True  # the distributed debugging asked: all of it

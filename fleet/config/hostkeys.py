@@ -3,35 +3,18 @@
 from __future__ import annotations
 
 import os
-import shlex
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import paramiko
 
+from fleet.config.given import given as given
+from fleet.config.given import trust_command as trust_command
 from fleet.config.inventory import Host
 from fleet.config.pinned import parse_pinned
 
 _LOCK = threading.Lock()  # known_hosts files are appended to from parallel connections
-# The files this command line named (set by the CLI as it reads its arguments): the advice for an
-# unknown key names what the user gave, read from any thread that connects.
-_GIVEN: dict[str, str] = {}
-
-
-def given(kind: str, path: str) -> None:
-    """The command line named this file: kind "job" (or an inventory file in its place),
-    "inventory" (-i, which a job's command takes over the job's own)."""
-    _GIVEN[kind] = path
-
-
-def trust_command() -> str:
-    """The command that records an unknown key, with the file this command line was given
-    (`fleet trust jobs/mnist.toml --accept`)."""
-    path = _GIVEN.get("inventory") or _GIVEN.get("job")
-    if path is None:  # a command on a recorded run: no file was named
-        return "`fleet trust JOB --accept` (JOB: the run's job file or inventory)"
-    return f"`fleet trust {shlex.quote(path)} --accept`"
 
 
 class UnknownHostKey(paramiko.SSHException):  # type: ignore[misc]

@@ -240,7 +240,8 @@ def test_trust_takes_a_job_file_as_every_command_does(tmp_path: Path) -> None:
 # messages name the user's files
 
 def test_the_trust_command_named_is_the_file_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hostkeys, "_GIVEN", {})
+    from fleet.config import given
+    monkeypatch.setattr(given, "_GIVEN", {})
     assert hostkeys.trust_command() == ("`fleet trust JOB --accept` (JOB: the run's job file or "
                                         "inventory)")
     hostkeys.given("job", "jobs/my job.toml")

@@ -123,6 +123,17 @@ def test_help_is_typer_rich_help_and_its_stand_ins_leave(tmp_path: Path) -> None
                                env=env(tmp_path), capture_output=True, text=True, timeout=120)
     assert help_text.returncode == 0 and "╭─ Options" in help_text.stdout, help_text
 
+def test_a_bad_job_file_is_said_before_ssh_is_loaded(tmp_path: Path) -> None:
+    """`fleet up` reads the job before it loads SSH and the run's machinery: a file that is not
+    there, or not a job, is said at once (exit 2)."""
+    (tmp_path / "bad.toml").write_text('script = "train.py"\nnproc_per_node = "x"\n')
+    for job in ("missing.toml", "bad.toml"):
+        r, modules = loaded(tmp_path, ["up", job])
+        assert r.returncode == 2 and job in r.stderr, r
+        assert heavy(modules, ("paramiko", "fabric", "fleet.backends", "fleet.lifecycle.runner",
+                               "fleet.transport")) == [], r
+
+
 def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
     """The guard above means something: a command that asks a backend loads it."""
     record_run(tmp_path)
