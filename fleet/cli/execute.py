@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 
 from fleet.cli.app import ExcludeOpt, InvOpt, job_given, selection
-from fleet.console import Console
 from fleet.errors import Interrupted, UsageError
 
 
@@ -39,6 +38,7 @@ def execute(path: Annotated[Path, typer.Argument(
     from fleet import backends
     from fleet import trust as fleet_trust
     from fleet.config.job import load_job
+    from fleet.console import Console
     from fleet.grouped import block, exit_code, groups, summary
 
     if not command:

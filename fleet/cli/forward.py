@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fleet.cli.app import echo
-from fleet.console import Console
 from fleet.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
@@ -43,6 +42,7 @@ def forward(words: Annotated[list[str], typer.Argument(
     Through fleet's own SSH connection; the node connects to the port on its own 127.0.0.1.
     Listens on 127.0.0.1 here only and prints the URL; Ctrl-C ends it (exit 130)."""
     from fleet import backends
+    from fleet.console import Console
     from fleet.run import record as state
     from fleet.transport.forward import forwarding
 

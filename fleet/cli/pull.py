@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fleet.cli.app import RUN_HELP, complete_run
-from fleet.console import Console, Meaning, printable
 from fleet.errors import NotEveryNode, PullFailed, UsageError
 
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ def pull(run_id: Annotated[str | None, typer.Argument(
     from fleet import backends
     from fleet import manifest as fleet_manifest
     from fleet.config.outputs import output_path
+    from fleet.console import Console, Meaning, printable
     from fleet.lifecycle import attempts
     from fleet.run import record as state
     from fleet.transport.group import reason

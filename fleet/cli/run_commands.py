@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fleet.cli import run_answers, run_views
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
-from fleet.console import Console
 from fleet.errors import FleetError, NotEveryNode
 
 if TYPE_CHECKING:
@@ -26,6 +24,8 @@ def stop(run_id: RunArg = None) -> None:
 
     SIGTERM, then SIGKILL after a grace period."""
     from fleet import backends
+    from fleet.cli import run_answers
+    from fleet.console import Console
     from fleet.lifecycle import attempts
     from fleet.run import record as state
 
@@ -54,6 +54,7 @@ def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=compl
 
     Its directory on every node and its local record."""
     from fleet import backends
+    from fleet.console import Console
     from fleet.lifecycle import attempts
     from fleet.run import record as state
 
@@ -61,6 +62,8 @@ def rm(run_id: Annotated[str, typer.Argument(metavar="RUN", autocompletion=compl
     rec = state.load(run_id)
     every = attempts.records(rec)
     if forget:
+        from fleet.cli import run_answers
+
         run_answers.forget(rec, every, console)
         return
     for one in reversed(every):  # the first attempt's record, the run's own, goes last
@@ -85,6 +88,8 @@ def status(run_id: RunArg = None,
     A run whose end fleet saw is said from its local record alone (no host asked); a live
     one's nodes are asked at once, a few seconds each at most. Exits 0 if it runs or succeeded,
     1 failed, 3 unknown (a node could not be asked), 4 stopped."""
+    from fleet.cli import run_answers
+
     code = run_answers.status(run_id, as_json)
     if code:
         raise typer.Exit(code)
@@ -144,6 +149,8 @@ def logs(run_id: RunArg = None,
     from fleet.lifecycle.session import Session
 
     with Session.for_command(as_json) as session:
+        from fleet.cli import run_views
+
         code = run_views.logs(session.console, run_id, follow, node, rank, attempt, merge,
                               tail, since)
     if code:
@@ -225,6 +232,7 @@ def diff_runs(run_a: Annotated[str, typer.Argument(
 
 def _manifest(rec: RunRecord) -> dict[str, Any]:
     from fleet import backends
+    from fleet.console import Console
 
     return backends.for_record(rec).manifest(rec, Console())
 
