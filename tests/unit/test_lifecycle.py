@@ -338,9 +338,11 @@ def test_run_sh_records_the_childs_own_exit_code_under_signals(tmp_path: Path,
 
 
 # ---- following a node's log until its wrapper ends -------------------------------------------
-def _rendered_node(tmp_path: Path, command: tuple[str, ...], run_id: str) -> Any:
-    """A `command` job's node on this machine, its run directory written as `fleet up` would."""
-    from fleet.render import render_node
+def _rendered_node(tmp_path: Path, command: tuple[str, ...], run_id: str,
+                   grace: int | None = None) -> Any:
+    """A `command` job's node on this machine, its run directory written as `fleet up` would
+    (`grace`: stop.sh's seconds between TERM and KILL, fleet's own by default)."""
+    from fleet.render import STOP_GRACE_S, render_node
     host = Host(name="local", address="localhost", transport="local", workdir=str(tmp_path))
     inv = Inventory(tmp_path / "inv.toml", (host,))
     job = Job(path=tmp_path / "j.toml", name="j", inventory=inv.path, workdir=tmp_path,
@@ -349,7 +351,7 @@ def _rendered_node(tmp_path: Path, command: tuple[str, ...], run_id: str) -> Any
     node = plan.nodes[0]
     Path(node.run_dir).mkdir(parents=True)
     Path(node.code_dir).mkdir(parents=True, exist_ok=True)
-    for name, (text, _mode) in render_node(plan, node).files.items():
+    for name, (text, _mode) in render_node(plan, node, grace or STOP_GRACE_S).files.items():
         (Path(node.run_dir) / name).parent.mkdir(exist_ok=True)
         (Path(node.run_dir) / name).write_text(text)
     return node

@@ -144,3 +144,44 @@ def test_stop_sh_says_what_is_still_ending_and_still_leaves_nothing(tmp_path: Pa
             os.killpg(wrapper.pid, signal.SIGKILL)
             wrapper.wait(timeout=10)
         log.close()
+
+
+DEAF = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_sh_kills_after_its_grace_though_fleet_stopped_listening(tmp_path: Path) -> None:
+    """fleet gone mid-stop (Ctrl-C, a dropped link: stop.sh's output has no reader): stop.sh
+    goes on to its KILL of a process that ignores SIGTERM, instead of dying of SIGPIPE at its
+    next progress line and leaving it running."""
+    node = _rendered_node(tmp_path, (sys.executable, "-c", DEAF), "j-deaf", grace=2)
+    run_dir = Path(node.run_dir)
+    log = open(run_dir / "node.log", "w")  # noqa: SIM115
+    wrapper = subprocess.Popen(["sh", "run.sh"], cwd=run_dir, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, "FLEET_RUN_ID": "j-deaf"})
+    stop = None
+    try:
+        deadline = time.monotonic() + 20
+        while "ready" not in (run_dir / "node.log").read_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.01)
+        stop = subprocess.Popen(["sh", "-c", remote.stop_script(str(run_dir), "fleet stop", "k")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        assert stop.stdout is not None
+        while not stop.stdout.readline().startswith(b"ending="):  # it waits on the deaf one
+            assert time.monotonic() < deadline, "no progress line"
+        stop.stdout.close()  # fleet is gone
+        assert wrapper.wait(timeout=30) != 0  # KILLed after the grace: the job is over
+        assert stop.wait(timeout=10) is not None
+    finally:
+        for p in (wrapper, stop):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        log.close()
