@@ -55,3 +55,54 @@ def test_after_the_last_nodes_end_only_the_report_follows(cli: CLI, tb2: Testbed
     run_id = tail[-1].split()[2]
     status = cli("status", run_id)
     assert status.returncode == 0 and "as fleet saw it end: exit 0" in status.stdout, status
+
+
+TICKER = 'i=0\nwhile [ "$i" -lt 900 ]; do echo "tick $i"; i=$((i + 1)); sleep 0.1; done\n'
+
+
+def test_a_log_stream_that_ends_while_its_node_runs_is_said_and_stops_the_run(
+        cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    """node2's log follower (its `tail`) killed while the job goes on: fleet, waiting for the
+    end that usually comes with a stream's end, asks the node soon all the same, says it lost
+    sight of it, and stops the run everywhere, rather than wait silently for the job's end."""
+    import os
+    import signal
+    import time
+
+    from tests.e2e.test_e2e_up import assert_nothing_left, run_id_of
+
+    tb2.inventory(tmp_path / "inv.toml")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "tick.sh").write_text(TICKER)
+    job = tmp_path / "job.toml"
+    job.write_text('inventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
+                   'command = ["sh", "tick.sh"]\nnproc_per_node = 1\n'
+                   "[rendezvous]\nport = 29973\n")
+    up = cli.popen("up", str(job))
+    try:
+        deadline = time.monotonic() + 120
+        log = tb2.host("node2").home / "fleet" / "runs"
+        tails: list[int] = []
+        while not tails:  # node2's follower, once its job has printed
+            assert time.monotonic() < deadline and up.poll() is None, "no tail on node2"
+            time.sleep(0.2)
+            for pid in tb2.pids(tb2.host("node2").ns):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if argv[0].endswith(b"tail") and any(a.endswith(b"/node.log") for a in argv) \
+                        and any(log.glob("*/node2/node.log")):
+                    tails.append(pid)
+        time.sleep(1)  # a few ticks on the screen first
+        for pid in tails:
+            os.kill(pid, signal.SIGKILL)
+        out, err = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate(timeout=30)
+    assert up.returncode != 0, err
+    assert "its log stream ended while it was still running" in err, err
+    assert_nothing_left(tb2, run_id_of(err))  # the rest stopped: nothing of it anywhere

@@ -148,6 +148,11 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                 if (name not in outcomes and isinstance(result, int) and name not in ends
                         and pids.get(name) is not None):
                     pending[name] = result
+                    # the watcher says the end in the same round trip; a stream that ended
+                    # while the job goes on (its tail killed) is asked about soon all the same
+                    late = threading.Timer(PENDING_S, events.put, (("late", name, None),))
+                    late.daemon = True
+                    late.start()
                 elif name not in outcomes and isinstance(result, int | Exception):
                     outcome = _outcome(run, node, result)
                 elif isinstance(result, Exception):
@@ -164,7 +169,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
                         outcomes[name] = outcome
                         yield NodeEnded(outcome)
                     continue  # its loss already set off the fail-fast
-            elif kind == "end" and name in pending and name not in outcomes:
+            elif kind in ("end", "late") and name in pending and name not in outcomes:
                 # The watcher could not say (its link broke, or the run's state is not an end):
                 # the state is asked once more, as for a log that ended with no watcher.
                 outcome = _outcome(run, node, pending.pop(name))
@@ -186,6 +191,7 @@ def follow_events(run: Followed) -> Generator[Event, None, None]:
             joining.end()
 
 
+PENDING_S = 3.0  # how long a node's ended log waits for its end watcher's word, at most
 JOIN_POLL_S = 1.0  # how often the nodes are asked how many of their workers have started
 
 
