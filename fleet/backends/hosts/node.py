@@ -253,14 +253,17 @@ Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper 
 
 def stop_together(targets: list[tuple[str, Target]], by: str,
                   heard: Callable[[str, StillEnding | None], None] | None = None,
-                  with_state: bool = False) -> dict[str, Stopped | Exception]:
+                  with_state: bool = False,
+                  stopped: Callable[[str, Stopped], None] | None = None
+                  ) -> dict[str, Stopped | Exception]:
     """Stop the run on several nodes, each target giving (transport, run dir, stop key,
     wrapper). Every node's stop is recorded before any node is signalled: a node records
     whether its own part had already failed, and the stop of another node (its peers gone)
     must not decide that.
     A node that cannot be marked holds the others back MARK_WAIT_S at most. `heard(node,
     what)`: what a node says is still ending as its stop waits, and None once it is done.
-    `with_state`: each node's state after its stop comes in the same round trip."""
+    `with_state`: each node's state after its stop comes in the same round trip; `stopped(node,
+    what)` as each node's stop is done (kept at once: a stop interrupted later loses none)."""
     gate = threading.Barrier(max(1, len(targets)))
 
     def one(name: str, target: Target) -> Stopped:
@@ -280,8 +283,11 @@ def stop_together(targets: list[tuple[str, Target]], by: str,
                     pass  # stop.sh records the stop itself below, if the node answers at all
                 finally:
                     arrive()
-                return stop(t, run_dir, by, key, wrapper,
+                done = stop(t, run_dir, by, key, wrapper,
                             None if heard is None else lambda e: heard(name, e), with_state)
+                if stopped is not None:
+                    stopped(name, done)
+                return done
         finally:
             arrive()
             if heard is not None:

@@ -89,13 +89,14 @@ def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None,
             run_dir, key = t.path(node.run_dir), record.stop_key(name)
             yield t, run_dir, key, wrapper(record.dir, name)
 
-    results = stop_together([(n.host.name, lambda n=n: connect(n))  # type: ignore[misc]
-                             for n in record.nodes if only is None or n.host.name in only], by,
-                            heard, with_state=True)
-    # Only after a stop that went through (an error says no state): its state in the same
-    # round trip as the stop.
-    for n in record.nodes:
-        r = results.get(n.host.name)
-        if isinstance(r, Stopped) and r.state is not None and r.state.done:
-            outcomes.note(record.dir, r.state.outcome(n.host.name, n.node_rank), by)
-    return results
+    ranks = {n.host.name: n.node_rank for n in record.nodes}
+
+    def keep(name: str, r: Stopped) -> None:
+        """Only after a stop that went through (an error says no state): its state in the same
+        round trip as the stop, kept as each node's is done."""
+        if r.state is not None and r.state.done:
+            outcomes.note(record.dir, r.state.outcome(name, ranks[name]), by)
+
+    return stop_together([(n.host.name, lambda n=n: connect(n))  # type: ignore[misc]
+                          for n in record.nodes if only is None or n.host.name in only], by,
+                         heard, with_state=True, stopped=keep)
