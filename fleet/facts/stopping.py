@@ -10,7 +10,7 @@ from fleet.events import Ending
 
 # `ending=<ms since SIGTERM> torchrun=<n> workers=<n> wrapper=<0|1> other=<n>`
 LINE = re.compile(r"ending=(\d{1,9}) torchrun=(\d{1,6}) workers=(\d{1,6}) wrapper=([01]) "
-                  r"other=(\d{1,6})")
+                  r"other=(\d{1,6})", re.ASCII)  # digits 0-9 only
 
 
 @dataclass(frozen=True)

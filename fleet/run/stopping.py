@@ -35,7 +35,7 @@ class StopProgress:
             if event == self.last:
                 return
             self.last = event
-        self.emit(event)
+            self.emit(event)  # in order: the last said is the last state
 
     def summary(self) -> Stopping:
         done, total = len(self.done), len(self.nodes)

@@ -41,6 +41,7 @@ def test_an_ending_line_parses_to_what_is_still_alive() -> None:
     "ending=9999999999 torchrun=1 workers=0 wrapper=0 other=0",  # no such wait
     "ending=50 torchrun=0 workers=0 wrapper=0 other=0",  # nothing alive: nothing to name
     "ending=50 torchrun=1 workers=0 wrapper=0 other=0\nleft=",
+    "ending=\u0665\u0660 torchrun=1 workers=0 wrapper=0 other=0",  # digits, but not 0-9
 ])
 def test_anything_else_a_node_prints_is_no_ending(line: str) -> None:
     assert parse_ending(line) is None
