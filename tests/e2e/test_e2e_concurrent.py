@@ -54,9 +54,9 @@ def test_a_second_launch_is_refused_while_the_first_prepares(cli: CLI, tb2: Test
         (code / "version.py").write_text('VERSION = "B"\n')
         second = cli("up", str(job), timeout=120)
         assert second.returncode == 6, second.stdout + second.stderr
-        for host in ("node1", "node2"):
-            assert f"{host}: another `fleet up` (run {first_id}) is preparing this host right " \
-                   "now" in second.stderr, second.stderr
+        # the same words for both hosts: said once, naming both
+        assert f"node1, node2: another `fleet up` (run {first_id}) is preparing this host " \
+               "right now" in second.stderr, second.stderr
         assert "nothing was started" in second.stderr
         assert "code: sent" not in second.stderr  # it wrote nothing
         second_id = run_id_of(second.stderr)

@@ -252,7 +252,8 @@ def test_second_run_on_held_hosts_is_refused_unless_forced(cli: CLI, tb2: Testbe
         job2 = long_job(other, 29542, TICKS=1)
         second = cli("up", str(job2))
         assert second.returncode == 6, second.stdout + second.stderr  # hosts busy
-        assert re.search(rf"node1: held by run {held} \(still running\)", second.stderr), \
+        # the same words for both hosts: said once, naming both
+        assert re.search(rf"node1, node2: held by run {held} \(still running\)", second.stderr), \
             second.stderr
         clash = tmp_path / "clash"
         clash.mkdir()

@@ -1241,8 +1241,7 @@ def test_without_a_terminal_progress_is_a_line_every_ten_seconds(tmp_path: Path)
         bar.tick()
     lines = err.getvalue().splitlines()
     assert len(lines) == 2, lines  # at 10 s and 20 s
-    assert lines[1] == ("fleet: data 40.0 MiB of 100.0 MiB in place on each of 2 nodes, "
-                        "2.0 MiB/s each, 30s left")
+    assert lines[1] == "fleet: data 40.0 MiB of 100.0 MiB on each of 2 nodes, 2.0 MiB/s, 30s left"
     bar.end()
     assert len(err.getvalue().splitlines()) == 2  # no terminal: nothing to erase
 
@@ -1254,7 +1253,7 @@ def test_progress_names_each_node_where_they_differ() -> None:
                        ["node1", "node2"], Clock())
     said = bar.text(bar.t0 + 10)
     assert said.endswith("  node1 60% node2 30%")
-    assert "45.0 MiB of 100.0 MiB in place on average on each of 2 nodes" in said, said
+    assert "45.0 MiB of 100.0 MiB on each of 2 nodes on average, " in said, said
 
 
 def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -> None:
