@@ -167,7 +167,8 @@ def test_a_detached_run_with_a_spare_heals_and_completes(cli: CLI, tmp_path: Pat
         print(f"attempt 2 done on node4 {time.monotonic() - cut:.1f}s after the cut")
         assert "attempt 2" in node_log(tb, "node4", healed)
         assert fleet_processes(cli) == []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # torchrun ending on three loaded hosts, and each
+        #                                   status waits out the cut-off host (ASK_S)
         while True:
             s = cli("status", run_id, timeout=120)
             if s.returncode == 0 and "succeeded" in s.stdout or time.monotonic() > deadline:
