@@ -260,8 +260,12 @@ def test_colleagues_log_in_and_run_processes(lab_c: Testbed) -> None:
     assert inv.count("user = ") == 1 and 'user = "alice"' in inv
     # A colleague's job: a process of alice's inside node1, its PID as node1 sees it.
     pid = lab_c.start_as("node1", "alice", "sleep", "3596.5")
-    ps = lab_c.exec("node1", "ps", "-o", "user=,sid=,args=", "-p", str(pid))
-    user, sid, args = ps.stdout.split(maxsplit=2)
+    for _ in range(100):  # setsid execs the command a moment after start_as returns its pid
+        ps = lab_c.exec("node1", "ps", "-o", "user=,sid=,args=", "-p", str(pid))
+        user, sid, args = ps.stdout.split(maxsplit=2)
+        if args != "setsid sleep 3596.5\n":
+            break
+        time.sleep(0.1)
     assert (user, sid, args) == ("alice", str(pid), "sleep 3596.5\n"), ps.stdout
     env = lab_c.exec("node1", "cat", f"/proc/{pid}/environ").stdout.split("\0")
     assert f"HOME={node1.home}-alice" in env and "USER=alice" in env, env
