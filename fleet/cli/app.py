@@ -16,6 +16,7 @@ from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from fleet import __version__
 from fleet.cli.coercion import lighten
+from fleet.config.given import forget
 from fleet.errors import UsageError
 from fleet.nodeside.shared.scrub import printable
 from fleet.timespan import parse_duration
@@ -39,6 +40,7 @@ class FleetGroup(TyperGroup):
         kwargs.setdefault("prog_name", PROG)
         given = kwargs.pop("args", args[0] if args else None)
         argv = sys.argv[1:] if given is None else list(given)
+        forget()  # the files named are this command line's own
         if COMPLETE_VAR not in os.environ and shows_help(self, argv):  # rich, only for help
             from fleet.cli import helpview
 

@@ -15,6 +15,12 @@ def given(kind: str, path: str) -> None:
     _GIVEN[kind] = path
 
 
+def forget() -> None:
+    """A new command line: what an earlier one named (in this same process: tests run the CLI
+    in-process) is not this one's file."""
+    _GIVEN.clear()
+
+
 def trust_command() -> str:
     """The command that records an unknown key, with the file this command line was given
     (`fleet trust jobs/mnist.toml --accept`)."""

@@ -250,6 +250,20 @@ def test_the_trust_command_named_is_the_file_given(monkeypatch: pytest.MonkeyPat
     assert hostkeys.trust_command() == "`fleet trust inventory/lab.toml --accept`"
 
 
+def test_a_command_line_does_not_name_the_file_an_earlier_one_gave(tmp_path: Path) -> None:
+    """In one process (tests run the CLI in-process), the second command's advice names its own
+    file, not the -i of the one before (CI saw another test's cluster.toml named)."""
+    from typer.testing import CliRunner
+
+    from fleet.cli.app import app
+    from fleet.config import given
+    job, other = write_job(tmp_path), tmp_path / "other.toml"
+    CliRunner().invoke(app, ["plan", str(job), "-i", str(other)])
+    assert given.trust_command() == f"`fleet trust {other} --accept`"
+    CliRunner().invoke(app, ["plan", str(job)])
+    assert given.trust_command() == f"`fleet trust {job} --accept`"
+
+
 # job files: did you mean
 
 @pytest.mark.parametrize("body, key, message", [
