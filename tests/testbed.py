@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,21 @@ def available() -> str | None:
         if not tool or not os.path.exists(tool):
             return f"missing {tool or 'a tool'}: run .ci/setup"
     return None
+
+
+@contextlib.contextmanager
+def _claiming() -> Iterator[None]:
+    """The lock that every testbed on this machine takes while it chooses and takes its names
+    and subnets (tests/testbed.py's own file in /run/lock, or the temporary folder)."""
+    import fcntl
+
+    where = Path("/run/lock") if os.access("/run/lock", os.W_OK) else Path(tempfile.gettempdir())
+    with open(where / "fleet-testbed.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -180,19 +196,12 @@ class Testbed:
         if "root" in self.colleagues or len(set(names)) != len(names):
             raise ValueError(f"colleagues {self.colleagues}: distinct names, neither root nor "
                              f"the login user {self.user!r}")
-        for _ in range(16):  # another testbed (a parallel test file) may hold this tag
-            if not Path(f"/sys/class/net/fl{self.tag}br").exists():
-                break
-            self.tag = secrets.token_hex(2)
         self.dir = Path(tempfile.mkdtemp(prefix=f"fleet-tb-{self.tag}-"))
         self.dir.chmod(0o755)  # a non-root user's home lies in it
-        self.bridge = f"fl{self.tag}br"
-        self.subnet = self._free_subnet()
-        self.gateway = self._addr(self.subnet, 1)
-        # With a bastion, the hosts live on an inner bridge with no address on this machine, so
-        # that the bastion (on both bridges, not forwarding) is the only way in.
-        self.inner_bridge = f"fl{self.tag}bi" if self.bastion else self.bridge
-        self.inner_subnet = self._free_subnet(avoid=self.subnet) if self.bastion else self.subnet
+        # The tag's names and the subnets are chosen in _setup, under a lock that the testbeds
+        # of parallel test files share (_claim).
+        self.bridge = self.inner_bridge = ""
+        self.subnet = self.gateway = self.inner_subnet = ""
         self.bastion_host: TbHost | None = None
         self.key = self.dir / "id_ed25519"
         self.known_hosts = self.dir / "known_hosts"
@@ -218,6 +227,31 @@ class Testbed:
         where = ["-n", ns] if ns else []
         extra = ["nodad"] if ":" in addr else []  # no duplicate detection: usable at once
         _run("ip", *where, "addr", "add", f"{addr}/{self.prefixlen}", "dev", dev, *extra)
+
+    def _claim(self) -> None:
+        """A tag no other testbed holds, and subnets no other uses, each taken (the bridge made,
+        its address added, the bastion's route added) before another testbed may look: two
+        test files setting up at once drew the same ones when choosing and taking were apart."""
+        for _ in range(16):
+            if not Path(f"/sys/class/net/fl{self.tag}br").exists():
+                break
+            self.tag = secrets.token_hex(2)
+        self.bridge = f"fl{self.tag}br"
+        self.subnet = self._free_subnet()
+        self.gateway = self._addr(self.subnet, 1)
+        # With a bastion, the hosts live on an inner bridge with no address on this machine, so
+        # that the bastion (on both bridges, not forwarding) is the only way in.
+        self.inner_bridge = f"fl{self.tag}bi" if self.bastion else self.bridge
+        self.inner_subnet = self._free_subnet(avoid=self.subnet) if self.bastion else self.subnet
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._links.append(self.bridge)
+        self._addr_add(self.gateway, self.bridge)
+        if self.bastion:
+            # Without this the inner subnet would follow this machine's default route out of
+            # it: a test must never send a packet anywhere but to its own namespaces.
+            _run("ip", "-6" if self.ipv6 else "-4", "route", "add", "unreachable",
+                 self._net(self.inner_subnet))
+            self._routes.append(self._net(self.inner_subnet))
 
     def _free_subnet(self, avoid: str = "") -> str:
         fam = "-6" if self.ipv6 else "-4"
@@ -252,18 +286,12 @@ class Testbed:
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "fleet-testbed",
              "-f", str(self.key))
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        self._links.append(self.bridge)
-        self._addr_add(self.gateway, self.bridge)
+        with _claiming():
+            self._claim()
         _run("ip", "link", "set", self.bridge, "up")
         if self.uplink is not None:
             self.shape_uplink(self.uplink)
         if self.bastion:
-            # Without this the inner subnet would follow this machine's default route out of
-            # it: a test must never send a packet anywhere but to its own namespaces.
-            _run("ip", "-6" if self.ipv6 else "-4", "route", "add", "unreachable",
-                 self._net(self.inner_subnet))
-            self._routes.append(self._net(self.inner_subnet))
             _run("ip", "link", "add", self.inner_bridge, "type", "bridge")
             self._links.append(self.inner_bridge)
             _run("ip", "link", "set", self.inner_bridge, "up")
