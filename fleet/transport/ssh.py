@@ -27,6 +27,9 @@ from fleet.transport.trace import label, span
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 # Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
+# A session's opening is one round trip on a connection already up; this bounds a host (or a
+# laptop driving 64 of them) too busy to answer.
+OPEN_S = 30.0
 REFUSED_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
 
 
@@ -68,7 +71,7 @@ class SSHTransport(Transport):
         for pause in (*REFUSED_PAUSES_S, None):
             slot = self.sessions.take(self._lost)
             try:
-                return self._transport().open_session(timeout=10), slot
+                return self._transport().open_session(timeout=OPEN_S), slot
             except paramiko.ChannelException as e:
                 slot.release()
                 # sshd frees a closed session only once it has read the close: a close and the
@@ -81,6 +84,15 @@ class SSHTransport(Transport):
                         f"{sum(REFUSED_PAUSES_S):.0f}s while fleet held at most {MAX_SESSIONS} "
                         "on its connection: is its MaxSessions set below that?") from e
                 time.sleep(pause)
+            except paramiko.SSHException as e:
+                slot.release()
+                if self._lost() is not None:
+                    raise
+                # The connection is up (its keepalive says so) and sshd has not answered: a
+                # host (or this machine) too busy, not a lost link.
+                raise TransportError(f"{self.host.name}'s sshd did not open a session within "
+                                     f"{OPEN_S:.0f}s, its connection up: is it overloaded?"
+                                     ) from e
             except BaseException:
                 slot.release()
                 raise

@@ -210,6 +210,20 @@ def test_a_session_refused_for_a_moment_is_asked_for_again(monkeypatch: pytest.M
     assert stuck.sessions.held == 0
 
 
+def test_a_session_sshd_is_slow_to_open_is_not_called_a_lost_connection() -> None:
+    """paramiko's open timing out on a connection still up: the host is said to be slow (64
+    hosts on a loaded laptop), not lost; the slot goes back."""
+    class Slow(FakeServer):
+        def open_session(self, timeout: float | None = None) -> FakeChannel:
+            raise paramiko.SSHException("Timeout opening channel.")
+
+    t = transport(Slow())
+    with pytest.raises(TransportError, match="node1's sshd did not open a session within 30s"
+                       ) as e:
+        t.run("true")
+    assert "lost connection" not in str(e.value) and t.sessions.held == 0
+
+
 def test_connections_set_up_at_once_per_sshd_stay_within_max_startups(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight nodes behind one jump host, and a host listed twice: every sshd sees at most
