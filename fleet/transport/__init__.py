@@ -1,9 +1,10 @@
 """Transports: run scripts, write files and stream output on one node, over SSH or locally.
 
 The pieces: the Transport interface (base), the banner-proof framing of what a script prints
-(framing) and of a stream's lines (lines), this machine as a node (local), and SSH (ssh, over
-the connection that connection opens, its channels' pieces in channels, kept under sshd's limits
-by budget). The rest of fleet takes what it needs from here.
+(framing) and of a stream's lines (lines), this machine as a node (local), a process here as a
+pipe (process: a local shell, or OpenSSH's `ssh` in openssh), and SSH (ssh, over the connection
+that connection opens, its channels' pieces in channels, kept under sshd's limits by budget).
+The rest of fleet takes what it needs from here.
 """
 
 from __future__ import annotations

@@ -14,48 +14,19 @@ from fleet.errors import CommandTimedOut, PortClosed
 from fleet.transport.base import CHUNK, TICK_S, Pipe, Stream, Transport, kill_on, named
 from fleet.transport.framing import Result
 from fleet.transport.lines import Lines, Received
+from fleet.transport.process import ProcessPipe
 
 
-class _LocalPipe(Pipe):
+class _LocalPipe(ProcessPipe):
+    """`/bin/sh -c script`, ended with its whole process group."""
+
     def __init__(self, script: str) -> None:
-        super().__init__()
-        self.p = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
-                                  start_new_session=True)
-        threading.Thread(target=self._drain_err, daemon=True).start()
-
-    def _drain_err(self) -> None:
-        assert self.p.stderr is not None
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(self.p.stderr.fileno(), CHUNK):
-                self._keep_err(chunk)
-
-    def send(self, data: bytes) -> None:
-        assert self.p.stdin is not None
-        try:
-            self.p.stdin.write(data)
-        except ValueError as e:  # closed here
-            raise OSError("closed") from e
-
-    def recv(self, n: int) -> bytes:
-        assert self.p.stdout is not None
-        try:
-            return os.read(self.p.stdout.fileno(), n)
-        except (OSError, ValueError):
-            return b""
+        super().__init__(["/bin/sh", "-c", script])
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            assert self.p.stdin is not None
-            self.p.stdin.close()
+        self._close_stdin()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.p.pid, 9)
-
-    def status(self, timeout: float) -> int | None:
-        try:
-            return self.p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
 
 
 class LocalTransport(Transport):

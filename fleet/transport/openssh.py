@@ -13,14 +13,13 @@ import math
 import os
 import shutil
 import subprocess
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from fleet.config import hostkeys
 from fleet.config.inventory import Host, TransportKind
-from fleet.transport.base import CHUNK, Pipe
 from fleet.transport.framing import BOOT
+from fleet.transport.process import ProcessPipe
 
 OFF = "FLEET_OPENSSH"  # "0": never use the binary (fleet's own connection carries everything)
 # AES-GCM first (one pass, AES-NI), as fleet's own connection asks; the rest are OpenSSH's
@@ -130,16 +129,12 @@ def command(host: Host) -> list[str] | str:
     return argv(ssh, endpoint(host, conn), BOOT)
 
 
-class OpenSSHPipe(Pipe):
+class OpenSSHPipe(ProcessPipe):
     """`ssh` as a subprocess: its stdin and stdout are the remote program's, its stderr the
     program's and ssh's own (an error message's tail)."""
 
     def __init__(self, args: list[str], script: str) -> None:
-        super().__init__()
-        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
-        self._errs = threading.Thread(target=self._drain_err, daemon=True)
-        self._errs.start()
+        super().__init__(args)
         with contextlib.suppress(OSError):  # it ended at once: recv() sees the end, why() says
             self.send(script.encode() + b"\n")
 
@@ -150,40 +145,9 @@ class OpenSSHPipe(Pipe):
         lines = self.err().strip().splitlines()
         return lines[-1] if lines else ""
 
-    def _drain_err(self) -> None:
-        assert self.p.stderr is not None
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(self.p.stderr.fileno(), CHUNK):
-                self._keep_err(chunk)
-
-    def send(self, data: bytes) -> None:
-        assert self.p.stdin is not None
-        view = memoryview(data)
-        try:
-            fd = self.p.stdin.fileno()
-            while view:  # a signal can cut a write to a pipe short
-                view = view[os.write(fd, view):]
-        except ValueError as e:  # closed here
-            raise OSError("closed") from e
-
-    def recv(self, n: int) -> bytes:
-        assert self.p.stdout is not None
-        try:
-            return os.read(self.p.stdout.fileno(), n)
-        except (OSError, ValueError):
-            return b""
-
     def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            assert self.p.stdin is not None
-            self.p.stdin.close()
+        self._close_stdin()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             self.p.kill()  # ssh itself: the remote program sees its stdin end and exits
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.p.wait(5)
-
-    def status(self, timeout: float) -> int | None:
-        try:
-            return self.p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None

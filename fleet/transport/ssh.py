@@ -27,9 +27,7 @@ from fleet.transport.trace import label, span
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 # Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
-# A session's opening is one round trip on a connection already up; this bounds a host (or a
-# laptop driving 64 of them) too busy to answer.
-OPEN_S = 30.0
+OPEN_S = 30.0  # a session's opening, one round trip: only a host too busy takes this long
 REFUSED_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
 
 
@@ -88,8 +86,7 @@ class SSHTransport(Transport):
                 slot.release()
                 if self._lost() is not None:
                     raise
-                # The connection is up (its keepalive says so) and sshd has not answered: a
-                # host (or this machine) too busy, not a lost link.
+                # The connection is up and sshd has not answered: too busy, not lost.
                 raise TransportError(f"{self.host.name}'s sshd did not open a session within "
                                      f"{OPEN_S:.0f}s, its connection up: is it overloaded?"
                                      ) from e
