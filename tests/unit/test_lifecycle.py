@@ -292,6 +292,46 @@ def test_every_node_is_marked_before_any_is_signalled(tmp_path: Path) -> None:
     assert order == ["mark"] * 3 + ["stop"] * 3
 
 
+def test_a_stop_whose_connection_the_heartbeat_replaced_goes_on_the_new_one(
+        tmp_path: Path) -> None:
+    """A heartbeat found n1's connection slow (a loaded laptop driving 64 hosts) and put a
+    fresh one in place, closing the old one under the stop: the stop goes on the one in
+    place at once, is said as what happened (never "lost"), and no other connection is made
+    (the streams already went on from the new one)."""
+    from fleet.errors import TransportError
+    from fleet.transport.link import Link
+
+    g = guard_for(tmp_path)
+    run = hosts(g)
+    fresh = FakeTransport("n1")
+    made: list[str] = []
+
+    def connect(old: Any, timeout: float) -> Any:
+        made.append("fresh")
+        return FakeTransport("n1")
+
+    link = Link(run.session.transports, "n1", 10, connect=connect)  # type: ignore[arg-type]
+    old = run.session.transports["n1"]
+    plain = old.run
+
+    def closed_under_the_stop(script: str, timeout: float | None = 60.0, what: str = "") -> Any:
+        if "echo marked" in script:
+            return plain(script, timeout, what)
+        with link.cond:  # what Link.fresh does once a fresh connection answered
+            link.transports["n1"] = fresh  # type: ignore[assignment]
+            link.generation += 1
+        raise TransportError("connection to 10.0.0.1 was lost")
+
+    old.run = closed_under_the_stop  # type: ignore[method-assign]
+    problems = stop_nodes(run.session, run.plan.nodes, g.console, "fail-fast: n2 failed",
+                          run.key, lambda host: None, links={"n1": link}, retry_for=10)
+    said = g.console.err.getvalue()  # type: ignore[attr-defined]
+    assert problems == {} and made == [], said
+    assert any("stop.sh" in s for s in fresh.scripts), fresh.scripts
+    assert "n1" in said and "its connection was replaced during the stop" in said, said
+    assert "no stop on its connection" not in said and "lost" not in said, said
+
+
 def test_stop_where_the_scripts_never_arrived(tmp_path: Path) -> None:
     import subprocess
     run_dir = tmp_path / "runs" / "r" / "n1"

@@ -30,11 +30,14 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     retried on fresh connections for `retry_for` seconds: a node that stalled for a while is
     stopped once it answers again; one that refuses connections is not waited for."""
     links, lost = links or {}, lost or set()
+    taken: dict[str, int] = {}  # the generation of each link's connection the stop went on
 
     def target(n: NodePlan) -> remote.Target:
         @contextlib.contextmanager
         def held() -> Iterator[tuple[Transport, str, str, Wrapper | None]]:
             link, name = links.get(n.host.name), n.host.name
+            if link is not None:
+                taken[name] = link.generation
             yield (link.t if link else session.transports[name]), n.run_dir, key(name), \
                 wrapper(name)
         return held
@@ -47,8 +50,8 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     again = [n for n in nodes if n.host.name in why and n.host.name in links]
     results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
         links[n.host.name], n, by, key(n.host.name), wrapper(n.host.name), why[n.host.name],
-        retry_for, console) if retry_for or n.host.name not in lost else let_go(
-        links[n.host.name])))
+        retry_for, console, taken.get(n.host.name)) if retry_for or n.host.name not in lost
+        else let_go(links[n.host.name])))
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, remote.Stopped) and r.left:
@@ -68,10 +71,21 @@ def let_go(link: Link) -> remote.Stopped:
 
 
 def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper | None,
-                why: str, retry_for: float, console: Console) -> remote.Stopped:
+                why: str, retry_for: float, console: Console,
+                taken: int | None = None) -> remote.Stopped:
     """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
-    link is given up then)."""
+    link is given up then). `taken`: the generation of the link's connection that the first
+    stop went on; where the link has replaced it since (its heartbeat found it slow and a
+    fresh one answered: that closed the old one under the stop), the stop goes on the one in
+    place, and that is what is said: the node was never lost."""
     name = node.host.name
+    if taken is not None and link.generation != taken and not link.given_up:
+        console.phase(name, "its connection was replaced during the stop (a heartbeat went "
+                            "unanswered and a fresh connection answered); stopping it there")
+        try:
+            return remote.stop(link.t, node.run_dir, by, key, wrapper)
+        except FleetError as e:
+            why = reason(e)  # the fresh one failed too: on as for any broken connection
     console.phase(name, f"no stop on its connection ({why}); " + (
         f"trying fresh connections for up to {retry_for:g}s (watchdog.unreachable_after)"
         if retry_for else "trying a fresh connection, once"))
