@@ -29,6 +29,9 @@ import torch.distributed as dist
 import greet
 dist.init_process_group("gloo")
 print(f"rank {dist.get_rank()}: {greet.hello()} via {sys.executable}", flush=True)
+# Every rank is past its init before any leaves: without it a rank that connected first could
+# exit while its peer was still connecting (Gloo: "Connection closed by peer", seen in CI).
+dist.barrier()
 dist.destroy_process_group()
 '''
 SETUP = '''
