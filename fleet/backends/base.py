@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 from fleet.backends.answers import VERBS, Preview, Replicas, Seen
 from fleet.backends.checks import Check
@@ -34,9 +34,11 @@ from fleet.run.logs import View
 from fleet.run.record import RunRecord
 from fleet.states import NodeOutcome, RunStatus
 from fleet.transport.forward import Tunnel
-from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus
 from fleet.waits import Words
+
+if TYPE_CHECKING:  # the transfer machinery is loaded by what pulls, not by every command
+    from fleet.transport.transfer.pull import Pulled
 
 
 @dataclass(frozen=True)
