@@ -8,20 +8,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.backends.answers import Seen
 from fleet.backends.base import GpuSurvey, LabTools, Launch, Options, Recorded
 from fleet.backends.checks import Check
-from fleet.backends.hosts import check as fleet_check
-from fleet.backends.hosts import execute as fleet_exec
-from fleet.backends.hosts import gpus, healed, planview, recorded
+from fleet.backends.hosts import gpus, healed, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
-from fleet.backends.hosts import pull as fleet_pull
-from fleet.backends.hosts.replicate import Keeper
-from fleet.backends.hosts.run import HostsRun, prepare
-from fleet.backends.hosts.setup import Decision
 from fleet.config import select
 from fleet.config.inventory import BackendKind, Inventory, load_inventory
 from fleet.config.job import Job
@@ -40,9 +34,15 @@ from fleet.states import NodeOutcome, NodeStatus, RunStatus, overall
 from fleet.transport import Transport, open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason
-from fleet.transport.transfer.pull import Pulled
 from fleet.trust import KeyStatus, record_inventory
 from fleet.waits import Words
+
+if TYPE_CHECKING:  # what launches, plans, checks and copies: loaded by the commands that do
+    from fleet.backends.hosts import planview
+    from fleet.backends.hosts.replicate import Keeper
+    from fleet.backends.hosts.run import HostsRun
+    from fleet.backends.hosts.setup import Decision
+    from fleet.transport.transfer.pull import Pulled
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,11 @@ class PlanPreview:
     spares: tuple[planview.Spare, ...] = ()
 
     def lines(self) -> list[str]:
+        from fleet.backends.hosts import planview
         return planview.lines(self.plan, self.setups, self.moves, self.spares)
 
     def as_json(self) -> dict[str, object]:
+        from fleet.backends.hosts import planview
         return planview.as_json(self.plan, self.moves, self.spares)
 
 
@@ -65,23 +67,28 @@ class HostsBackend(Launch, Recorded, LabTools):
     kind = BackendKind.HOSTS
 
     def prepare(self, job: Job, console: Console, options: Options) -> HostsRun:
+        from fleet.backends.hosts.run import prepare
         return prepare(job, console, options)
 
     def checks(self, job: Job, collective: bool, progress: Callable[[Words], None],
                trust: str) -> list[Check]:
+        from fleet.backends.hosts import check as fleet_check
         return fleet_check.run_checks(load_selected(job.inventory, job.selection), job, progress,
                                       trust)
 
     def preview(self, job: Job, probe: bool) -> PlanPreview:
+        from fleet.backends.hosts import planview
         return PlanPreview(*planview.survey(job, probe))
 
     def collective(self, job: Job) -> Job:
+        from fleet.backends.hosts import check as fleet_check
         return fleet_check.collective_job(job)
 
     def spares(self, inventory: Path) -> list[str]:
         return [h.name for h in load_inventory(inventory).spares]
 
     def replicas(self, job: Job, console: Console, run_id: str) -> Keeper:
+        from fleet.backends.hosts.replicate import Keeper
         return Keeper(job, console, run_id)
 
     def trust_inventory(self, path: Path) -> Inventory:
@@ -228,17 +235,20 @@ class HostsBackend(Launch, Recorded, LabTools):
 
     def pull(self, rec: RunRecord, console: Console, paths: list[str], to: Path,
              every: bool) -> dict[str, Pulled | Exception]:
+        from fleet.backends.hosts import pull as fleet_pull
         return fleet_pull.pull(rec, self.manifest(rec, console), console, paths, to, every)
 
     def survey(self, inventory: Path, nodes: Selection) -> GpuSurvey:
         return gpus.Survey(select.hosts(load_inventory(inventory), nodes))
 
     def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
+        from fleet.backends.hosts import execute as fleet_exec
         return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], order)
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: Selection,
                 timeout: float | None, progress: Callable[[int, int], None]
                 ) -> dict[str, Outcome]:
+        from fleet.backends.hosts import execute as fleet_exec
         return fleet_exec.execute(load_inventory(inventory), job, argv, nodes, timeout,
                                   progress)
 
