@@ -57,10 +57,12 @@ def main() -> None:
     quick_start()
     try:
         failure = _run(debug)
-    finally:
-        gc.enable()
+    except Interrupted as e:  # the signal came in the instant _run was leaving
+        failure = e
+    finally:  # a signal from here on ends fleet at once: none can land in what follows
         for sig in SIGNALS:
             signal.signal(sig, _exit_now)
+        gc.enable()
     if failure is None:
         return
     if debug:
