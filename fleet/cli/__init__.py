@@ -59,9 +59,11 @@ def main() -> None:
         failure = _run(debug)
     except Interrupted as e:  # the signal came in the instant _run was leaving
         failure = e
-    finally:  # a signal from here on ends fleet at once: none can land in what follows
+    finally:  # a signal from here on ends fleet at once, held back while the handlers change
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         for sig in SIGNALS:
             signal.signal(sig, _exit_now)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         gc.enable()
     if failure is None:
         return

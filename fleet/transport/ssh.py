@@ -27,7 +27,7 @@ from fleet.transport.trace import label, span
 
 EXEC_CHUNK = 3 << 20  # bytes per command when a file goes over the exec channel
 # Pauses before asking again for a session that sshd refused (see _open): about 6 s in all.
-OPEN_S = 30.0  # a session's opening, one round trip: only a host too busy takes this long
+OPEN_S = 15.0  # a session's opening (one round trip): only a busy host is slower; < STALL_S
 REFUSED_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0)
 
 

@@ -218,7 +218,7 @@ def test_a_session_sshd_is_slow_to_open_is_not_called_a_lost_connection() -> Non
             raise paramiko.SSHException("Timeout opening channel.")
 
     t = transport(Slow())
-    with pytest.raises(TransportError, match="node1's sshd did not open a session within 30s"
+    with pytest.raises(TransportError, match="node1's sshd did not open a session within 15s"
                        ) as e:
         t.run("true")
     assert "lost connection" not in str(e.value) and t.sessions.held == 0

@@ -36,10 +36,12 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
         @contextlib.contextmanager
         def held() -> Iterator[tuple[Transport, str, str, Wrapper | None]]:
             link, name = links.get(n.host.name), n.host.name
-            if link is not None:
-                taken[name] = link.generation
-            yield (link.t if link else session.transports[name]), n.run_dir, key(name), \
-                wrapper(name)
+            if link is None:
+                t = session.transports[name]
+            else:
+                with link.cond:  # the connection and its generation, read as one
+                    t, taken[name] = link.t, link.generation
+            yield t, n.run_dir, key(name), wrapper(name)
         return held
 
     reachable = [n for n in nodes if n.host.name not in lost]
@@ -75,21 +77,21 @@ def stop_afresh(link: Link, node: NodePlan, by: str, key: str, wrapper: Wrapper 
                 taken: int | None = None) -> remote.Stopped:
     """The stop on a fresh connection, tried until one answers or `retry_for` has passed (the
     link is given up then). `taken`: the generation of the link's connection that the first
-    stop went on; where the link has replaced it since (its heartbeat found it slow and a
-    fresh one answered: that closed the old one under the stop), the stop goes on the one in
-    place, and that is what is said: the node was never lost."""
+    stop went on; where the link has replaced it since (a heartbeat found it slow, or a stream
+    broke, and a fresh one answered: that closed the old one under the stop), the stop goes on
+    the one in place, and that is what is said: the node was never lost."""
     name = node.host.name
+    deadline = time.monotonic() + retry_for
     if taken is not None and link.generation != taken and not link.given_up:
-        console.phase(name, "its connection was replaced during the stop (a heartbeat went "
-                            "unanswered and a fresh connection answered); stopping it there")
+        console.phase(name, "its connection was replaced during the stop; stopping it on the "
+                            "one in place")
         try:
             return remote.stop(link.t, node.run_dir, by, key, wrapper)
-        except FleetError as e:
-            why = reason(e)  # the fresh one failed too: on as for any broken connection
+        except (TransportError, CommandTimedOut) as e:
+            why = reason(e)  # the one in place failed too: on as for any broken connection
     console.phase(name, f"no stop on its connection ({why}); " + (
         f"trying fresh connections for up to {retry_for:g}s (watchdog.unreachable_after)"
         if retry_for else "trying a fresh connection, once"))
-    deadline = time.monotonic() + retry_for
     while True:
         try:
             t = link.fresh(max(deadline - time.monotonic(), 1.0), link.generation)
