@@ -193,6 +193,35 @@ def test_the_packages_fact_lists_this_interpreters_distributions() -> None:
     assert f"pytest=={installed.__version__}" in facts.packages
 
 
+def test_the_packages_fact_reads_what_importlib_metadata_reads(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Read from the headers alone, the list is importlib.metadata's own: the first of a name
+    along sys.path, a directory's dist-info before its egg-info."""
+    from importlib.metadata import distributions
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, name, ver, kind in ((first, "Shadow_Pkg", "2.0", "dist"), (second, "shadow-pkg",
+                                "1.0", "dist"), (second, "Old.Egg", "0.3", "egg"),
+                               (first, "Bare", "0.1", "dist")):
+        meta = d / (f"{name}-{ver}.dist-info" if kind == "dist" else f"{name}-{ver}.egg-info")
+        meta.mkdir(parents=True)
+        body = f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\nSummary: x\n\nName: no\n"
+        (meta / ("METADATA" if kind == "dist" else "PKG-INFO")).write_text(body)
+    monkeypatch.setattr(sys, "path", [str(first), str(tmp_path / "gone"), str(second),
+                                      *sys.path])
+    out: python_facts.Json = {}
+    python_facts.packages(out)
+    seen: dict[str, str] = {}
+    for dist in distributions():
+        name = dist.metadata["Name"] or ""
+        key = name.lower().replace("_", "-").replace(".", "-")
+        if name and key not in seen:
+            seen[key] = f"{name}=={dist.version}"
+    assert out["packages"] == [seen[k] for k in sorted(seen)]
+    assert "Shadow_Pkg==2.0" in out["packages"] and "Old.Egg==0.3" in out["packages"]
+    assert not any(p.startswith("shadow-pkg==") for p in out["packages"])
+
+
 def test_parse_packages_keeps_name_version_pairs_only() -> None:
     said = ["torch==2.14.1+cpu", "Foo_Bar==1.0rc1", "evil==1\x1b[31m", "no-version",
             "sp ace==1", 7, "==1", "x==" + "9" * 101]
