@@ -18,6 +18,7 @@ from fleet.config.schema import load_toml
 from fleet.errors import ConfigError, UsageError
 from fleet.transport import ssh_connection
 from fleet.transport.group import each
+from fleet.waits import named, over
 
 
 class KeyState(Enum):
@@ -81,7 +82,8 @@ def survey_host(host: Host) -> KeyStatus:
 
 def survey(inventory: Inventory) -> list[KeyStatus]:
     ssh_hosts = [h for h in inventory.every_host if h.transport is TransportKind.SSH]
-    results = each(((h.name, h) for h in ssh_hosts), survey_host)
+    with over("each host's key", (h.name for h in ssh_hosts)) as wait:
+        results = each(named((h.name, h) for h in ssh_hosts), wait.tracked(survey_host))
     return [r if isinstance(r, KeyStatus) else KeyStatus(name, KeyState.UNREACHABLE, detail=str(r))
             for name, r in results.items()]
 

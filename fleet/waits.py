@@ -5,9 +5,11 @@ words are pure; the tracker is safe to share between the threads of a fan-out.""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -99,3 +101,30 @@ class Pending:
 def named(items: Iterable[tuple[str, T]]) -> list[tuple[str, tuple[str, T]]]:
     """(host, item) pairs as a fan-out's items that carry their host to `Pending.tracked`."""
     return [(name, (name, item)) for name, item in items]
+
+
+# ---- who draws a wait that code deep below a command announces ---------------------------------
+Drawer = Callable[[str, Iterable[str]], AbstractContextManager[Pending]]
+_drawers: list[Drawer] = []
+
+
+@contextlib.contextmanager
+def shown_by(draw: Drawer) -> Iterator[None]:
+    """While this holds, the waits announced with `over` are drawn by `draw` (a command's
+    Console.hosts_waiting): the code that asks the hosts need not carry the console."""
+    _drawers.append(draw)
+    try:
+        yield
+    finally:
+        _drawers.remove(draw)
+
+
+@contextlib.contextmanager
+def over(what: str, hosts: Iterable[str]) -> Iterator[Pending]:
+    """A wait on a step over hosts, drawn by the command's drawer (shown_by), if any; else
+    tracked for nobody."""
+    if _drawers:
+        with _drawers[-1](what, hosts) as pending:
+            yield pending
+    else:
+        yield Pending(what, hosts)

@@ -233,7 +233,10 @@ def trust(path: Annotated[Path, typer.Argument(
         echo("the login node is this machine: no host key to trust")
         return
     inv = select.narrowed(inv, selection(node, exclude))
-    statuses = fleet_trust.survey(inv)
+    from fleet import waits
+    from fleet.console import Console
+    with waits.shown_by(Console().hosts_waiting):
+        statuses = fleet_trust.survey(inv)
     width = max((len(s.host) for s in statuses), default=4)
     for s in statuses:
         fp = hostkeys.fingerprint(s.key) if s.key is not None else ""

@@ -66,7 +66,11 @@ def runs(records: list[RunRecord], all_runs: bool) -> None:
                 for r in records if not r.parent}
     records = [r for r in records if not r.parent]  # a restart's attempts: with their run
     records = records if all_runs else records[-10:]
-    results = each(((r.run_id, r) for r in records), run_answers.ps_word)
+    from fleet import waits
+    from fleet.console import Console
+
+    with waits.shown_by(Console().hosts_waiting):
+        results = each(((r.run_id, r) for r in records), run_answers.ps_word)
     states = {k: r if isinstance(r, str) else f"unknown ({reason(r)})"
               for k, r in results.items()}
     show(RUNS, run_rows(records, states, hosts_of))
@@ -76,17 +80,22 @@ def alive(path: Path) -> int:
     """`ps --hosts`: the runs alive on the inventory's hosts, whoever started them; the exit
     code (3 when a host could not be asked)."""
     from fleet.config.inventory import Host, load_inventory
+    from fleet.console import Console
     from fleet.facts import run_state
     from fleet.transport import open_transport
     from fleet.transport.group import each, reason
+    from fleet.waits import named
 
     inv = load_inventory(path)
+    hosts = [h.name for h in inv.every_host]
+    with Console().hosts_waiting("the runs on each host", hosts) as wait:
+        def held(h: Host) -> list[str]:
+            wait.start(h.name, "its connection")
+            with open_transport(h) as t:
+                wait.start(h.name, "")
+                return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
 
-    def held(h: Host) -> list[str]:
-        with open_transport(h) as t:
-            return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
-
-    results = each(((h.name, h) for h in inv.every_host), held)
+        results = each(named((h.name, h) for h in inv.every_host), wait.tracked(held))
     found: dict[str, list[str]] = {}
     for name, r in results.items():
         if isinstance(r, Exception):

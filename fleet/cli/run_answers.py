@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
+from fleet import waits
 from fleet.cli.app import echo
 from fleet.console import Console
 from fleet.errors import FleetError
@@ -28,16 +29,17 @@ def status(run_id: str | None, as_json: bool) -> int:
     from fleet.lifecycle import attempts, history
     from fleet.run import watched
 
-    backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
-    found = attempts.load(rec)
-    every = attempts.records(rec)
-    done = history.finished(rec, every)
-    if done is not None:
-        final, lines = done.verdict.status, history.status_lines(every[-1], done)
-    else:
-        final, lines = backends.for_record(every[-1]).describe(every[-1])
-        if final.is_terminal:  # seen to end now (a detached run): not asked again
-            keep_seen(rec, every[-1], "fleet status", final)
+    with waits.shown_by(Console().hosts_waiting):
+        backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
+        found = attempts.load(rec)
+        every = attempts.records(rec)
+        done = history.finished(rec, every)
+        if done is not None:
+            final, lines = done.verdict.status, history.status_lines(every[-1], done)
+        else:
+            final, lines = backends.for_record(every[-1]).describe(every[-1])
+            if final.is_terminal:  # seen to end now (a detached run): not asked again
+                keep_seen(rec, every[-1], "fleet status", final)
     if as_json:
         run_views.status_json(rec, every[-1], final, lines, done)
         return final.exit_code

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from fleet import waits
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.errors import FleetError, NotEveryNode
 
@@ -31,14 +32,15 @@ def stop(run_id: RunArg = None) -> None:
 
     run = state.load(run_id)
     attempts.request_stop(run)  # with [restart]: no attempt after this one
-    with contextlib.suppress(FleetError):  # the attempt its nodes started, stopped too
-        backends.for_record(run).take_healed(run)
-    every = attempts.records(run)
     console = Console()
-    for rec in reversed(every[:-1]):  # an earlier attempt's lost node may still run its part
-        backend = backends.for_record(rec)
-        if not backend.state(rec).status.is_terminal:
-            backend.cancel(rec, console)
+    with waits.shown_by(console.hosts_waiting):
+        with contextlib.suppress(FleetError):  # the attempt its nodes started, stopped too
+            backends.for_record(run).take_healed(run)
+        every = attempts.records(run)
+        for rec in reversed(every[:-1]):  # an earlier attempt's lost node may still run its part
+            backend = backends.for_record(rec)
+            if not backend.state(rec).status.is_terminal:
+                backend.cancel(rec, console)
     backends.for_record(every[-1]).cancel(every[-1], console)  # the attempt under way
     run_answers.keep_seen(every[0], every[-1], "fleet stop")
 
@@ -244,11 +246,13 @@ def dump(run_id: RunArg = None) -> None:
     On every node, grouped (the rank that is different named first); the run goes on. Kept in
     the run's record too."""
     from fleet import backends
+    from fleet.console import Console
     from fleet.run import hang
     from fleet.run import record as state
 
     rec = state.load(run_id)
-    lines, problems = backends.for_record(rec).dump(rec)
+    with waits.shown_by(Console().hosts_waiting):
+        lines, problems = backends.for_record(rec).dump(rec)
     for line in lines + problems:
         echo(line)
     saved = hang.save(rec.dir, f"fleet dump of run {rec.run_id}", lines + problems)

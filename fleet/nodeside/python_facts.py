@@ -35,10 +35,10 @@ def versions(out: Json) -> None:
         out["has_torch"] = importlib.util.find_spec("torch") is not None
     except Exception:  # a broken torch package: no torch
         out["has_torch"] = False
-    found = installed()
+    have = installed()
     for name in ("torch", "accelerate"):
-        if name in found:  # not installed: absent ("" for torch)
-            out[name] = found[name][1]
+        if name in have:  # not installed: absent ("" for torch)
+            out[name] = have[name][1]
     for key, pattern in (("nccl", "nvidia_nccl_cu*-*.dist-info"),
                          ("cuda", "nvidia_cuda_runtime*-*.dist-info")):
         for d in sys.path:

@@ -25,6 +25,7 @@ from fleet.shell import Raw, sh
 from fleet.sizes import short
 from fleet.transport import Transport
 from fleet.transport.group import each, reason
+from fleet.waits import named, over
 
 FR_MAX_BYTES = 64 << 20  # a flight recorder dump larger than this stays on its node
 FR_NODE_BYTES = 256 << 20  # all of one node's dumps kept by one dump, together
@@ -44,7 +45,8 @@ def take(nodes: dict[str, tuple[Transport, str]], run_id: str,
         d = stacks.dump(t, run_dir, run_id)
         return d, keep_records(t, d, run_dir, keep) if keep is not None else []
 
-    results = each(nodes.items(), one)
+    with over("every rank's stack", nodes) as wait:
+        results = each(named(nodes.items()), wait.tracked(one))
     done = [r for r in results.values() if isinstance(r, tuple)]
     problems = [f"{name}: could not take its stacks: {reason(r)}"
                 for name, r in results.items() if isinstance(r, Exception)]

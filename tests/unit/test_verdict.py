@@ -94,8 +94,8 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The hosts fleet would connect to (none is: each one asked is said not to answer)."""
     seen: list[str] = []
 
-    def on_nodes(rec: state.RunRecord, fn: object, only: set[str] | None = None
-                 ) -> dict[str, object]:
+    def on_nodes(rec: state.RunRecord, fn: object, only: set[str] | None = None,
+                 wait: object = None) -> dict[str, object]:
         names = [n.host.name for n in rec.nodes if only is None or n.host.name in only]
         seen.extend(names)
         time.sleep(30)  # a silent host: longer than any bound

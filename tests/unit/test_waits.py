@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from fleet.backends.hosts import check
 from fleet.console import Console
 from fleet.transport.group import each
-from fleet.waits import Pending, named, slow_words
+from fleet.waits import Pending, named, over, shown_by, slow_words
 
 
 class Clock:
@@ -141,3 +143,69 @@ def test_the_checks_say_which_check_each_host_is_on(monkeypatch: pytest.MonkeyPa
     assert [c.host for c in found] == ["n1"] and found[0].status.value == "fail"
     assert re.fullmatch(r"waiting: check; n1 still on the ssh connection \(\d+ s\)", said[0]), said
     assert shown[0]() == "waiting: check"  # done: nothing slow is named
+
+
+# ---- waits announced below a command, drawn by its console -------------------------------------
+def test_a_wait_announced_below_a_command_is_drawn_by_its_console(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    err = Tty()
+    console = Console(out=io.StringIO(), err=err, color=False, live=True)
+    with over("nobody draws this", ["a"]) as p:  # no command said who draws: nothing drawn
+        p.finish("a")
+    with shown_by(console.hosts_waiting), over("the state of r", ["n1", "n2"]) as p:
+        p.finish("n1")
+        deadline = time.monotonic() + 10
+        while "the state of r 1/2" not in err.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with over("after the command", ["a"]):
+        pass
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())
+    assert "waiting: the state of r 1/2 hosts done" in drawn, drawn
+    assert "nobody" not in drawn and "after the command" not in drawn
+
+
+def test_a_recorded_runs_silent_node_is_named_while_status_waits_for_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """recorded.ask, as status and ps ask a live run: each node's connection and question are
+    the wait's, and the node that does not answer is the one named."""
+    from fleet.backends.hosts import recorded
+    from fleet.config.inventory import Host
+    from fleet.run import record as state
+
+    rec = state.RunRecord("r", "job.toml", 0.0, tuple(
+        state.NodeRecord(Host(n, "192.0.2.1"), i, f"/r/{n}", i, 1)
+        for i, n in enumerate(("n1", "n2"))))
+    released = threading.Event()
+
+    @contextlib.contextmanager
+    def transport(host: Host, hello: bool = True) -> Iterator[_T]:
+        if host.name == "n2":
+            released.wait(10)  # n2 never connects, while the test looks
+        yield _T()
+
+    drawn: list[Pending] = []
+
+    @contextlib.contextmanager
+    def draw(what: str, hosts: Iterable[str]) -> Iterator[Pending]:
+        drawn.append(Pending(what, hosts))
+        yield drawn[-1]
+
+    monkeypatch.setattr(recorded, "open_transport", transport)
+    monkeypatch.setattr(recorded, "ASK_S", 0.5)
+    try:
+        with shown_by(draw):
+            got = recorded.ask(rec, lambda t, d: d)
+    finally:
+        released.set()
+    assert got["n1"] == "/r/n1" and isinstance(got["n2"], Exception)
+    [p] = drawn
+    assert p.what == "the state of r" and p.hosts == ["n1", "n2"] and p.done == 1
+    p.clock = lambda: p.t0 + 5.5
+    assert p.words() == ("waiting: the state of r 1/2 hosts done; n2 still on its connection "
+                         "(5 s)")
+
+
+class _T:
+    def path(self, p: str) -> str:
+        return p

@@ -35,7 +35,7 @@ from fleet.transport import Transport, open_transport
 from fleet.transport.forward import Tunnel
 from fleet.transport.group import each, reason
 from fleet.trust import KeyStatus, record_inventory
-from fleet.waits import Words
+from fleet.waits import Words, named, over
 
 if TYPE_CHECKING:  # what launches, plans, checks and copies: loaded by the commands that do
     from fleet.backends.hosts import planview
@@ -189,7 +189,8 @@ class HostsBackend(Launch, Recorded, LabTools):
         def connect(n: NodeRecord) -> Transport:
             return open_transport(n.host)
 
-        opened = each(((n.host.name, n) for n in rec.nodes), connect)
+        with over("connect", (n.host.name for n in rec.nodes)) as wait:
+            opened = each(named((n.host.name, n) for n in rec.nodes), wait.tracked(connect))
         try:
             nodes = {n.host.name: (t, t.path(n.run_dir)) for n in rec.nodes
                      if isinstance(t := opened[n.host.name], Transport)}

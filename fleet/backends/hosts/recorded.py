@@ -16,7 +16,7 @@ from fleet.run import outcomes
 from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each
-from fleet.waits import Pending, named
+from fleet.waits import Pending, named, over
 
 R = TypeVar("R")
 ASK_S = 8.0  # what `status` and `ps` wait for a live run's nodes, all asked at once
@@ -34,20 +34,21 @@ def ask(record: RunRecord, fn: Callable[[Transport, str], R], only: set[str] | N
         return {}
     out: dict[str, R | Exception] = {}
 
-    def one(name: str) -> None:
+    def one(name: str, wait: Pending) -> None:
         try:
-            r = on_nodes(record, fn, {name})[name]
+            r = on_nodes(record, fn, {name}, wait)[name]
         except Exception as e:  # noqa: BLE001 - a node's failure is its answer
             r = e
         out[name] = r
 
-    threads = [threading.Thread(target=one, args=(name,), daemon=True, name=f"fleet-ask-{name}")
-               for name in names]
-    for th in threads:
-        th.start()
-    deadline = time.monotonic() + within
-    for th in threads:
-        th.join(max(0.0, deadline - time.monotonic()))
+    with over(f"the state of {record.run_id}", names) as wait:
+        threads = [threading.Thread(target=one, args=(name, wait), daemon=True,
+                                    name=f"fleet-ask-{name}") for name in names]
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + within
+        for th in threads:
+            th.join(max(0.0, deadline - time.monotonic()))
     got = dict(out)  # a snapshot: a late answer changes nothing said from here
     return {name: got[name] if name in got else
             CommandTimedOut(name, "fleet's question (connection and run state)", within)
