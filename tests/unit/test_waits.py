@@ -209,3 +209,27 @@ def test_a_recorded_runs_silent_node_is_named_while_status_waits_for_it(
 class _T:
     def path(self, p: str) -> str:
         return p
+
+
+def test_the_wait_for_the_logs_ends_once_every_node_is_reached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleet logs`: the count and the slow node until every node's log is reached, gone as
+    the last one is (its lines go on printing with no wait drawn under them)."""
+    from fleet.backends.hosts.logs import _Reaching
+
+    monkeypatch.setenv("COLUMNS", "120")
+    err = Tty()
+    console = Console(out=io.StringIO(), err=err, color=False, live=True)
+    reaching = _Reaching(console, ["n1", "n2"])
+    with reaching.node("n1"):
+        reaching.on("n1", "its run's state")
+        reaching.ready("n1")
+        assert reaching.wait.words() == "waiting: reaching each node's log 1/2 hosts done"
+        reaching.wait.t0 -= 3
+        reaching.wait._doing["n2"] = ("its connection", reaching.wait.t0)
+        assert "n2 still on its connection (3 s)" in reaching.wait.words()
+        assert console._waits
+    with pytest.raises(OSError), reaching.node("n2"):
+        raise OSError("refused")  # a node that fails is reached too
+    assert not console._waits and err.getvalue().endswith("\r\x1b[K")
+    reaching.close()  # once only

@@ -5,10 +5,11 @@ was written (the time index node.times beside node.log), then followed from ther
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fleet.backends.hosts import node as remote
@@ -45,12 +46,16 @@ def attach(record: RunRecord, console: Console, follow: bool, view: View,
     if not view.plain:
         return _attach_view(record, console, nodes, follow, view, show), shown[0]
 
+    reaching = _Reaching(console, [n.host.name for n in nodes])
+
     def one(n: NodeRecord) -> int:
         copy = open(keep / f"{n.host.name}.log", "w") if keep else None  # noqa: SIM115
         try:
-            with open_transport(n.host) as t:
+            with reaching.node(n.host.name), open_transport(n.host) as t:
+                reaching.on(n.host.name, "its run's state")
                 run_dir, st = _state(t, record, n)
                 tag = _tagger(t, n, run_dir)
+                reaching.ready(n.host.name)
 
                 def on_lines(lines: list[str]) -> None:
                     if copy:
@@ -63,8 +68,49 @@ def attach(record: RunRecord, console: Console, follow: bool, view: View,
             if copy:
                 copy.close()
 
-    results = each(((n.host.name, n) for n in nodes), one)
+    try:
+        results = each(((n.host.name, n) for n in nodes), one)
+    finally:
+        reaching.close()
     return {name: reason(r) for name, r in results.items() if isinstance(r, Exception)}, shown[0]
+
+
+class _Reaching:
+    """The wait until every node's log is reached (connected, its state read): on a terminal
+    the count and the slow nodes, gone once the last one is reached or failed, while the lines
+    of the nodes reached already print above it."""
+
+    def __init__(self, console: Console, names: list[str]) -> None:
+        self._cm = console.hosts_waiting("reaching each node's log", names)
+        self.wait = self._cm.__enter__()
+        self._left, self._lock, self._closed = set(names), threading.Lock(), False
+
+    @contextlib.contextmanager
+    def node(self, name: str) -> Iterator[None]:
+        """A node's part: on its connection at first; reached however it ends."""
+        self.wait.start(name, "its connection")
+        try:
+            yield
+        finally:
+            self.ready(name)
+
+    def on(self, name: str, doing: str) -> None:
+        self.wait.start(name, doing)
+
+    def ready(self, name: str) -> None:
+        self.wait.finish(name)
+        with self._lock:
+            self._left.discard(name)
+            last = not self._left
+        if last:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._cm.__exit__(None, None, None)
 
 
 def _state(t: Transport, record: RunRecord, n: NodeRecord) -> tuple[str, run_state.NodeState]:
@@ -106,7 +152,8 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
     """Each node's lines as they are now (merged by time, or node by node as each comes), then
     with `follow` what they print from there until each node's run ends."""
     def look(n: NodeRecord) -> _Seen:
-        with open_transport(n.host) as t:
+        with reaching.node(n.host.name), open_transport(n.host) as t:
+            reaching.on(n.host.name, "its log")
             run_dir, st = _state(t, record, n)
             since = None if view.since is None else view.since + t.clock_offset
             r = t.run(view_script(run_dir, since, view.tail), timeout=300,
@@ -136,7 +183,11 @@ def _attach_view(record: RunRecord, console: Console, nodes: list[NodeRecord], f
                     else "")
             return _Seen(lines, seen.end, st.pid if follow and not st.done else None, note)
 
-    looked = each(((n.host.name, n) for n in nodes), look)
+    reaching = _Reaching(console, [n.host.name for n in nodes])
+    try:
+        looked = each(((n.host.name, n) for n in nodes), look)
+    finally:
+        reaching.close()
     seen = {name: r for name, r in looked.items() if isinstance(r, _Seen)}
     if view.merge:
         stream = merged([[(when, (name, tg)) for when, tg in s.lines]
