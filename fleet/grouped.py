@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fleet.console import Meaning
 from fleet.errors import CommandTimedOut, ExitCode, TransportError, said_once
 from fleet.facts.command import CAP, Absent, Answer, Outcome
+from fleet.sizes import short
 from fleet.transport.group import reason
 
 
@@ -42,7 +43,7 @@ def block(g: Group) -> list[tuple[str, Meaning]]:
     if g.answer.output:
         lines.append((g.answer.output.removesuffix("\n"), Meaning.PLAIN))
     if g.answer.cut:
-        lines.append((f"[output cut after {CAP} bytes: {g.answer.cut} more not shown]",
+        lines.append((f"[output cut after {short(CAP)}: {short(g.answer.cut)} more not shown]",
                       Meaning.WARN))
     return lines
 

@@ -104,8 +104,8 @@ def fetch(t: Transport, path: str, limit: int) -> bytes:
     except binascii.Error as e:
         raise ValueError(f"the node's answer is not base64 ({e})") from e
     if len(data) > limit:
-        raise ValueError(f"it grew past {limit} bytes (the limit) after it was listed; it stays "
-                         "on the node")
+        raise ValueError(f"it grew past {short(limit)} (the limit) after it was listed; it "
+                         "stays on the node")
     return data
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import paramiko
 
+from fleet.sizes import short
 from fleet.transport.base import CHUNK, Pipe
 from fleet.transport.budget import Slot
 
@@ -72,7 +73,7 @@ class Progress:
         self.count += 1
 
     def sent(self, total: int) -> str:
-        return f"{min(self.count * PUT_CHUNK, total)} of {total} bytes sent"
+        return f"{short(min(self.count * PUT_CHUNK, total))} of {short(total)} sent"
 
     def _watch(self) -> None:
         while not self.done.wait(min(1.0, self.limit / 4)):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fleet.errors import RemoteCommandError
 from fleet.nodedata import number
 from fleet.shell import quote
+from fleet.sizes import short
 
 # What the login shell runs: no quotes, no operators, the same in every shell.
 BOOT = "/bin/sh -s"
@@ -112,9 +113,10 @@ def parse_verify(out: str) -> Written:
 
 def write_problem(host: str, target: str, size: int, w: Written, cause: str = "") -> str:
     """The message for a write that did not arrive whole, with the likely cause and the fix."""
-    msg = f"cannot write {target} on {host}: {w.got} of {size} bytes arrived"
+    msg = f"cannot write {target} on {host}: {short(w.got)} of {short(size)} arrived"
     if w.free_kib is not None and w.free_kib * 1024 < max(size, 1 << 20):
-        return (f"{msg}; the disk or your quota is full ({w.free_kib} KiB free on {w.mount}). "
+        return (f"{msg}; the disk or your quota is full ({short(w.free_kib * 1024)} free on "
+                f"{w.mount}). "
                 "Free space there, or set `workdir` for this host to a larger disk")
     return msg + (f" ({cause})" if cause else "") + \
         "; check the permissions of the directory and that its filesystem is writable"

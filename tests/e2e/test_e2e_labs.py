@@ -177,9 +177,9 @@ def test_full_filesystem_names_host_cause_and_fix(cli: CLI, v6lab: Testbed,
     r = cli("up", str(job))
     out = r.stdout + r.stderr
     assert r.returncode == 5, out
-    assert re.search(rf"node3: cannot write {small}/.* on node3: 0 of \d+ bytes arrived; the "
-                     rf"disk or your quota is full \(0 KiB free on {small}\)\. Free space there, "
-                     "or set `workdir`", r.stderr), out
+    assert re.search(rf"node3: cannot write {small}/.* on node3: 0 bytes of [0-9.]+ "
+                     rf"(bytes|KiB) arrived; the disk or your quota is full \(0 bytes free on "
+                     rf"{small}\)\. Free space there, or set `workdir`", r.stderr), out
     assert "nothing was started" in r.stderr and "started master" not in r.stderr
     for h in v6lab.hosts:
         assert not v6lab.run_processes(h.name, run_id_of(r.stderr))

@@ -99,7 +99,7 @@ def test_identical_answers_are_one_group_in_the_order_of_their_first_host() -> N
 
 def test_a_cut_output_says_how_much_is_not_shown() -> None:
     lines = block(Group(("n",), Answer("x", 0, cut=12)))
-    assert lines[-1] == (f"[output cut after {CAP} bytes: 12 more not shown]", Meaning.WARN)
+    assert lines[-1] == ("[output cut after 64 KiB: 12 bytes more not shown]", Meaning.WARN)
     assert [t for t, _ in block(Group(("n",), Answer("", 0)))] == ["---- n (1) ----"]
 
 

@@ -319,8 +319,11 @@ def test_parse_verify_of_a_full_disk() -> None:
     w = parse_verify(out)
     assert w == Written(False, 0, 0, "/root/tiny")
     msg = write_problem("node2", "/root/tiny/runs/x/run.sh", 900, w)
-    assert "node2" in msg and "/root/tiny/runs/x/run.sh" in msg and "0 of 900 bytes" in msg
-    assert "disk or your quota is full (0 KiB free on /root/tiny)" in msg
+    assert "node2" in msg and "/root/tiny/runs/x/run.sh" in msg and "0 bytes of 900 bytes" in msg
+    assert "disk or your quota is full (0 bytes free on /root/tiny)" in msg
+    w = parse_verify("got=2048\ndf=tmpfs 64 64 3 100% /root/tiny\n")
+    msg = write_problem("node2", "/root/tiny/big", 3 << 20, w)
+    assert "2 KiB of 3 MiB arrived" in msg and "(3 KiB free on /root/tiny)" in msg, msg
     assert parse_verify("written\n").ok
 
 
