@@ -127,6 +127,14 @@ class Console:
     def phase(self, host: str, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
         self.event(ev.Note(message, MEANINGS[meaning], host))
 
+    def phases(self, by_host: dict[str, str], meaning: Meaning = Meaning.PLAIN) -> None:
+        """Each host's words, the same words said once naming the hosts (fleet.errors.said_once:
+        `node1, node2  stopped`)."""
+        from fleet.errors import said_once
+
+        for hosts, words in said_once(by_host):
+            self.phase(", ".join(hosts), words, meaning)
+
     def info(self, message: str, meaning: Meaning = Meaning.PLAIN) -> None:
         self.event(ev.Note(message, MEANINGS[meaning]))
 

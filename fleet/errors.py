@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -107,11 +108,37 @@ class HostError(FleetError):
 def said_once(failures: dict[str, str]) -> list[tuple[list[str], str]]:
     """Hosts that failed with the same words, said once: (the hosts, in order, and the words),
     in the order of each group's first host. A reason that starts with its own host's name
-    (`node2: no answer...`) is compared, and said, without it."""
-    groups: dict[str, list[str]] = {}
+    (`node2: no answer...`) is compared, and said, without it; one that names its own host
+    further on (`cannot write x on node2`) is compared with that name left out, and said of
+    several hosts as `each host`. Reasons that differ in anything else are never one."""
+    groups: dict[tuple[bool, str], list[str]] = {}
+    said: dict[tuple[bool, str], str] = {}
     for host, reason in failures.items():
-        groups.setdefault(reason.removeprefix(f"{host}: "), []).append(host)
-    return [(hosts, reason) for reason, hosts in groups.items()]
+        words = reason.removeprefix(f"{host}: ")
+        key = _unnamed(host, words)
+        groups.setdefault(key, []).append(host)
+        said.setdefault(key, words)
+    return [(hosts, said[key] if len(hosts) == 1 else key[1].replace(_HOST, "each host")
+             if key[0] else key[1]) for key, hosts in groups.items()]
+
+
+def once(by_host: dict[str, str]) -> list[str]:
+    """Each host's words as lines, the same words said once naming the hosts (said_once):
+    `node1, node2: stopped`."""
+    return [f"{', '.join(hosts)}: {words}" for hosts, words in said_once(by_host)]
+
+
+_HOST = "\x00host\x00"  # the place of a host's own name in its words, while compared
+
+
+def _unnamed(host: str, words: str) -> tuple[bool, str]:
+    """The words with the host's own name (a whole name: node1 is not in node10) in a
+    placeholder, and whether there was one; words that hold the placeholder itself as they
+    are."""
+    if not host or _HOST in words:
+        return False, words
+    out = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-]|\.\w)", _HOST, words)
+    return out != words, out
 
 
 class GpusTaken(HostError):

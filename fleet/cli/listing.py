@@ -81,6 +81,7 @@ def alive(path: Path) -> int:
     code (3 when a host could not be asked)."""
     from fleet.config.inventory import Host, load_inventory
     from fleet.console import Console
+    from fleet.errors import once
     from fleet.facts import run_state
     from fleet.transport import open_transport
     from fleet.transport.group import each, reason
@@ -96,12 +97,10 @@ def alive(path: Path) -> int:
                 return run_state.held_by(t, f"{t.path(t.host.workdir)}/runs")
 
         results = each(named((h.name, h) for h in inv.every_host), wait.tracked(held))
-    found: dict[str, list[str]] = {}
-    for name, r in results.items():
-        if isinstance(r, Exception):
-            echo(f"{name}: unreachable: {reason(r)}", err=True)
-        else:
-            found[name] = r
+    found = {name: r for name, r in results.items() if not isinstance(r, Exception)}
+    for line in once({name: f"unreachable: {reason(r)}" for name, r in results.items()
+                      if isinstance(r, Exception)}):
+        echo(line, err=True)
     rows = alive_rows(found)
     if rows:
         show(ALIVE, rows)

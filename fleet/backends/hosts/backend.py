@@ -143,19 +143,17 @@ class HostsBackend(Launch, Recorded, LabTools):
         progress = StopProgress(names, console.event)
         with console.waiting(f"stopping: 0/{len(names)} nodes done"):
             results = recorded.stop_recorded(rec, "fleet stop", heard=progress.heard)
-        bad = 0
+        failed: dict[str, str] = {}
         for name, r in results.items():
             if isinstance(r, Exception):
-                bad += 1
-                console.phase(name, f"could not stop: {reason(r)}; the run may still be "
-                                    f"running there: run `fleet stop {rec.run_id}` again once "
-                                    "it answers")
+                failed[name] = (f"could not stop: {reason(r)}; the run may still be running "
+                                f"there: run `fleet stop {rec.run_id}` again once it answers")
             elif r.left:
-                bad += 1
-                console.phase(name, f"still alive after SIGKILL: {r.left}")
-            else:
-                console.phase(name, "stopped (nothing of the run left that fleet can find: "
-                                    "by run id, session or descent)")
+                failed[name] = f"still alive after SIGKILL: {r.left}"
+        console.phases(failed)
+        console.phases({name: "stopped (nothing of the run left that fleet can find: by run id, "
+                              "session or descent)" for name in results if name not in failed})
+        bad = len(failed)
         if bad:
             raise NotEveryNode(f"run {rec.run_id} could not be stopped on {bad} node(s)")
         console.info(f"run {rec.run_id} stopped on every node")

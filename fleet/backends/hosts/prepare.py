@@ -148,8 +148,7 @@ def _versions_agree(facts: dict[str, Facts], master: str, console: Console,
     mismatch = version_problems(facts, master)
     if mismatch and not allow_mismatch:
         raise HostError("version check (--allow-version-mismatch starts anyway)", mismatch)
-    for name, why in mismatch.items():
-        console.phase(name, f"warning: {why}")
+    console.phases({name: f"warning: {why}" for name, why in mismatch.items()})
 
 
 def check_job_python(session: Session, plan: Plan, console: Console,
@@ -187,7 +186,8 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
         with console.hosts_waiting("the GPU list", session.transports) as wait:
             facts = all_ok("listing GPUs", each(named(session.transports.items()),
                                                 wait.tracked(gpu_facts)))
-    problems = {}
+    problems: dict[str, str] = {}
+    warned: dict[str, list[str]] = {}
     for h in inventory.hosts:
         f = facts[h.name]
         if not h.gpus:
@@ -197,10 +197,10 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
         if why and f.gpus:
             problems[h.name] = f"gpus = {chosen} in the inventory, but {why}"
         elif why:
-            console.phase(h.name, f"warning: gpus = {chosen}, but {why}: its processes run "
-                                  "without GPUs")
-        for taken in busy(h.gpus, f):
-            console.phase(h.name, f"warning: {taken}")
+            warned[h.name] = [f"gpus = {chosen}, but {why}: its processes run without GPUs"]
+        if taken := busy(h.gpus, f):
+            warned.setdefault(h.name, []).extend(taken)
+    console.phases({name: "warning: " + "; ".join(w) for name, w in warned.items()})
     if problems:
         raise HostError("choosing GPUs", problems)
     return {name: bool(f.gpus) for name, f in facts.items()}

@@ -339,7 +339,9 @@ def report(session: Session, plan: Plan, outcomes: list[NodeOutcome],
                   and by_fail_fast(o.detail) and o.name not in lost_first]
     if collateral:
         console.info("stopped as a consequence: " + ", ".join(collateral))
-    for o in lost:
-        console.info(f"{o.name} could not be reached: its part of the run may still be running; "
-                     f"stop it with `fleet stop {plan.run_id}` once it answers")
+    if lost:
+        names = ", ".join(o.name for o in lost)
+        console.info(f"{names} could not be reached: {'its' if len(lost) == 1 else 'their'} part "
+                     f"of the run may still be running; stop it with `fleet stop {plan.run_id}` "
+                     "once it answers")
     return overall(o.status for o in outcomes), first, failure.cause(root) if root else ""

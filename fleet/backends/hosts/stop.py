@@ -58,8 +58,7 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     for name, r in results.items():
         if isinstance(r, remote.Stopped) and r.left:
             problems[name] = f"processes still alive after SIGKILL: {r.left}"
-    for name, problem in problems.items():
-        console.phase(name, f"stop failed: {problem}")
+    console.phases({name: f"stop failed: {problem}" for name, problem in problems.items()})
     return problems
 
 
