@@ -275,10 +275,10 @@ class Backend(ABC):
         raise self.refuse("lease")
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: Selection,
-                timeout: float | None, progress: Callable[[int, int], None]
-                ) -> dict[str, Outcome]:
+                timeout: float | None) -> dict[str, Outcome]:
         """`fleet exec`: argv on every host of the inventory (or those `nodes` keeps) at once,
-        with a job in its directory and env; per host its answer or why none came."""
+        with a job in its directory and env; per host its answer or why none came (the wait
+        announced with fleet.waits.over)."""
         raise self.refuse("execute")
 
     def trust_inventory(self, path: Path) -> Inventory | None:

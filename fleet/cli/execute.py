@@ -35,7 +35,7 @@ def execute(path: Annotated[Path, typer.Argument(
     Hosts that gave the same output (stdout and stderr) and exit status are listed under one
     header; exit code 0 when every host's command exited 0, 1 when one failed (or could not
     run), 3 when a host gave no answer."""
-    from fleet import backends
+    from fleet import backends, waits
     from fleet import trust as fleet_trust
     from fleet.config.job import load_job
     from fleet.console import Console
@@ -48,10 +48,9 @@ def execute(path: Annotated[Path, typer.Argument(
     console = Console()
     backend = backends.for_inventory(inventory_path)
     try:
-        with console.waiting("connecting") as wait:
-            outcomes = backend.execute(
-                inventory_path, job, command, selection(node, exclude), timeout,
-                lambda done, total: wait.update(f"{done}/{total} hosts answered"))
+        with waits.shown_by(console.hosts_waiting):
+            outcomes = backend.execute(inventory_path, job, command, selection(node, exclude),
+                                       timeout)
     except Interrupted as e:
         # Without a terminal on the node, nothing ends a command when its connection goes.
         raise Interrupted(e.signame, "a command that had started on a host goes on there "

@@ -49,7 +49,7 @@ def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     One command per host, all at once; a process's fleet run is named where this login may see
     it (its own, or any as root). A process running for an hour or more that holds memory on a
     GPU at 0% at this look is flagged "idle?". Exit code 3 when a host could not be asked."""
-    from fleet import backends
+    from fleet import backends, waits
     from fleet.console import Console
 
     inv = _inventory(path, inventory)
@@ -59,7 +59,7 @@ def gpus(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     watched: dict[str, float] = {}
     try:
         if not watch:
-            with console.waiting("asking every host"):
+            with waits.shown_by(console.hosts_waiting):
                 results = survey.look()
             _show(console, results, as_json, watched)
         else:

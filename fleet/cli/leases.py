@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from fleet import waits
 from fleet.cli.app import echo, selection
-from fleet.errors import ExitCode, FleetError, UsageError
+from fleet.errors import ExitCode, FleetError, UsageError, once
 from fleet.timespan import parse_duration
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def reserve(targets: Targets = None, inventory: NeedInv = None,
     refused: dict[str, str] = {}
     undone = ""
     try:
-        with console.waiting("reserving"):
+        with waits.shown_by(console.hosts_waiting):
             for host, gpus in wanted:  # in order: the first refusal ends it
                 t = backend.lease(inventory, host, LeaseOrder.take(gpus, seconds, note))
                 if not t.ok:
@@ -105,7 +106,8 @@ def reserve(targets: Targets = None, inventory: NeedInv = None,
     for host, t in taken:
         # Kept everywhere: the caller's leases each new one replaces go now.
         if t.replaces:
-            backend.lease(inventory, host, LeaseOrder.drop(t.replaces))
+            with waits.shown_by(console.hosts_waiting):
+                backend.lease(inventory, host, LeaseOrder.drop(t.replaces))
         if t.lease is not None:
             console.info(f"{host}: {t.lease.what()} reserved for you ({t.lease.owner}) until "
                          f"{clock(local_until(t.lease, t.now, now), now)} "
@@ -140,7 +142,7 @@ def _check_targets(console: Console, backend: Backend, inventory: Path,
 
     survey = backend.survey(inventory, selection(sorted({host for host, _ in wanted}), []))
     try:
-        with console.waiting("asking the hosts"):
+        with waits.shown_by(console.hosts_waiting):
             results = survey.look()
     finally:
         survey.close()
@@ -165,8 +167,7 @@ def _check_targets(console: Console, backend: Backend, inventory: Path,
                              f"{a.user or 'a process not visible here'} (the lease stops "
                              "nothing: it keeps fleet runs of others off)", Meaning.WARN)
     if bad:
-        raise UsageError("nothing was reserved:\n" + "\n".join(
-            f"  {host}: {why}" for host, why in bad.items()))
+        raise UsageError("nothing was reserved:\n" + "\n".join(f"  {line}" for line in once(bad)))
 
 
 def _refusal(t: Taken) -> str:
@@ -185,7 +186,7 @@ def _list(console: Console, backend: Backend, inventory: Path) -> None:
 
     survey = backend.survey(inventory, selection([], []))
     try:
-        with console.waiting("asking every host"):
+        with waits.shown_by(console.hosts_waiting):
             results = survey.look()
     finally:
         survey.close()
@@ -229,7 +230,8 @@ def release(targets: Targets = None, inventory: NeedInv = None) -> None:
     console = Console()
     failed = {}
     for host, gpus in wanted:
-        t = backend.lease(inventory, host, LeaseOrder.give(gpus))
+        with waits.shown_by(console.hosts_waiting):
+            t = backend.lease(inventory, host, LeaseOrder.give(gpus))
         if not t.ok:
             failed[host] = t.error
             continue
@@ -248,5 +250,5 @@ def release(targets: Targets = None, inventory: NeedInv = None) -> None:
                          f"{lease_words(x, t.now, time.time())} (only its owner can release "
                          "it)", Meaning.WARN)
     if failed:
-        echo("\n".join(f"fleet: {h}: {why}" for h, why in failed.items()), err=True)
+        echo("\n".join(f"fleet: {line}" for line in once(failed)), err=True)
         raise typer.Exit(ExitCode.FAILED)

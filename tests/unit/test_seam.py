@@ -214,7 +214,7 @@ def test_slurm_refuses_with_what_to_do_instead(tmp_path: Path) -> None:
     slurm = backends.for_inventory(cluster)
     with pytest.raises(Unsupported, match=r"^the slurm backend does not support fleet exec: it "
                                           "runs on the hosts of a host list only"):
-        slurm.execute(cluster, None, ["hostname"], Selection(), None, lambda a, b: None)
+        slurm.execute(cluster, None, ["hostname"], Selection(), None)
     with pytest.raises(Unsupported, match=r"^the slurm backend does not support stopping one "
                                           "node's part of a run$"):
         slurm.stop_part(None, "n1", "fleet up")  # type: ignore[arg-type]

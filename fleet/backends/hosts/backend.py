@@ -245,11 +245,9 @@ class HostsBackend(Launch, Recorded, LabTools):
         return gpus.lease(fleet_exec.chosen(load_inventory(inventory), [host])[0], order)
 
     def execute(self, inventory: Path, job: Job | None, argv: list[str], nodes: Selection,
-                timeout: float | None, progress: Callable[[int, int], None]
-                ) -> dict[str, Outcome]:
+                timeout: float | None) -> dict[str, Outcome]:
         from fleet.backends.hosts import execute as fleet_exec
-        return fleet_exec.execute(load_inventory(inventory), job, argv, nodes, timeout,
-                                  progress)
+        return fleet_exec.execute(load_inventory(inventory), job, argv, nodes, timeout)
 
 
 def node_outcomes(rec: RunRecord, only: set[str] | None = None

@@ -26,6 +26,7 @@ from fleet.states import NodeOutcome, NodeStatus
 from fleet.transport import Received, Transport
 from fleet.transport.group import each, reason
 from fleet.transport.link import Link
+from fleet.waits import NAMED, SLOW_S
 
 R = TypeVar("R")
 CONFIRM_TRIES = 3  # looks at a node's stop record when its log says a stop began
@@ -207,22 +208,40 @@ def joined(found: dict[str, int], nprocs: dict[str, int | str]) -> tuple[int, in
     return sum(1 for name in nprocs if found.get(name, 0) > 0), len(nprocs), "nodes"
 
 
-def joining_words(count: int, total: int, unit: str) -> str:
-    if count < total:
-        return f"{unit} joining: {count}/{total}"
-    return f"{unit} joined: {count}/{total}; waiting for the job's first line"
+def joining_words(count: int, total: int, unit: str, missing: list[str] | None = None,
+                  elapsed: float = 0.0) -> str:
+    """The rendezvous' words: the count; once it is slow (waits.SLOW_S), the nodes whose
+    workers have not all been seen starting (`missing`, in the plan's order), at most
+    waits.NAMED of them."""
+    if count >= total:
+        return f"{unit} joined: {count}/{total}; waiting for the job's first line"
+    head = f"{unit} joining: {count}/{total}"
+    if elapsed < SLOW_S or not missing:
+        return head
+    if not count:
+        return f"{head}; no node's workers have started yet ({int(elapsed)} s)"
+    more = f" and {len(missing) - NAMED} more" if len(missing) > NAMED else ""
+    return f"{head}; {', '.join(missing[:NAMED])}{more} not yet ({int(elapsed)} s)"
 
 
 class Joining:
     """The wait between the start and the job's first line, on a terminal: how many workers
-    have joined; ended (from any thread, once) by that line, a node's end, or the run's."""
+    have joined, and after a second the nodes that have not; ended (from any thread, once) by
+    that line, a node's end, or the run's."""
 
-    def __init__(self, console: Console, nprocs: dict[str, int | str]) -> None:
-        self.nprocs = nprocs
+    def __init__(self, console: Console, nprocs: dict[str, int | str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.nprocs, self.clock = nprocs, clock
+        self.t0 = clock()
         self.found: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stack = contextlib.ExitStack()
-        self.wait = self.stack.enter_context(console.waiting(joining_words(*joined({}, nprocs))))
+        self.wait = self.stack.enter_context(console.waiting(self.words))
+
+    def words(self) -> str:
+        """Said anew at each redraw: the seconds go on between two counts."""
+        missing = [name for name in self.nprocs if not self.full(name)]
+        return joining_words(*joined(self.found, self.nprocs), missing, self.clock() - self.t0)
 
     def full(self, name: str) -> bool:
         """Whether every worker of this node has joined (it need not be asked again)."""
@@ -232,7 +251,7 @@ class Joining:
     def show(self, found: dict[str, int]) -> None:
         with self.lock:
             self.found.update(found)
-            self.wait.update(joining_words(*joined(self.found, self.nprocs)))
+            self.wait.update(self.words)
 
     def end(self) -> None:
         with self.lock:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import secrets
 import shlex
-import threading
-from collections.abc import Callable
 
+from fleet import waits
 from fleet.config import select
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
@@ -17,6 +16,7 @@ from fleet.facts.command import Outcome, command_script, parse_answer
 from fleet.nodeside.shared import nodemap
 from fleet.transport import open_transport
 from fleet.transport.group import each
+from fleet.waits import Pending, named
 
 
 def chosen(inventory: Inventory, nodes: list[str]) -> list[Host]:
@@ -47,12 +47,17 @@ def job_env(job: Job, host: Host) -> tuple[dict[str, str], frozenset[str]]:
     return env, frozenset({nodemap.DATA_DIR_VAR} if ours else ())
 
 
-def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None) -> Outcome:
-    """argv on one host: its answer, or Absent where the job's directory is not there."""
+def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None,
+           wait: Pending | None = None) -> Outcome:
+    """argv on one host: its answer, or Absent where the job's directory is not there (`wait`
+    hears its connection, then its command)."""
     directory = job_directory(job, host) if job is not None else "~"
     env, paths = job_env(job, host) if job is not None else ({}, frozenset[str]())
     mark = f"FLEET-EXEC-{secrets.token_hex(8)}"
+    wait = wait or Pending("", ())
+    wait.start(host.name, "its connection")
     with open_transport(host, hello=False) as t:
+        wait.start(host.name, doing(argv))
         r = t.run(command_script(argv, directory, env, mark, paths), timeout=timeout,
                   what=shlex.join(argv))
     answer = parse_answer(r.out, r.err, mark, directory,
@@ -64,20 +69,17 @@ def run_on(host: Host, argv: list[str], job: Job | None, timeout: float | None) 
     return answer
 
 
+def doing(argv: list[str], room: int = 40) -> str:
+    """The command as a wait names it, cut to `room` characters (made printable where drawn)."""
+    text = shlex.join(argv)
+    return f"`{text if len(text) <= room else text[:room - 3] + '...'}`"
+
+
 def execute(inventory: Inventory, job: Job | None, argv: list[str], nodes: select.Selection,
-            timeout: float | None, progress: Callable[[int, int], None]) -> dict[str, Outcome]:
-    """argv on the chosen hosts at once; `progress(answered, total)` hears each answer come."""
+            timeout: float | None) -> dict[str, Outcome]:
+    """argv on the chosen hosts at once; the wait (fleet.waits.over) names the hosts whose
+    command has not ended, and what they run."""
     hosts = select.hosts(inventory, nodes)
-    lock = threading.Lock()
-    answered = [0]
-    progress(0, len(hosts))
-
-    def one(host: Host) -> Outcome:
-        try:
-            return run_on(host, argv, job, timeout)
-        finally:
-            with lock:
-                answered[0] += 1
-                progress(answered[0], len(hosts))
-
-    return each(((h.name, h) for h in hosts), one)
+    with waits.over("the command", (h.name for h in hosts)) as wait:
+        return each(named((h.name, h) for h in hosts),
+                    wait.tracked(lambda h: run_on(h, argv, job, timeout, wait)))

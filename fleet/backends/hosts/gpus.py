@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from fleet import waits
 from fleet.config.inventory import Host
 from fleet.console import Console, Meaning
 from fleet.errors import GpusTaken, Interrupted
@@ -22,6 +23,7 @@ from fleet.nodeside import python_program
 from fleet.shell import home_word
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import all_ok, each, reason
+from fleet.waits import Pending, named
 
 POLL_S = 5.0  # up --wait: one nvidia-smi and one directory listing per host this often
 
@@ -35,11 +37,14 @@ class Survey:
         self.transports: dict[str, Transport] = {}
 
     def look(self) -> dict[str, GpuFacts | str]:
-        """Per host, in the inventory's order, its GPUs and leases or why they are unknown."""
-        def one(h: Host) -> GpuFacts:
+        """Per host, in the inventory's order, its GPUs and leases or why they are unknown (the
+        wait announced with fleet.waits.over, naming the slow hosts)."""
+        def one(h: Host, wait: Pending) -> GpuFacts:
             t = self.transports.get(h.name)
             if t is None:
+                wait.start(h.name, "its connection")
                 t = self.transports[h.name] = open_transport(h)
+            wait.start(h.name, "nvidia-smi and its leases")
             try:
                 return gpu_facts(t)
             except Exception:
@@ -47,7 +52,9 @@ class Survey:
                 t.close()
                 raise
 
-        results = each(((h.name, h) for h in self.hosts), one)
+        with waits.over("the GPUs", (h.name for h in self.hosts)) as wait:
+            results = each(named((h.name, h) for h in self.hosts),
+                           wait.tracked(lambda h: one(h, wait)))
         return {h.name: r if isinstance(r := results[h.name], GpuFacts) else reason(r)
                 for h in self.hosts}
 
@@ -66,14 +73,18 @@ def origin() -> str:
 
 
 def lease(host: Host, order: LeaseOrder) -> Taken:
-    """Carry out a lease order on one host (fleet/nodeside/lease.py)."""
-    t = open_transport(host)
-    try:
-        script = python_program(home_word(host.python), "lease.py", LEASE_DIR,
-                                *order.argv(origin()), flags=("-I", "-S"))
-        r = t.run(script, timeout=30, what="lease.py (GPU leases)")
-    finally:
-        t.close()
+    """Carry out a lease order on one host (fleet/nodeside/lease.py); the wait announced
+    with fleet.waits.over names the host and what it is on."""
+    with waits.over("the lease", [host.name]) as wait:
+        wait.start(host.name, "its connection")
+        t = open_transport(host)
+        try:
+            wait.start(host.name, "its lease file")
+            script = python_program(home_word(host.python), "lease.py", LEASE_DIR,
+                                    *order.argv(origin()), flags=("-I", "-S"))
+            r = t.run(script, timeout=30, what="lease.py (GPU leases)")
+        finally:
+            t.close()
     said = parse_answer(r.out)
     if not said.ok and not said.conflicts and r.code and said.error.endswith("no answer"):
         return Taken(ok=False, error=f"{host.python} exited with {r.code}: "
