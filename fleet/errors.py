@@ -110,7 +110,8 @@ def said_once(failures: dict[str, str]) -> list[tuple[list[str], str]]:
     in the order of each group's first host. A reason that starts with its own host's name
     (`node2: no answer...`) is compared, and said, without it; one that names its own host
     further on (`cannot write x on node2`) is compared with that name left out, and said of
-    several hosts as `each host`. Reasons that differ in anything else are never one."""
+    several hosts as `each host` (an error's own `node2: ` after a colon, as nothing).
+    Reasons that differ in anything else are never one."""
     groups: dict[tuple[bool, str], list[str]] = {}
     said: dict[tuple[bool, str], str] = {}
     for host, reason in failures.items():
@@ -118,8 +119,9 @@ def said_once(failures: dict[str, str]) -> list[tuple[list[str], str]]:
         key = _unnamed(host, words)
         groups.setdefault(key, []).append(host)
         said.setdefault(key, words)
-    return [(hosts, said[key] if len(hosts) == 1 else key[1].replace(_HOST, "each host")
-             if key[0] else key[1]) for key, hosts in groups.items()]
+    return [(hosts, said[key] if len(hosts) == 1 or not key[0] else
+             key[1].replace(f": {_HOST}: ", ": ").replace(_HOST, "each host"))
+            for key, hosts in groups.items()]
 
 
 def once(by_host: dict[str, str]) -> list[str]:

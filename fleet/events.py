@@ -125,6 +125,10 @@ class Ending(Enum):
     WORKERS = "workers"  # workers whose torchrun is gone
     WRAPPER = "wrapper"  # run.sh, recording how torchrun ended
     OTHER = "other"  # other processes of the run (the job's own children)
+    # fleet's own steps of a node's stop, before stop.sh speaks (fleet.backends.hosts.node)
+    CONNECTING = "connecting"  # a connection to the node
+    RECORDING = "recording"  # the node's stop, recorded before any node is signalled
+    SIGNALLING = "signalling"  # stop.sh, sending SIGTERM (it speaks once something is ending)
 
 
 @dataclass(frozen=True)

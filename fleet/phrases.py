@@ -38,7 +38,11 @@ ENDING = {ev.Ending.TORCHRUN_WORKERS: "torchrun still ending its workers",
           ev.Ending.TORCHRUN: "torchrun still ending",
           ev.Ending.WORKERS: "{n} worker(s) still ending",
           ev.Ending.WRAPPER: "run.sh recording how torchrun ended",
-          ev.Ending.OTHER: "{n} process(es) of the run still ending"}
+          ev.Ending.OTHER: "{n} process(es) of the run still ending",
+          ev.Ending.CONNECTING: "connecting",
+          ev.Ending.RECORDING: "recording the stop",
+          ev.Ending.SIGNALLING: "signalling the run's processes"}
+OWN_STEPS = (ev.Ending.CONNECTING, ev.Ending.RECORDING, ev.Ending.SIGNALLING)  # before SIGTERM
 
 
 def wait_words(event: ev.Event) -> str | None:
@@ -51,6 +55,8 @@ def wait_words(event: ev.Event) -> str | None:
     if not event.host or event.ending is None:
         return head
     what = ENDING[event.ending].format(n=event.count)
+    if event.ending in OWN_STEPS:
+        return f"{head}; {event.host}: {what} ({event.since:.0f} s)"
     return f"{head}; {event.host}: {what} (SIGTERM {event.since:.0f} s ago)"
 
 

@@ -35,6 +35,10 @@ class StillEnding:
         return Ending.WRAPPER
 
 
+# What a node's stop is on: stop.sh's word, or fleet's own step before it (Ending.CONNECTING...)
+StopStep = StillEnding | Ending
+
+
 def parse_ending(line: str) -> StillEnding | None:
     """One `ending=` line of stop.sh, or None for any other line (or a malformed one)."""
     m = LINE.fullmatch(line.strip())

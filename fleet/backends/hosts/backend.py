@@ -141,7 +141,7 @@ class HostsBackend(Launch, Recorded, LabTools):
         names = [n.host.name for n in rec.nodes]
         console.hosts(names)
         progress = StopProgress(names, console.event)
-        with console.waiting(f"stopping: 0/{len(names)} nodes done"):
+        with console.waiting(f"stopping: 0/{len(names)} nodes done"), progress:
             results = recorded.stop_recorded(rec, "fleet stop", heard=progress.heard)
         failed: dict[str, str] = {}
         for name, r in results.items():

@@ -240,8 +240,10 @@ class Joining:
 
     def words(self) -> str:
         """Said anew at each redraw: the seconds go on between two counts."""
-        missing = [name for name in self.nprocs if not self.full(name)]
-        return joining_words(*joined(self.found, self.nprocs), missing, self.clock() - self.t0)
+        count, total, unit = joined(self.found, self.nprocs)
+        missing = [name for name in self.nprocs if (self.found.get(name, 0) <= 0
+                                                    if unit == "nodes" else not self.full(name))]
+        return joining_words(count, total, unit, missing, self.clock() - self.t0)
 
     def full(self, name: str) -> bool:
         """Whether every worker of this node has joined (it need not be asked again)."""

@@ -19,9 +19,10 @@ from fleet.errors import (
     RemoteCommandError,
     UsageError,
 )
+from fleet.events import Ending
 from fleet.facts.diagnose import diagnose, format_diagnoses
 from fleet.facts.run_state import NodeState, parse_state, state, state_script
-from fleet.facts.stopping import StillEnding, parse_ending
+from fleet.facts.stopping import StillEnding, StopStep, parse_ending
 from fleet.nodedata import number
 from fleet.nodeside import loader, shell_program
 from fleet.nodeside.shared import nodemap
@@ -252,7 +253,7 @@ Target = Callable[[], AbstractContextManager[tuple[Transport, str, str, Wrapper 
 
 
 def stop_together(targets: list[tuple[str, Target]], by: str,
-                  heard: Callable[[str, StillEnding | None], None] | None = None,
+                  heard: Callable[[str, StopStep | None], None] | None = None,
                   with_state: bool = False,
                   stopped: Callable[[str, Stopped], None] | None = None
                   ) -> dict[str, Stopped | Exception]:
@@ -275,14 +276,21 @@ def stop_together(targets: list[tuple[str, Target]], by: str,
                 with contextlib.suppress(threading.BrokenBarrierError):
                     gate.wait(timeout=MARK_WAIT_S)
 
+        def step(what: Ending) -> None:
+            if heard is not None:
+                heard(name, what)
+
         try:
+            step(Ending.CONNECTING)
             with target() as (t, run_dir, key, wrapper):
+                step(Ending.RECORDING)
                 try:
                     mark(t, run_dir, by, key, wrapper)
                 except FleetError:
                     pass  # stop.sh records the stop itself below, if the node answers at all
                 finally:
                     arrive()
+                step(Ending.SIGNALLING)
                 done = stop(t, run_dir, by, key, wrapper,
                             None if heard is None else lambda e: heard(name, e), with_state)
                 if stopped is not None:

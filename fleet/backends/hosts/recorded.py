@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from fleet.backends.hosts.node import Stopped, stop_together
 from fleet.errors import CommandTimedOut
-from fleet.facts.stopping import StillEnding
+from fleet.facts.stopping import StopStep
 from fleet.run import outcomes
 from fleet.run.record import NodeRecord, RunRecord, Wrapper, wrapper
 from fleet.transport import Transport, open_transport
@@ -75,7 +75,7 @@ def on_nodes(record: RunRecord, fn: Callable[[Transport, str], R],
 
 
 def stop_recorded(record: RunRecord, by: str, only: set[str] | None = None,
-                  heard: Callable[[str, StillEnding | None], None] | None = None
+                  heard: Callable[[str, StopStep | None], None] | None = None
                   ) -> dict[str, Stopped | Exception]:
     """Stop a recorded run on every node (or those named in `only`), connected afresh (see
     node.stop_together; `heard`: what each node says is still ending as it waits). Each node's

@@ -238,11 +238,11 @@ class HostsRun(Run):
         # With [restart], a lost node's stop goes on in the background (attempts.Left): the
         # next attempt does not wait for it.
         retry = 0.0 if self.job.restart.max else self.job.watchdog.unreachable_after
-        heard = StopProgress([n.host.name for n in nodes], self.console.event).heard
-        with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"):
+        progress = StopProgress([n.host.name for n in nodes], self.console.event)
+        with self.console.waiting(f"stopping the job on {len(nodes)} node(s)"), progress:
             problems = stop_nodes(self.session, nodes + ended, self.console, by, self.key,
                                   lambda host: state.wrapper(self.record_dir, host),
-                                  self.links, self.lost, retry, heard)
+                                  self.links, self.lost, retry, progress.heard)
         self.problems = {n: why for n, why in problems.items() if n in self.may_run}
         return self.problems
 

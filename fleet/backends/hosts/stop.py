@@ -11,7 +11,7 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.prepare import Session
 from fleet.console import Console
 from fleet.errors import CommandTimedOut, FleetError, TransportError
-from fleet.facts.stopping import StillEnding
+from fleet.facts.stopping import StopStep
 from fleet.plan import NodePlan
 from fleet.run.record import Wrapper
 from fleet.transport import Transport
@@ -23,7 +23,7 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
                key: Callable[[str], str], wrapper: Callable[[str], Wrapper | None],
                links: dict[str, Link] | None = None, lost: set[str] | None = None,
                retry_for: float = 0.0,
-               heard: Callable[[str, StillEnding | None], None] | None = None) -> dict[str, str]:
+               heard: Callable[[str, StopStep | None], None] | None = None) -> dict[str, str]:
     """Stop the run on these nodes, every node's stop recorded before any is signalled
     (node.stop_together); `key` and `wrapper` give a node's stop key and its wrapper as
     recorded at the start. Where a node's connection fails (or it was lost), the stop is
