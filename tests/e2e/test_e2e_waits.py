@@ -91,3 +91,23 @@ def test_one_failure_said_once_waits_on_a_terminal_and_no_torchrun_banner(
     assert full.returncode == 0, full.stderr
     banner = [line for line in full.stdout.splitlines() if "OMP_NUM_THREADS" in line]
     assert sorted(line.split()[0] for line in banner) == ["node1", "node2"], full.stdout
+
+
+def test_exec_names_the_host_still_running_its_command(cli: CLI, tb2: Testbed,
+                                                       tmp_path: Path) -> None:
+    """On a terminal, once `fleet exec` has waited a second, the host whose command still runs
+    is named with its command (node2 sleeps: what is drawn, not how long it took)."""
+    inv = tmp_path / "inv.toml"
+    tb2.inventory(inv)
+    (tb2.hosts[1].home / "fleet-slow").write_text("")
+    try:
+        code, out, terminal = on_a_terminal(
+            cli, "exec", str(inv), "--", "sh", "-c", "if [ -e fleet-slow ]; then sleep 4; fi")
+    finally:
+        (tb2.hosts[1].home / "fleet-slow").unlink()
+    assert code == 0, out + terminal
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)
+    assert re.search(r"waiting: the command (1/2 hosts done; )?.*node2 still on `sh -c", drawn), \
+        drawn
+    assert "node1 still" not in drawn.split("1/2 hosts done")[-1]  # done: no more named
+    assert "2 of 2 host(s) exited 0" in drawn
