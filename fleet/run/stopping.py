@@ -20,8 +20,9 @@ class StopProgress:
     """Hears each node (`heard(node, fleet's step or what stop.sh says is still ending)`, then
     `heard(node, None)` once its stop is over) and emits a Stopping event where the words would
     change: how many nodes are done, and the node waited for longest with what it waits for (a
-    step of fleet's own once it has taken SLOW_S). Held (`with`), it looks again as the seconds
-    go, so that a node slow to connect is named while nothing else changes."""
+    step of fleet's own once it has taken SLOW_S; a node connected to again is not done).
+    Held (`with`), it looks again as the seconds go, so that a node slow to connect is named
+    while nothing else changes."""
 
     def __init__(self, nodes: list[str], emit: Callable[[Stopping], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -38,6 +39,8 @@ class StopProgress:
         with self.lock:
             if node not in self.nodes:
                 return  # not one of this stop's nodes: nothing a node says adds one
+            if said is Ending.CONNECTING:
+                self.done.discard(node)  # its stop tried again, on a fresh connection
             if said is None:
                 self.done.add(node)
                 self.still.pop(node, None)

@@ -283,3 +283,33 @@ def test_each_node_is_heard_through_fleets_own_steps_then_stop_sh(
     steps: list[StopStep | None] = [ev.Ending.CONNECTING, ev.Ending.RECORDING,
                                     ev.Ending.SIGNALLING, ending, None]
     assert heard == {"n1": steps, "n2": steps}
+
+
+def test_a_lost_nodes_stop_on_a_fresh_connection_is_a_wait_named_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.backends.hosts import stop as hosts_stop
+
+    clock, got = Clock(), list[ev.Stopping]()
+    p = StopProgress(["n1", "n2"], got.append, clock)
+    p.heard("n2", None)
+    monkeypatch.setattr(hosts_stop, "stop_afresh", lambda *a: node.Stopped([]))
+    n1 = SimpleNamespace(host=SimpleNamespace(name="n1"), run_dir="/r")
+    said: list[StopStep | None] = []
+
+    def hear(name: str, what: StopStep | None) -> None:
+        said.append(what)
+        p.heard(name, what)
+        if what is ev.Ending.CONNECTING:
+            clock.now += 4
+            p.tick()
+
+    console = Console(out=io.StringIO(), err=io.StringIO(), color=False, live=False)
+    problems = hosts_stop.stop_nodes(
+        SimpleNamespace(transports={}), [n1], console, "test",  # type: ignore[arg-type]
+        lambda n: "k", lambda n: None, {"n1": object()}, {"n1"}, 5.0,  # type: ignore[dict-item]
+        hear)
+    assert problems == {} and said == [ev.Ending.CONNECTING, None]
+    assert ev.Stopping(1, 2, "n1", ev.Ending.CONNECTING, 4.0) in got
+    assert got[-1] == ev.Stopping(2, 2)
+    p.heard("n1", ev.Ending.CONNECTING)  # tried again once done: not done any more
+    assert p.summary() == ev.Stopping(1, 2)

@@ -11,6 +11,7 @@ from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.prepare import Session
 from fleet.console import Console
 from fleet.errors import CommandTimedOut, FleetError, TransportError
+from fleet.events import Ending
 from fleet.facts.stopping import StopStep
 from fleet.plan import NodePlan
 from fleet.run.record import Wrapper
@@ -50,10 +51,21 @@ def stop_nodes(session: Session, nodes: list[NodePlan], console: Console, by: st
     why.update({name: reason(r) for name, r in results.items()
                 if isinstance(r, TransportError | CommandTimedOut)})
     again = [n for n in nodes if n.host.name in why and n.host.name in links]
-    results.update(each(((n.host.name, n) for n in again), lambda n: stop_afresh(
-        links[n.host.name], n, by, key(n.host.name), wrapper(n.host.name), why[n.host.name],
-        retry_for, console, taken.get(n.host.name)) if retry_for or n.host.name not in lost
-        else let_go(links[n.host.name])))
+
+    def afresh(n: NodePlan) -> remote.Stopped:
+        name = n.host.name
+        if not retry_for and name in lost:
+            return let_go(links[name])
+        if heard is not None:
+            heard(name, Ending.CONNECTING)  # its wait named again: a fresh connection
+        try:
+            return stop_afresh(links[name], n, by, key(name), wrapper(name), why[name],
+                               retry_for, console, taken.get(name))
+        finally:
+            if heard is not None:
+                heard(name, None)
+
+    results.update(each(((n.host.name, n) for n in again), afresh))
     problems = failures(results)
     for name, r in results.items():
         if isinstance(r, remote.Stopped) and r.left:
