@@ -129,10 +129,11 @@ class Console:
 
     def phases(self, by_host: dict[str, str], meaning: Meaning = Meaning.PLAIN) -> None:
         """Each host's words, the same words said once naming the hosts (fleet.errors.said_once:
-        `node1, node2  stopped`)."""
+        `node1, node2  stopped`); to a sink, a note per host (events are data)."""
         from fleet.errors import said_once
 
-        for hosts, words in said_once(by_host):
+        for hosts, words in said_once(by_host) if self.sink is None else \
+                [([h], w) for h, w in by_host.items()]:
             self.phase(", ".join(hosts), words, meaning)
 
     def info(self, message: str, meaning: Meaning = Meaning.PLAIN) -> None:

@@ -84,6 +84,13 @@ def test_the_console_says_the_same_words_once_naming_the_hosts() -> None:
                                            "fleet: n3  warning: no GPU"]
 
 
+def test_to_a_json_sink_each_host_is_a_note_of_its_own() -> None:
+    got = ev.Collected()
+    Console(out=io.StringIO(), err=io.StringIO(), sink=got).phases({"n1": "stopped",
+                                                                     "n2": "stopped"})
+    assert got.events == [ev.Note("stopped", host="n1"), ev.Note("stopped", host="n2")]
+
+
 def test_fleet_stop_says_each_end_once_naming_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     names = ["n1", "n2", "n3", "n4"]
     rec = SimpleNamespace(run_id="r1", nodes=[SimpleNamespace(host=SimpleNamespace(name=n))
