@@ -46,7 +46,6 @@ def environment(override: Path | None = None) -> jinja2.Environment:
     a template whose file changed."""
     import jinja2  # loaded where a script is rendered: stop, status and logs need none
 
-
     loaders: list[jinja2.BaseLoader] = []
     if override is not None:
         loaders.append(jinja2.FileSystemLoader(str(override)))
