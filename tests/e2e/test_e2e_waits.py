@@ -5,6 +5,7 @@ shown with `fleet --debug`."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -117,6 +118,8 @@ def test_status_on_a_terminal_names_the_node_it_still_waits_for(
         assert re.search(r"node2 .* unreachable \(may still be running\)", out), out
         plain = cli("status", run_id, timeout=60)
         assert "waiting:" not in plain.stderr + plain.stdout
+        code, out, terminal = on_a_terminal(cli, "status", "--json", run_id)
+        assert "waiting:" not in terminal and json.loads(out)["status"], out + terminal
     finally:
         tb2.reconnect("node2")
         stop = cli("stop", run_id, timeout=120)
