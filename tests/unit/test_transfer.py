@@ -690,12 +690,10 @@ def in_thread(fn: Callable[[], socket.socket]) -> tuple[threading.Thread, list[o
     got: list[object] = []
 
     def run() -> None:
-        t0 = time.monotonic()
         try:
             got.append(fn())
         except BaseException as e:  # examined by the test
             got.append(e)
-        got.append(time.monotonic() - t0)
     th = threading.Thread(target=run, daemon=True)
     th.start()
     return th, got
@@ -728,8 +726,8 @@ def test_a_wrong_key_is_refused_by_both_sides() -> None:
     th.join(5)
     server.close()
     assert not th.is_alive()
-    assert isinstance(got[0], ferry.Bad | OSError), got  # never a socket
-    assert isinstance(got[1], float) and got[1] >= 0.45  # it kept waiting until its deadline
+    # never a socket; it kept waiting past the wrong key, until its deadline's words
+    assert isinstance(got[0], ferry.Bad) and "never connected" in str(got[0]), got
 
 
 def test_accept_from_skips_a_wrong_key_and_takes_the_right_one_after_it() -> None:
