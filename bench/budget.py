@@ -22,6 +22,10 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("upload", r"^run: create |\.fleet-bundle|^run: read the setup marker"),
     ("start", r"manifest\.json|^run: start run\.sh|watcher"),
 )
+# What each phase may take per host, at the physical limit the target names: one handshake,
+# then about one round trip per phase (the master takes one more in the port checks: its
+# listener before the workers test it, its test of theirs after).
+BUDGET: dict[str, int] = {name: 1 for name, _ in PHASES}
 
 
 @dataclass

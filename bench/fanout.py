@@ -115,7 +115,7 @@ def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
     table = Table("fanout: hello under torchrun, command to every rank's first output line and "
                   "to the exit (the whole `fleet up`)", cols)
     spent = Table("fanout: fleet up's round trips per host and phase (FLEET_TRACE), medians",
-                  ["hosts", "fleet", "phase", "round trips per host", "seconds"])
+                  ["hosts", "fleet", "phase", "round trips per host", "budget", "seconds"])
     for n in counts:
         runs: dict[str, list[Hello]] = {"fleet": [], "ssh": [], "before": []}
         for _ in range(reps):  # interleaved, so drift hits all alike
@@ -147,8 +147,9 @@ def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
             for name, trips, secs in budget.merged(got) if got else []:
                 if not trips:  # a fleet from before FLEET_TRACE records nothing of it
                     continue
+                over = "" if trips <= budget.BUDGET[name] else " (over)"
                 spent.add(n, "this" if who == "fleet" else "before", name, f"{trips:g}",
-                          fmt(secs))
+                          f"{budget.BUDGET[name]}{over}", fmt(secs))
     table.notes.append(f"median of {reps} runs each, interleaved; nproc 1, static rendezvous, "
                        "the worker only prints (no torch import in it, but torchrun imports "
                        "torch); `whole`: to fleet's exit, and to the last ssh's exit")
@@ -158,7 +159,8 @@ def fanout_table(tb: Testbed, cfg: Config) -> list[Table]:
                        "stream, an SFTP file); its phase by what it ran (bench/budget.py); "
                        "seconds: from the phase's first round trip to its last one's end, over "
                        "every host (on fleet's clock); the claim's stream counts by its start. "
-                       "Upload and port checks run side by side")
+                       "Upload and port checks run side by side. budget: the round trips per "
+                       "host the target allows each phase (one handshake, then one per phase)")
     return [table, spent]
 
 

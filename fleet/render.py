@@ -6,14 +6,16 @@ import functools
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-import jinja2
+from typing import TYPE_CHECKING
 
 import fleet.nodeside
 import fleet.templates
 from fleet.nodeside.shared import nodemap
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.shell import MACHINE_ID, join, quote
+
+if TYPE_CHECKING:
+    import jinja2
 
 # A source checkout's own templates/ (what its users read and edit, and what a git worktree
 # changes) win over the copy an editable install maps to one checkout; installed, the package's.
@@ -42,6 +44,8 @@ def environment(override: Path | None = None) -> jinja2.Environment:
     """One environment per templates directory for the process: each template is compiled once,
     not once per node (at 64 nodes that was most of the rendering's CPU); jinja still reloads
     a template whose file changed."""
+    import jinja2  # loaded where a script is rendered: stop, status and logs need none
+
     loaders: list[jinja2.BaseLoader] = []
     if override is not None:
         loaders.append(jinja2.FileSystemLoader(str(override)))

@@ -29,7 +29,7 @@ def status(run_id: str | None, as_json: bool) -> int:
     from fleet.lifecycle import attempts, history
     from fleet.run import watched
 
-    with waits.shown_by(Console().hosts_waiting):
+    with waits.shown_by(Console(live=False if as_json else None).hosts_waiting):
         backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
         found = attempts.load(rec)
         every = attempts.records(rec)

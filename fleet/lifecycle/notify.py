@@ -156,14 +156,16 @@ def run_command(argv: tuple[str, ...], n: Notice) -> str | None:
 def send(cfg: Notify, n: Notice, console: Console) -> None:
     """Send the notice where `[notify]` says; each failure is a warning line."""
     if cfg.webhook is not None:
-        why = post(cfg.webhook, cfg.format, n)
         where = redact(cfg.webhook)
+        with console.waiting(f"notify: telling {where} (at most {TIMEOUT_S:g} s)"):
+            why = post(cfg.webhook, cfg.format, n)
         if why is None:
             console.info(f"notify: told {where} that run {n.run_id} {n.state.value}")
         else:
             console.info(f"warning: notify: {where} was not told: {why}", Meaning.WARN)
     if cfg.command:
-        why = run_command(cfg.command, n)
+        with console.waiting(f"notify: running `{cfg.command[0]}` (at most {TIMEOUT_S:g} s)"):
+            why = run_command(cfg.command, n)
         if why is None:
             console.info(f"notify: ran `{cfg.command[0]}`")
         else:

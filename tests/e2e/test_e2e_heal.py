@@ -465,15 +465,12 @@ def test_ctrl_c_during_the_backoff_stops_everything(cli: CLI, tb: Testbed,
     try:
         wait_for(lambda: "fleet: restart: attempt 2/3 in 60s" in err_path.read_text(), 120,
                  "the wait before attempt 2")
-        sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        finish(proc, 30)
-        took = time.monotonic() - sent
+        finish(proc, 30)  # half the backoff: a fleet that waited it out fails here
         err = err_path.read_text()
         run_id = run_id_of(err)
         ids = attempt_ids(cli, run_id)
         assert proc.returncode == 130, err
-        assert took < 10, f"{took:.1f}s from SIGINT to fleet's end"
         no_traceback(err)
         assert err.rstrip().endswith(
             f"fleet: interrupted (SIGINT): during the wait before attempt 2: nothing of run "

@@ -65,11 +65,10 @@ def test_rank_failure_on_a_worker_node_stops_all_three_hosts(cli: CLI, tb3: Test
                                                              tmp_path: Path) -> None:
     tb3.inventory(tmp_path / "inv.toml")
     job = long_job(tmp_path, 29521, FAIL_RANK=1)
-    t0 = time.monotonic()
-    r = cli("up", str(job), timeout=240)
+    r = cli("up", str(job), timeout=200)  # a hang guard: the others' 300 ticks take 300 s
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
-    assert time.monotonic() - t0 < 200, "the other ranks were not stopped"
+    assert not re.search(r"rank \d finished|tick 299 ", r.stdout), "the others were not stopped"
     assert "stopping the job on every other node" in r.stderr, out
     assert "first failure: node2 (node rank 1), rank 1 (local rank 0), exit code 1:" in r.stderr, \
         out

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.backends.hosts import recorded
 from tests.conftest import CLI, _need_testbed
 from tests.e2e.test_e2e_heal import TICKS, finish, start
 from tests.e2e.test_e2e_lifetime import wait_for
@@ -150,14 +151,14 @@ def test_a_live_runs_silent_host_is_said_unreachable_within_the_bound(
     drop = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]
     assert tb3.exec("node3", "iptables", "-I", *drop).returncode == 0
     try:
-        st, took = timed(cli, "status", run_id)
-        print(f"with node3 silent: status {took:.2f}s")
+        st = cli("status", run_id, timeout=30)  # half the connect timeout: no waiting it out
         assert st.returncode == 3, st.stdout + st.stderr
         for node in ("node1", "node2"):
             assert re.search(rf"^  {node} +node rank \d.*  running", st.stdout, re.M), st.stdout
+        # the bound's words, not the connect timeout's
         assert re.search(r"^  node3 +node rank 2.*  unreachable \(may still be running\): "
-                         r"node3: no answer", st.stdout, re.M), st.stdout
-        assert took < 30, took  # the 60 s connect timeout was not waited out
+                         r"node3: no answer to fleet's question \(connection and run state\) "
+                         rf"after {recorded.ASK_S}s", st.stdout, re.M), st.stdout
         ps = cli("ps", timeout=120)
         assert re.search(rf"^{run_id} +unknown \(node3 unreachable\) ", ps.stdout, re.M), \
             ps.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import stat
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -242,17 +241,16 @@ def test_a_relayed_node_that_stops_reading_is_named_promptly(
     # more than the relay link's socket buffers and node1's own hold: node1 must wait on node2
     make_data(tmp_path / "data", [48])
     attacked(tb, "node2", DEAF)
-    t0 = time.monotonic()
     try:
-        r = cli("up", str(job(tmp_path, 29853)), timeout=150)  # 300 s and more before the fix
+        # half the 300 s and more it took before the fix: a fleet that waits that long fails here
+        r = cli("up", str(job(tmp_path, 29853)), timeout=150)
     finally:
         attacked(tb, "node2", None)
-    took = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 3, out
+    # the 20 s bound on a node that takes nothing, not the relay socket's own stall (300 s)
     assert re.search(r"node2: takes nothing: node1 waited 20s to pass it data", r.stderr), out
     assert not re.search(r"^\s+node(1|3):", r.stderr, re.M), out  # only node2 is blamed
-    assert took < 150, f"{took:.0f}s"
     assert_clean(tb)
 
 

@@ -97,11 +97,9 @@ def test_fail_fast_on_64_hosts_stops_every_other_host(cli: CLI, tb: Testbed,
     tb.inventory(tmp_path / "inv.toml")
     job = command_job(tmp_path, 29742, 'echo "tick on $(hostname)"; '
                       'if [ "$(hostname)" = node64 ]; then sleep 2; exit 3; fi; exec sleep 600')
-    t0 = time.monotonic()
-    up = cli("up", str(job), timeout=400)
+    up = cli("up", str(job), timeout=300)  # a hang guard: half the others' 600 s sleep
     lost_links(up.stdout + up.stderr)
     assert up.returncode != 0, up.stdout + up.stderr
-    assert time.monotonic() - t0 < 300, "the failure did not stop the sleeping hosts"
     assert re.search(r"node64 .*failed", up.stderr), up.stderr
     for h in tb.hosts:
         assert f"tick on {h.name}\n" in up.stdout, f"{h.name}'s log line missing"

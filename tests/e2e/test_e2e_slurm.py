@@ -43,6 +43,7 @@ print(f"rank {dist.get_rank()} ready", flush=True)
 if dist.get_rank() == 2:
     sys.exit("boom from rank 2")
 time.sleep(300)
+print(f"rank {dist.get_rank()} slept to the end", flush=True)
 """
 
 SLEEP = """\
@@ -148,18 +149,17 @@ def test_fleet_up_streams_tagged_lines(slurm: Slurm, tmp_path: Path) -> None:
 
 def test_a_crashing_rank_ends_the_allocation(slurm: Slurm, tmp_path: Path) -> None:
     d = job_dir(slurm, "crash", CRASH, 29623)
-    t0 = time.monotonic()
-    r = fleet(slurm, tmp_path)("up", str(d / "job.toml"), timeout=240)
-    took = time.monotonic() - t0
+    # a hang guard at half the ranks' 300 s sleep: a crash that did not end them fails here
+    r = fleet(slurm, tmp_path)("up", str(d / "job.toml"), timeout=150)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "node2 r2 | boom from rank 2" in r.stdout, r.stdout
     assert "first failure: node2 (node rank 1), rank 2" in r.stderr, r.stderr
     assert "node2  node rank 1: failed" in r.stderr, r.stderr
-    assert took < 90, f"the crash did not end the sleeping ranks quickly ({took:.0f}s)"
+    assert "slept to the end" not in r.stdout, r.stdout  # the crash ended the sleeping ranks
     job = job_id_of(r.stderr)
     assert slurm.job(job)["JobState"] == "FAILED"
     after = assert_gone(slurm, job)
-    print(f"\ncrash: fleet up ended in {took:.1f}s, the last process {after:.1f}s later")
+    print(f"\ncrash: the last process ended {after:.1f}s after fleet's exit")
 
 
 def detached(slurm: Slurm, tmp_path: Path, name: str, script: str,

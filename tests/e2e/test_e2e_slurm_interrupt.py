@@ -41,9 +41,10 @@ pytestmark = pytest.mark.e2e
 MB = 1 << 20
 SUBMITTED = re.compile(r"submitted job (\d+)")
 RANKS = ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2"))
-# From SIGINT to fleet's exit: scancel and one look at the job (fleet itself gives up waiting
-# for the job's end after slurm_run.CANCEL_WAIT_S, 60 s).
-EXIT_S = 20.0
+# A hang guard from SIGINT to fleet's exit (scancel and one look at the job): well under the
+# 60 s (CANCEL_WAIT_S) that fleet gives the job's end before it gives up waiting, so a fleet
+# that waits that out fails the call.
+EXIT_S = 40.0
 
 
 class Streamed(Running):
@@ -80,14 +81,13 @@ def wait_file(path: Path, run: Running, timeout: float = 60) -> None:
 
 @dataclass
 class InterruptedRun:
-    """A `fleet up` Ctrl-C'd while its job ran: its exit code, output, how long it took from the
-    first SIGINT to its exit, Slurm's job id and fleet's run id."""
+    """A `fleet up` Ctrl-C'd while its job ran: its exit code, output, Slurm's job id and
+    fleet's run id."""
 
     cli: CLI
     code: int
     out: str
     err: str
-    took: float
     job: int
     run_id: str
 
@@ -106,13 +106,11 @@ def interrupt_running(slurm: Slurm, tmp_path: Path, name: str, port: int,
         run.wait_out(every_rank_sleeps)
         assert slurm.job(job)["JobState"] == "RUNNING"
         assert all(processes(slurm, job).values()), processes(slurm, job)
-        t0 = time.monotonic()
         run.p.send_signal(signal.SIGINT)
         then(run, job)
-        out, err = run.finish(timeout=120)
-        took = time.monotonic() - t0
+        out, err = run.finish(timeout=EXIT_S)
         assert run.p.returncode is not None
-        return InterruptedRun(cli, run.p.returncode, out, err, took, job, run_id_of(err))
+        return InterruptedRun(cli, run.p.returncode, out, err, job, run_id_of(err))
     finally:
         if run.p.poll() is None:
             run.p.kill()
@@ -130,7 +128,7 @@ def assert_cancelled(slurm: Slurm, r: InterruptedRun) -> None:
         r.err
     assert r.err.count(f"cancelling Slurm job {r.job}") == 1, r.err  # one cancel, not two
     assert "Traceback" not in r.err, r.err
-    assert r.took < EXIT_S, f"{r.took:.1f}s from SIGINT to fleet's exit"
+    assert "after scancel" not in r.err, r.err  # it saw the job end, not its wait run out
     assert slurm.job(r.job)["JobState"] == "CANCELLED"
     after = assert_gone(slurm, r.job)
     assert slurm.run("squeue", "-h", "-j", str(r.job), check=False).stdout.strip() == ""
@@ -139,8 +137,7 @@ def assert_cancelled(slurm: Slurm, r: InterruptedRun) -> None:
     assert st.returncode == 4 and lines and lines[0].endswith(": stopped"), \
         st.stdout + st.stderr
     assert f"  slurm job {r.job}: CANCELLED" in st.stdout, st.stdout
-    print(f"\nfleet exited {r.took:.1f}s after the SIGINT, the job's last process "
-          f"{after:.1f}s later")
+    print(f"\nthe job's last process ended {after:.1f}s after fleet's exit")
 
 
 def test_ctrl_c_while_the_job_runs_cancels_it(slurm: Slurm, tmp_path: Path) -> None:
@@ -189,7 +186,6 @@ def test_a_ctrl_c_during_scancel_does_not_cut_the_cancel_short(slurm: Slurm,
     r = interrupt_running(slurm, tmp_path, "int-scancel", 29643, during_scancel, cli)
     assert done.exists(), f"fleet's scancel was cut short:\n{r.err}"
     assert done.read_text() == f"0 {r.job}\n"  # ... and it cancelled the job
-    assert r.took > 3, f"{r.took:.1f}s: fleet did not wait for its scancel"
     assert_cancelled(slurm, r)
 
 
@@ -200,12 +196,12 @@ class BeforeSubmission:
 
     code: int
     err: str
-    took: float
     run_id: str
     status: tuple[int, str]
     jobs: str  # `scontrol show job` of every job Slurm knows (ended ones too, for 300 s)
     during: list[str]  # processes on the login node but its slurmd, as the stream began
     left: dict[str, list[str]]  # ... on every node, after fleet's exit
+    whole: list[Path]  # the data's files whole on the login node, after fleet's exit
 
 
 def others(slurm: Slurm, name: str) -> list[str]:
@@ -240,10 +236,8 @@ def before_submission(slurm: Slurm,
         try:
             run.wait_for(re.compile(r"data: streaming 24\.0 MiB"))
             during = others(slurm, login.name)
-            t0 = time.monotonic()
             run.p.send_signal(signal.SIGINT)
-            _, err = run.finish(timeout=120)
-            took = time.monotonic() - t0
+            _, err = run.finish(timeout=30)  # a hang guard: `whole` says it did not wait
         finally:
             if run.p.poll() is None:
                 run.p.kill()
@@ -256,11 +250,13 @@ def before_submission(slurm: Slurm,
             if not any(left.values()) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        whole = [p for p in (login.home / "fleet-int").rglob("shard.bin")
+                 if p.stat().st_size == 24 * MB]
         run_id = run_id_of(err)
         st = cli("status", run_id, timeout=120)
         jobs = slurm.run("scontrol", "-o", "show", "job").stdout
-        yield BeforeSubmission(run.p.returncode, err, took, run_id,
-                               (st.returncode, st.stdout + st.stderr), jobs, during, left)
+        yield BeforeSubmission(run.p.returncode, err, run_id,
+                               (st.returncode, st.stdout + st.stderr), jobs, during, left, whole)
     finally:
         if before is None:
             rc.unlink()
@@ -275,7 +271,7 @@ def test_ctrl_c_before_the_submission_submits_nothing(
     assert "fleet: interrupted (SIGINT)" in r.err and "Traceback" not in r.err, r.err
     # it did land before the end of the data's transfer, so before any sbatch
     assert "data: 1 file(s) sent" not in r.err and not SUBMITTED.search(r.err), r.err
-    assert r.took < 10, f"{r.took:.1f}s from SIGINT to fleet's exit"
+    assert r.whole == [], r.whole  # the stream was cut, not finished first
     assert r.run_id not in r.jobs, r.jobs  # Slurm has no job of the run, ended or not
     assert r.during, "nothing of fleet's ran on the login node during the transfer"
     assert not any(r.left.values()), f"left on the nodes: {r.left}"

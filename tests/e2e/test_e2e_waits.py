@@ -5,6 +5,7 @@ shown with `fleet --debug`."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI
+from tests.e2e.test_e2e_up import run_id_of
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -111,3 +113,34 @@ def test_exec_names_the_host_still_running_its_command(cli: CLI, tb2: Testbed,
         drawn
     assert "node1 still" not in drawn.split("1/2 hosts done")[-1]  # done: no more named
     assert "2 of 2 host(s) exited 0" in drawn
+
+
+def test_status_on_a_terminal_names_the_node_it_still_waits_for(
+        cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
+    """A live run asked while one host is cut off: the wait names that host (the other has
+    answered), and the host is then said unreachable; nothing of the wait is kept off a
+    terminal."""
+    (tmp_path / "sleep.py").write_text("import time\ntime.sleep(300)\n")
+    path = tmp_path / "sleep.toml"
+    path.write_text('inventory = "inv.toml"\nscript = "sleep.py"\nnproc_per_node = 1\n'
+                    "[rendezvous]\nport = 29963\n")
+    tb2.inventory(tmp_path / "inv.toml")
+    up = cli("up", "--detach", str(path), timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    run_id = run_id_of(up.stderr)
+    try:
+        tb2.cut_off("node2")
+        code, out, terminal = on_a_terminal(cli, "status", run_id)
+        drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)
+        assert re.search(rf"waiting: the state of {re.escape(run_id)} 1/2 hosts done; node2 "
+                         r"still on its connection \([1-9] s\)", drawn), drawn
+        assert code == 3, out + terminal
+        assert re.search(r"node2 .* unreachable \(may still be running\)", out), out
+        plain = cli("status", run_id, timeout=60)
+        assert "waiting:" not in plain.stderr + plain.stdout
+        code, out, terminal = on_a_terminal(cli, "status", "--json", run_id)
+        assert "waiting:" not in terminal and json.loads(out)["status"], out + terminal
+    finally:
+        tb2.reconnect("node2")
+        stop = cli("stop", run_id, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr

@@ -103,16 +103,15 @@ def test_an_unreadable_file_is_refused_before_any_host_is_touched(cli: CLI, tb2:
         return [sorted((h.home / "fleet" / "runs").glob("*")) for h in tb2.hosts]
 
     before = runs()
-    t0 = time.monotonic()
     r = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
                         sys.executable, "-m", "fleet", "up", str(job(tmp_path, code, 29722))],
-                       cwd=cli.cwd, env=cli.env, capture_output=True, text=True, timeout=120,
-                       stdin=subprocess.DEVNULL)
+                       cwd=cli.cwd, env=cli.env, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)  # timeout: a hang guard
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"{code}: cannot read weights.bin (permission denied); make them readable, or " \
            "leave them out with `exclude = [...]`" in r.stderr, r.stderr
+    # refused before any host: no connection said, no run directory made (below)
     assert "nothing was started" in r.stderr and "connected" not in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 60
     assert_no_strays(tb2)
     assert runs() == before  # no run directory made anywhere
 
@@ -164,12 +163,10 @@ def test_fifo_workdir_interrupted_and_killed_before_any_start(cli: CLI, tb2: Tes
     (code / "list.py").write_text(LIST)
     os.mkfifo(code / "pipe")
     path = job(tmp_path, code, 29724)
-    t0 = time.monotonic()
     cli.env["FLEET_FAULT"] = "upload:int"
-    r = cli("up", str(path), timeout=120)
+    r = cli("up", str(path), timeout=60)  # a hang guard: a FIFO read would block for good
     assert r.returncode == 130, r.stdout + r.stderr
     assert "nothing had been started on any node" in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 60
     assert_no_strays(tb2)
     cli.env["FLEET_FAULT"] = "upload:kill"
     killed = cli("up", str(path), timeout=120)
@@ -219,9 +216,7 @@ def test_a_partition_during_the_upload_is_named_within_the_deadline(cli: CLI,
                 assert time.monotonic() - t0 < 120 and proc.poll() is None, "no write began"
                 time.sleep(0.05)
             subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)
-            t0 = time.monotonic()
-            out, err = proc.communicate(timeout=200)
-            took = time.monotonic() - t0
+            out, err = proc.communicate(timeout=120)  # a hang guard: TCP alone waits ~15 min
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -229,10 +224,10 @@ def test_a_partition_during_the_upload_is_named_within_the_deadline(cli: CLI,
                            check=True)
             del cli.env["FLEET_FAULT"], cli.env["FLEET_FAULT_RESUME"]
         assert proc.returncode == 3, out + err
+        # named by fleet's own 25 s stall limit, not by TCP's timeout
         assert re.search(r"node2: no progress for 25s while data was sent: it stopped answering",
                          err), err
         assert "nothing was started" in err and "started master" not in err, err
-        assert took < 120, f"named after {took:.0f}s"  # TCP alone: about 15 minutes
         assert_no_strays(tb, timeout=30)
         run_id = run_id_of("".join(head))
         assert not (tb.hosts[0].home / "fleet" / "runs" / run_id).exists()

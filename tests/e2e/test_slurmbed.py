@@ -136,25 +136,25 @@ def test_scancel_leaves_nothing_on_either_host(slurm: Slurm) -> None:
         assert r.returncode == 0, r.stderr
         *found, hostname = r.stdout.splitlines()
         assert found and hostname == name, r.stdout
-    t0 = time.monotonic()
     slurm.run("scancel", str(job))
+    # the hour-long sleep ended by the cancel (a hang guard of 20 s, no measurement)
     took = wait_for("no process of the job on either host",
                     lambda: not any(slurm.job_processes(n, job) for n in names), 20)
     print(f"\nslurm: scancel -> nothing left on both hosts in {took:.2f}s")
-    assert time.monotonic() - t0 < 20
     wait_for("the job to end", lambda: slurm.job(job)["JobState"] == "CANCELLED", 10)
 
 
 def test_rank_crash_ends_the_job(slurm: Slurm) -> None:
-    """One task exits 3 after a second; --kill-on-bad-exit ends the other, sleeping one and
-    the job. Timed from the failing task's own clock reading to the job's end."""
+    """One task exits 3 after a second; --kill-on-bad-exit ends the other, sleeping one (for
+    an hour, were it not ended) and the job. Printed, not asserted: the time from the failing
+    task's own clock reading to the job's end."""
     home = slurm.tb.hosts[0].home
     crashed = home / "crashed-at"
     crashed.unlink(missing_ok=True)
     body = ("srun --kill-on-bad-exit=1 bash -c 'if [ $SLURM_NODEID = 1 ]; then sleep 1; "
             f"date +%s.%N > {crashed}; exit 3; fi; exec sleep 3599.75'")
     job, out = batch(slurm, "crash", body)
-    info = slurm.wait(job, timeout=60, step=0.02)
+    info = slurm.wait(job, timeout=60, step=0.02)  # a hang guard: the sleep would take an hour
     took = time.time() - float(crashed.read_text())
     nodes = ("node1", "node2")
     wait_for("no task of the job on either host",
@@ -170,4 +170,3 @@ def test_rank_crash_ends_the_job(slurm: Slurm) -> None:
     # the task that --kill-on-bad-exit terminated), and srun names the task that failed.
     assert info["JobState"] == "FAILED" and info["ExitCode"] in ("3:0", "143:0"), info
     assert re.search(r"task 1: Exited with exit code 3", text), text
-    assert took < 10, took

@@ -5,23 +5,26 @@ on nodes that are this machine (the local transport), each in a directory of its
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fleet.backends.hosts.replicate import Keeper
 from fleet.config.job import load_job
-from fleet.console import Console
+from fleet.console import Console, Waiting
 from fleet.errors import ConfigError
 from fleet.facts import checkpoints as fact
 from fleet.facts.checkpoints import Seen
 from fleet.run import checkpoints as book
 from fleet.run.checkpoints import Kept
 from fleet.transport.sync import scan
+from fleet.waits import Words
 
 
 def job_file(tmp: Path, restart: str, inventory: str = "") -> Path:
@@ -192,7 +195,17 @@ def test_the_keeper_copies_verifies_prunes_and_restores(tmp_path: Path,
     (tmp_path / "state" / "runs" / "r1").mkdir(parents=True)
     job = load_job(local_job(tmp_path))
     out = io.StringIO()
-    k = Keeper(job, Console(out=out, err=out, live=False), "r1")
+    console = Console(out=out, err=out, live=False)
+    waited: list[str] = []  # what a person would have seen waited for, in order
+    shown = console.waiting
+
+    @contextlib.contextmanager
+    def waiting(text: Words) -> Iterator[Waiting]:
+        waited.append(text() if callable(text) else text)
+        with shown(text) as w:
+            yield w
+    monkeypatch.setattr(console, "waiting", waiting)
+    k = Keeper(job, console, "r1")
     try:
         k.nodes = k._all()
         n1 = ckpt_dir(tmp_path, "n1", job.slot)
@@ -219,6 +232,7 @@ def test_the_keeper_copies_verifies_prunes_and_restores(tmp_path: Path,
         (n1 / "e1.pt").unlink()  # the job prunes its own
         k.poll()
         assert sorted(os.listdir(ckpt_dir(tmp_path, "n2", job.slot))) == ["e2.pt"]
+        assert waited == []  # the watch, while the job prints, draws no wait
 
         # n1 is lost, s1 takes its place: s1 is warm, nothing moves.
         k.ready(2, {"n1": "s1"}, ["n1"])
@@ -230,6 +244,12 @@ def test_the_keeper_copies_verifies_prunes_and_restores(tmp_path: Path,
         (n1 / "e3.pt").write_bytes(os.urandom(1000))
         k.ready(2, {"n2": "s1"}, ["n2"])
         assert "fleet: checkpoint e3.pt (1000 bytes) from n1 to s1, " in out.getvalue()
+        assert waited[-4:] == [  # before the attempt, each wait says what it waits for
+            "waiting: the checkpoints each node holds 0/2 hosts done",
+            "checkpoint: files written since the last look, looked at again in 1 s "
+            "(unchanged: whole)",
+            "waiting: the checkpoints each node holds 0/2 hosts done",
+            "checkpoint e3.pt (1000 bytes): copying from n1 to s1"], waited
         # n1 is lost: n2 lacks e3, which comes from s1.
         k.pause()
         k.ready(3, {"n1": "s1"}, ["n1"])

@@ -141,6 +141,8 @@ def test_a_command_still_loads_what_it_needs(tmp_path: Path) -> None:
     record_run(tmp_path)
     _, modules = loaded(tmp_path, ["show", "--json"])
     assert "fleet.backends" in modules and "paramiko" in modules
+    # ... and no more: a run's node commands (stop, status, logs) render no template
+    assert "fleet.backends.hosts.node" in modules and heavy(modules, ("jinja2",)) == []
 
 
 # Ctrl-C

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -250,24 +251,44 @@ def test_log_view_of_a_missing_log_fails(tmp_path: Path) -> None:
 
 # ---- log_times.py, started by start.sh ----------------------------------------------------
 def test_start_keeps_a_time_index_of_node_log_until_the_wrapper_ends(tmp_path: Path) -> None:
+    # each write waits for the test to open its gate (a file): the stamps follow the gates
+    gate = 'while [ ! -e {0} ]; do sleep 0.02; done\n'
     (tmp_path / "run.sh").write_text(
-        'echo $$ > pid\necho one\nsleep 1\nprintf "two\\nthree\\n"\nsleep 0.5\n'
-        'printf "half"\nsleep 0.5\necho " line"\n')
+        'echo $$ > pid\necho one\n' + gate.format("go1") + 'printf "two\\nthree\\n"\n' +
+        gate.format("go2") + 'printf "half"\n' + gate.format("go3") + 'echo " line"\n')
+    index = tmp_path / "node.times"
+    deadline = time.monotonic() + 20
+
+    def wait(what: Callable[[], bool]) -> None:
+        while not what():
+            assert time.monotonic() < deadline, f"index: {index.read_text()!r}"
+            time.sleep(0.02)
+
+    def offsets() -> list[str]:
+        return index.read_text().split()[0::2] if index.is_file() else []
+
     began = time.time()
     r = sh(remote.start_script(str(tmp_path), "r-1", sys.executable))
     assert r.returncode == 0, r.stderr
     pid = remote.parse_start(r.stdout)[0]
     assert pid is not None
-    index = tmp_path / "node.times"
-    deadline = time.monotonic() + 20
-    while not (index.is_file() and index.read_text().split()[-2:-1] == ["24"]):
-        assert time.monotonic() < deadline, f"index: {index.read_text()!r}"
-        time.sleep(0.05)
+    opened: list[float] = []
+    for name, seen in (("go1", lambda: offsets() == ["4"]),
+                       ("go2", lambda: offsets() == ["4", "14"]),
+                       ("go3", lambda: (tmp_path / "node.log").read_bytes().endswith(b"half"))):
+        wait(seen)
+        assert offsets() == (["4"] if name == "go1" else ["4", "14"])  # "half": no stamp
+        opened.append(time.time())
+        (tmp_path / name).touch()
+    wait(lambda: offsets()[-1:] == ["24"])
     stamps = [(int(o), float(t)) for o, t in map(str.split, index.read_text().splitlines())]
     assert [o for o, _ in stamps] == [4, 14, 24], stamps  # whole lines only, each once
     times = [t for _, t in stamps]
     assert began <= times[0] and times == sorted(times) and times[-1] <= time.time()
-    assert times[1] - times[0] >= 0.5 and times[2] - times[1] >= 0.5, times
+    # each line stamped as it came: "one" before the first gate opened, "two" after it, and
+    # "half line" once it was whole, after the last
+    assert times[0] <= opened[0] <= times[1] <= opened[1] <= opened[2] <= times[2], \
+        (times, opened)
     v = view(tmp_path)
     assert [line for _, line in v.lines] == ["one", "two", "three", "half line"]
     assert [t for t, _ in v.lines] == [times[0], times[1], times[1], times[2]]

@@ -145,13 +145,13 @@ def test_follow_without_a_pid_reads_from_the_offset(tmp_path: Path) -> None:
 
 def test_the_end_without_a_lock_is_the_wrappers_pid(tmp_path: Path) -> None:
     (tmp_path / "pid").write_text("1\n")
-    sleeper = subprocess.Popen(["sleep", "0.3"])
+    # its last act, before its pid goes, is to leave a mark
+    sleeper = subprocess.Popen(["sh", "-c", 'sleep 0.3; echo > "$0/ended"', str(tmp_path)])
     reaper = threading.Thread(target=sleeper.wait)  # a zombie would still answer kill -0
     reaper.start()
-    t0 = time.monotonic()
     out = sh(remote.end_script(str(tmp_path), sleeper.pid)).stdout
+    assert (tmp_path / "ended").exists()  # the end was seen after the wrapper's, not before
     reaper.join()
-    assert time.monotonic() - t0 >= 0.2
     assert "pid=1" in out.splitlines()
 
 

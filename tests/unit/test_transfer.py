@@ -690,12 +690,10 @@ def in_thread(fn: Callable[[], socket.socket]) -> tuple[threading.Thread, list[o
     got: list[object] = []
 
     def run() -> None:
-        t0 = time.monotonic()
         try:
             got.append(fn())
         except BaseException as e:  # examined by the test
             got.append(e)
-        got.append(time.monotonic() - t0)
     th = threading.Thread(target=run, daemon=True)
     th.start()
     return th, got
@@ -728,8 +726,8 @@ def test_a_wrong_key_is_refused_by_both_sides() -> None:
     th.join(5)
     server.close()
     assert not th.is_alive()
-    assert isinstance(got[0], ferry.Bad | OSError), got  # never a socket
-    assert isinstance(got[1], float) and got[1] >= 0.45  # it kept waiting until its deadline
+    # never a socket; it kept waiting past the wrong key, until its deadline's words
+    assert isinstance(got[0], ferry.Bad) and "never connected" in str(got[0]), got
 
 
 def test_accept_from_skips_a_wrong_key_and_takes_the_right_one_after_it() -> None:
@@ -1616,20 +1614,27 @@ def test_a_node_that_says_it_could_not_pass_data_on_blames_the_next_only_if_it_c
                                             "it could not pass the data on (passing the data")
 
 
+class NeverWaits(threading.Condition):
+    """A Word's condition that fails the test where the Word would wait for more of fleet's
+    word (WORD_S) instead of answering from what it already holds."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        raise AssertionError(f"waited for fleet's word (up to {timeout}s)")
+
+
 def test_a_relayed_file_is_only_ever_the_next_one_fleet_announced() -> None:
     """In stream order: a frame for a file fleet did not announce next is tampering as soon as
     fleet's word says it went past the one announced (not after WORD_S); one fleet gave up
     before its first frame ("skip") is passed over."""
     word = ferry.Word(io.BytesIO())
+    word.cond = NeverWaits()  # each answer below is known from the word already taken
     frame = {"size": 3, "mode": 0o644, "mtime": MTIME, "blocks": None, "for": [0]}
     for rel in ("a", "b", "c"):
         word.take({"file": [0, rel, 3, 0o644, MTIME, None, [0]]})
     word.take({"skip": [0, "a"]})
     assert word.check(0, "b", frame).size == 3
-    t0 = time.monotonic()
     with pytest.raises(ferry.Tampered, match="b: relayed, but fleet sends no such file next"):
         word.check(0, "b", frame)  # b again (a replay): c is next
-    assert time.monotonic() - t0 < 1
     word.take({"sha": [0, "c", "ab" * 32]})
     assert word.check(0, "c", frame).size == 3
     word.take({"file": [0, "d", 3, 0o644, MTIME, None, [0]]})

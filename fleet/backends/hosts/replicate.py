@@ -34,6 +34,7 @@ from fleet.transport.group import each
 from fleet.transport.sync import Scan
 from fleet.transport.transfer import Dir, Target, fetch, human, move
 from fleet.transport.transfer.wanted import Want
+from fleet.waits import named
 
 POLL_S = 2.0  # between two looks at the nodes' checkpoint directories
 RATE = 64 << 20  # bytes a second read from a training node: the job's disk and link come first
@@ -135,13 +136,15 @@ class Keeper:
         """Every node of `hosts` holds the newest checkpoint a survivor has (the nodes the last
         attempt lost are not asked), or fleet says plainly that there is none."""
         asked = [h for h in self._all() if h.name not in lost]
-        listings = self._listings(asked)
+        listings = self._listings(asked, shown=True)
         settled = {n: fact.settled(self.before.get(n), files) for n, files in listings.items()}
         if any(settled[n] != files for n, files in listings.items()):
             # Written since the last look (or a node not looked at yet): the job is stopped,
             # so what has not changed a moment later is whole, and may be the newest.
-            time.sleep(SETTLE_S)
-            first, listings = listings, self._listings(asked)
+            with self.console.waiting("checkpoint: files written since the last look, looked "
+                                      f"at again in {SETTLE_S:g} s (unchanged: whole)"):
+                time.sleep(SETTLE_S)
+            first, listings = listings, self._listings(asked, shown=True)
             settled = {n: fact.settled(first.get(n), files) for n, files in listings.items()}
         book.fresh(self.kept, settled, listings)
         k, holders = book.newest_held(self.kept, listings)
@@ -161,7 +164,9 @@ class Keeper:
         else:
             source = k.writer if k.writer in holders else holders[0]
             try:
-                secs = self._copy(k, source, lacking, throttle=None)
+                with self.console.waiting(f"checkpoint {self._name(k)} ({human(k.size)}): "
+                                          f"copying from {source} to {', '.join(lacking)}"):
+                    secs = self._copy(k, source, lacking, throttle=None)
             except (FleetError, OSError) as e:
                 self.console.info(f"checkpoint {self._name(k)} could not be copied from "
                                   f"{source} to {', '.join(lacking)} ({e}): {scratch} there")
@@ -252,15 +257,21 @@ class Keeper:
         if t is not None:
             t.close()
 
-    def _listings(self, hosts: list[Host]) -> dict[str, dict[str, fact.Seen]]:
+    def _listings(self, hosts: list[Host], shown: bool = False
+                  ) -> dict[str, dict[str, fact.Seen]]:
         """Each node's checkpoint files, asked of all at once; a node that cannot be asked now
-        is left out."""
+        is left out. `shown`: a wait the person sees (before an attempt; the watch's own looks,
+        while the job prints, are not)."""
         def ask(h: Host) -> dict[str, fact.Seen] | None:
             r = self._conn(h).run(fact.command(h.python, self._job_dir(h), self.ckpt),
                                   timeout=LIST_S, what="list the checkpoints")
             return fact.parse(r.out, self.ckpt).files if r.ok else None
         out = {}
-        for name, got in each(((h.name, h) for h in hosts), ask).items():
+        console = self.console if shown else self.quiet
+        with console.hosts_waiting("the checkpoints each node holds",
+                                   (h.name for h in hosts)) as wait:
+            asked = each(named((h.name, h) for h in hosts), wait.tracked(ask))
+        for name, got in asked.items():
             if isinstance(got, FleetError):
                 self._drop(name)
             elif isinstance(got, Exception):
