@@ -76,7 +76,7 @@ def test_the_program_compiles_for_python_3_8_with_no_fleet_left() -> None:
             assert not n.level and not (n.module or "").startswith("fleet"), ast.unparse(n)
     last = tree.body[-1]
     assert isinstance(last, ast.If) and "__main__" in ast.unparse(last.test)
-    assert ast.unparse(last.body[0]) == "sys.exit(main(sys.argv[1:]))"
+    assert ast.unparse(last.body[0]) == "run_to_exit(sys.argv[1:])"
     assert "FLEET_FERRY_CODE" not in text.splitlines()  # it would end the here-document
     assert text.endswith("\n")
 
@@ -245,7 +245,8 @@ class Node:
 
     def __init__(self, python: str, code: Path, mark: str, listen: str = "") -> None:
         self.proc = subprocess.Popen(loaded(python, f"recv {mark} {listen}", code),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
         self.lines: queue.Queue[dict[str, object]] = queue.Queue()
         self.mark = mark
         threading.Thread(target=self._read, daemon=True).start()
@@ -304,12 +305,19 @@ def test_the_program_relays_from_one_node_to_the_next_as_fleet_vouches(tmp_path:
             assert node.said("done")["done"] == {"files": 3, "bytes": sum(map(len,
                                                                                FILES.values())),
                                                  "failed": False}
+        # Each ends once done, its stdin still open (as fleet waits for it): the relayed one's
+        # reader of fleet's word, blocked on that stdin, holds no exit back.
+        for node in (first, second):
+            node.proc.wait(timeout=30)
     finally:
         for node in (first, second):
             if node.proc.stdin:
                 node.proc.stdin.close()
             node.proc.wait(timeout=30)
-    assert first.proc.returncode == 0
+    for node in (first, second):
+        assert node.proc.returncode == 0 and node.proc.stderr
+        err = node.proc.stderr.read().decode()
+        assert "Fatal Python error" not in err and "could not acquire lock" not in err, err
     for side in ("a", "b"):
         for rel, content in FILES.items():
             assert (tmp_path / side / rel).read_bytes() == content

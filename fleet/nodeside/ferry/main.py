@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import threading
+import traceback
 
 from fleet.nodeside.ferry.frames import cmd_hash, safe_rel
 from fleet.nodeside.ferry.recv import _exit_when_unread, cmd_recv
@@ -30,5 +33,23 @@ def main(argv: list[str]) -> int:
     return 2
 
 
+def run_to_exit(argv: list[str]) -> None:
+    """main, then out at once: a relayed receiver's reader of fleet's word is a daemon thread
+    blocked reading stdin, and holds its lock; Python's shutdown would wait a second for that
+    lock, then abort (SIGABRT, a core dump where the node keeps them). Nothing is left to
+    finalise: every file was closed, every word flushed."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - said as Python would, then out
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_to_exit(sys.argv[1:])
