@@ -53,7 +53,9 @@ POLL = 0.2  # seconds between looks at fleet's RSS
 STOP_AT_BASELINE = 5.0
 STOP_AT_IDEAL = 3.0
 DATA_LINE = re.compile(r"^fleet: (\S+)\s+data: (.*)$")
-SENT = re.compile(r"sent (\d+) file\(s\), (\d+) bytes")
+# `sent 4 file(s), 953.7 MiB`: fleet says sizes in binary units (1 decimal at most)
+SENT = re.compile(r"sent (\d+) file\(s\), ([0-9.]+) (bytes|KiB|MiB|GiB|TiB)")
+UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 PLANNED = "  node rank "
 
 
@@ -173,7 +175,7 @@ def data_phase(proc: Proc) -> tuple[float, bool, int | None]:
         m = DATA_LINE.match(err[i].text)
         s = SENT.search(m.group(2)) if m else None
         if m and s:
-            last[m.group(1)] = int(s.group(2))
+            last[m.group(1)] = round(float(s.group(2)) * UNITS[s.group(3)])
     return err[idx[-1]].t - start, True, sum(last.values()) if last else None
 
 
