@@ -30,19 +30,7 @@ from fleet.facts.stopping import StillEnding, StopStep
 from fleet.phrases import wait_words
 from fleet.run.stopping import StopProgress
 from fleet.waits import Pending, shown_by
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
+from tests.unit.test_waits import Clock, Tty
 
 
 # ---- said once ---------------------------------------------------------------------------------
