@@ -41,7 +41,7 @@ def run_to_exit(argv: list[str]) -> None:
     try:
         code = main(argv)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - said as Python would, then out
         traceback.print_exc()
         code = 1
