@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from enum import IntEnum
 
 
@@ -111,16 +112,24 @@ def said_once(failures: dict[str, str]) -> list[tuple[list[str], str]]:
     (`node2: no answer...`) is compared, and said, without it; one that names its own host
     further on (`cannot write x on node2`) is compared with that name left out, and said of
     several hosts as `each host` (an error's own `node2: ` after a colon, as nothing).
-    Reasons that differ in anything else are never one."""
-    groups: dict[tuple[bool, str], list[str]] = {}
-    said: dict[tuple[bool, str], str] = {}
-    for host, reason in failures.items():
-        words = reason.removeprefix(f"{host}: ")
-        key = _unnamed(host, words)
+    The very same words on several hosts are one as they are, the names they hold
+    included (`the link node1 -> node2 stalled`, said by both ends). Reasons that differ in
+    anything else are never one."""
+    words_of = {host: reason.removeprefix(f"{host}: ") for host, reason in failures.items()}
+    unnamed = {host: _unnamed(host, words) for host, words in words_of.items()}
+    # The very same words, each naming its own host or none alike (both ends of a link, each
+    # naming both): one as they are. node10's `... on node1` is not node1's `... on node1`.
+    same = Counter((words, unnamed[host][0]) for host, words in words_of.items())
+    groups: dict[tuple[str, str], list[str]] = {}
+    said: dict[tuple[str, str], str] = {}
+    for host, words in words_of.items():
+        named, placed = unnamed[host]
+        key = (("same", words) if same[(words, named)] > 1
+               else ("named", placed) if named else ("plain", words))
         groups.setdefault(key, []).append(host)
         said.setdefault(key, words)
-    return [(hosts, said[key] if len(hosts) == 1 or not key[0] else
-             key[1].replace(f": {_HOST}: ", ": ").replace(_HOST, "each host"))
+    return [(hosts, key[1].replace(f": {_HOST}: ", ": ").replace(_HOST, "each host")
+             if key[0] == "named" and len(hosts) > 1 else said[key])
             for key, hosts in groups.items()]
 
 

@@ -308,3 +308,14 @@ def test_a_lost_nodes_stop_on_a_fresh_connection_is_a_wait_named_again(
     assert got[-1] == ev.Stopping(2, 2)
     p.heard("n1", ev.Ending.CONNECTING)  # tried again once done: not done any more
     assert p.summary() == ev.Stopping(1, 2)
+
+
+def test_the_very_same_words_naming_both_ends_are_said_once_as_they_are() -> None:
+    """Both ends of a stalled relay link say the same words, each naming both hosts: one line,
+    the names kept (not `each host`, which would blur which end is which)."""
+    words = ("the relay link node1 -> node2 stalled: node1 says it waited 20s to pass data on "
+             "to node2; node2 placed none meanwhile")
+    assert said_once({"node1": words, "node2": words, "node3": "no answer"}) == [
+        (["node1", "node2"], words), (["node3"], "no answer")]
+    assert said_once({"node1": f"node1: {words}", "node2": f"node2: {words}"}) == [
+        (["node1", "node2"], words)]
