@@ -4,10 +4,11 @@ it needs when it runs."""
 
 from __future__ import annotations
 
-from fleet.cli import execute, forward, gpus, job_commands, leases, pull, run_commands
+from fleet.cli import doctor, execute, forward, gpus, job_commands, leases, pull, run_commands
 from fleet.cli.app import app
 
-__all__ = ["app", "execute", "forward", "gpus", "job_commands", "leases", "pull", "run_commands"]
+__all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "leases", "pull",
+           "run_commands"]
 
 # What goes around a run, after the commands the modules above added.
 app.command("pull")(pull.pull)
@@ -15,5 +16,6 @@ app.command("forward")(forward.forward)
 app.command("exec")(execute.execute)
 # Sharing a lab's GPUs.
 app.command("gpus")(gpus.gpus)
+app.command("doctor")(doctor.doctor)
 app.command("reserve")(leases.reserve)
 app.command("release")(leases.release)
