@@ -14,8 +14,8 @@ __all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "lease
 app.command("pull")(pull.pull)
 app.command("forward")(forward.forward)
 app.command("exec")(execute.execute)
+app.command("doctor")(doctor.doctor)
 # Sharing a lab's GPUs.
 app.command("gpus")(gpus.gpus)
-app.command("doctor")(doctor.doctor)
 app.command("reserve")(leases.reserve)
 app.command("release")(leases.release)

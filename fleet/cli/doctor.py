@@ -33,7 +33,7 @@ def doctor(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
                                "8 hosts.")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
                               ] = False) -> None:
-    """Find the slow host or link: measure every host and the links between them.
+    """Measure every host and the links between them; name the slow one.
 
     Links are measured from node to node on the addresses a run would use (TCP bandwidth both
     ways and round trips, in rounds of disjoint pairs at once); each host's CPUs, steal,
