@@ -4,6 +4,7 @@ that is well below its peers named (fleet.doctor)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -39,11 +40,12 @@ def doctor(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     ways and round trips, in rounds of disjoint pairs at once); each host's CPUs, steal,
     memory, disk in the workdir, clock and GPUs (ECC errors, retired pages, throttling, PCIe
     link). A host or link well below the median of its peers is named with its figures; the
-    bounds are the inventory's [doctor] table. Exit code 5 when something is named, 3 when a
+    bounds are the inventory's [doctor] table. Each host's figures are kept on this machine: a
+    host well below what it was is named too. Exit code 5 when something is named, 3 when a
     host could not be examined, 0 when all is within bounds."""
     from fleet import backends
     from fleet.console import Console, Meaning
-    from fleet.doctor import report
+    from fleet.doctor import history, report
     from fleet.doctor.verdict import judge
 
     inv = _inventory(path, inventory)
@@ -52,18 +54,24 @@ def doctor(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     with console.waiting("examining the hosts") as wait:
         exam = backend.doctor(inv, selection(node, exclude), quick, progress=wait.update)
     findings = judge(exam, exam.bounds)
+    kept = history.path_for(inv)
+    past, now = history.load(kept), history.figures(exam)
+    regressions = history.regressions(past, now, exam.bounds)
+    unkept = history.keep(kept, past, now, time.time())
     if as_json:
-        print(json.dumps(report.as_json(exam, findings)), flush=True)
+        print(json.dumps(report.as_json(exam, findings, regressions)), flush=True)
     else:
         console.emit(console.table(report.HOST_HEADERS, report.host_rows(exam)))
         if exam.links:
             console.emit(console.table(report.LINK_HEADERS, report.link_rows(exam)))
         for name, why in exam.unreached.items():
             console.info(f"{name}: not examined: {why}", Meaning.FAIL)
-        for f in findings:
-            console.info(f.line, Meaning.FAIL)
-        echo(report.summary(exam, findings))
-    if findings:
+        for line in [f.line for f in findings] + regressions:
+            console.info(line, Meaning.FAIL)
+        if unkept:
+            console.info(unkept, Meaning.WARN)
+        echo(report.summary(exam, findings, regressions))
+    if findings or regressions:
         raise typer.Exit(ExitCode.NOT_READY)
     if exam.unreached:
         raise typer.Exit(ExitCode.UNREACHABLE)

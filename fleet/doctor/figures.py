@@ -4,6 +4,7 @@ and the words for its figures."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from fleet.config.doctor import Bounds
@@ -41,6 +42,19 @@ class Link:
 
     def other(self, host: str) -> str:
         return self.b if host == self.a else self.a
+
+    def better(self, again: Link) -> Link:
+        """This link and a second measure of it: the higher bandwidth's figures, with the
+        lower round trips of the two (a slow moment is no slow link)."""
+        best = again if (again.bits or 0.0) > (self.bits or 0.0) else self
+
+        def rtt(side: str) -> float | None:
+            got = [r for r in (getattr(self, side).rtt_us, getattr(again, side).rtt_us)
+                   if r is not None]
+            return min(got) if got else None
+
+        return Link(self.a, self.b, dataclasses.replace(best.ab, rtt_us=rtt("ab")),
+                    dataclasses.replace(best.ba, rtt_us=rtt("ba")))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ def link_rows(exam: Examination) -> list[list[str]]:
              _or(x.rtt_us, time_words)] for x in exam.links]
 
 
-def summary(exam: Examination, findings: list[Finding]) -> str:
+def summary(exam: Examination, findings: list[Finding], regressions: list[str] | None = None
+            ) -> str:
     """The last line: what was measured, and what is named."""
     what = (f"{len(exam.hosts)} hosts, {len(exam.links)} links in {exam.rounds} rounds"
             f"{' (quick)' if exam.quick else ''}")
@@ -50,6 +51,8 @@ def summary(exam: Examination, findings: list[Finding]) -> str:
         return f"{what}: {len(hosts)} host{'s' * (len(hosts) > 1)} named: {', '.join(hosts)}"
     if findings:
         return f"{what}: {len(findings)} link{'s' * (len(findings) > 1)} named, no host"
+    if regressions:
+        return f"{what}: slower than before ({len(regressions)} figures)"
     if exam.unreached:
         return f"{what}: {len(exam.unreached)} not examined: {', '.join(exam.unreached)}"
     return f"{what}: every host and link within bounds"

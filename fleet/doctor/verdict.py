@@ -81,16 +81,43 @@ def _links_named(exam: Examination, kind: str, links: list[Link], slow: set[int]
     return out
 
 
-def _bandwidth(exam: Examination, bounds: Bounds) -> list[Finding]:
-    links = [link for link in exam.links if link.bits is not None]
+def slow_bandwidth(links: list[Link], bounds: Bounds) -> tuple[float, set[int]]:
+    """The median of each host's best link, and the links (by place) below its bound."""
     best: dict[str, float] = {}
     for link in links:
         for h in (link.a, link.b):
             best[h] = max(best.get(h, 0.0), link.bits or 0.0)
-    ref = _median(list(best.values()))
+    ref = _median(list(best.values())) or 0.0
+    return ref, {i for i, link in enumerate(links) if (link.bits or 0.0) < bounds.link * ref}
+
+
+def slow_latency(links: list[Link], bounds: Bounds) -> tuple[float, set[int]]:
+    """The median of each host's lowest round trip, and the links (by place) past its bound."""
+    best: dict[str, float] = {}
+    for link in links:
+        for h in (link.a, link.b):
+            best[h] = min(best.get(h, float("inf")), link.rtt_us or 0.0)
+    ref = _median(list(best.values())) or 0.0
+    floor = bounds.latency_floor_ms * 1000
+    return ref, {i for i, link in enumerate(links) if (rtt := link.rtt_us or 0.0)
+                 > bounds.latency * ref and rtt - ref > floor}
+
+
+def suspects(links: list[Link], bounds: Bounds) -> list[tuple[str, str]]:
+    """The pairs the verdict would call slow, by bandwidth or round trip (measured again
+    before it is given: one noisy moment should name nothing)."""
+    fast = [x for x in links if x.bits is not None]
+    timed = [x for x in links if x.rtt_us is not None and not x.error]
+    out = [(fast[i].a, fast[i].b) for i in sorted(slow_bandwidth(fast, bounds)[1])]
+    out += [(timed[i].a, timed[i].b) for i in sorted(slow_latency(timed, bounds)[1])]
+    return list(dict.fromkeys(out))
+
+
+def _bandwidth(exam: Examination, bounds: Bounds) -> list[Finding]:
+    links = [link for link in exam.links if link.bits is not None]
+    ref, slow = slow_bandwidth(links, bounds)
     if not ref:
         return []
-    slow = {i for i, link in enumerate(links) if (link.bits or 0.0) < bounds.link * ref}
 
     def words(link: Link) -> str:
         return f"failed ({link.error})" if link.error else bits_words(link.bits or 0.0)
@@ -101,16 +128,9 @@ def _bandwidth(exam: Examination, bounds: Bounds) -> list[Finding]:
 
 def _latency(exam: Examination, bounds: Bounds) -> list[Finding]:
     links = [link for link in exam.links if link.rtt_us is not None and not link.error]
-    best: dict[str, float] = {}
-    for link in links:
-        for h in (link.a, link.b):
-            best[h] = min(best.get(h, float("inf")), link.rtt_us or 0.0)
-    ref = _median(list(best.values()))
-    if ref is None:
+    if not links:
         return []
-    floor = bounds.latency_floor_ms * 1000
-    slow = {i for i, link in enumerate(links) if (rtt := link.rtt_us or 0.0) > bounds.latency * ref
-            and rtt - ref > floor}
+    ref, slow = slow_latency(links, bounds)
     return _links_named(exam, "round trip", links, slow,
                         lambda ls: max(ls, key=lambda x: x.rtt_us or 0.0),
                         lambda link: time_words(link.rtt_us or 0.0), f"median {time_words(ref)}")

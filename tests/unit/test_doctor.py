@@ -9,16 +9,18 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fleet.config.doctor import Bounds
 from fleet.config.inventory import load_inventory
+from fleet.doctor import history
 from fleet.doctor.figures import Examination, Link, bits_words, time_words
 from fleet.doctor.pairs import disjoint, rounds
 from fleet.doctor.report import as_json, summary
-from fleet.doctor.verdict import judge, named_hosts
+from fleet.doctor.verdict import judge, named_hosts, suspects
 from fleet.errors import ConfigError
 from fleet.facts.gpuhealth import (
     FIELDS,
@@ -299,3 +301,46 @@ def test_gpu_health_script_without_nvidia_smi() -> None:
     out = subprocess.run(["/bin/sh", "-c", GPU_HEALTH_SCRIPT], capture_output=True, text=True,
                          timeout=30, env={"PATH": "/nonexistent"}).stdout
     assert parse_gpu_health(out) == GpuHealthFacts(smi=False)
+
+
+def test_suspects_and_a_second_measure() -> None:
+    mesh = full_mesh({("node1", "node3"): 48 * M})
+    mesh[0] = link("node1", "node2", 9 * G, 5000.0)
+    assert suspects(mesh, Bounds()) == [("node1", "node3"), ("node1", "node2")]
+    again = mesh[1].better(link("node1", "node3", 9 * G, 90.0))
+    assert (again.bits, again.rtt_us) == (pytest.approx(9 * G), 80.0)
+    assert mesh[1].better(link("node1", "node3", 1 * M)).bits == pytest.approx(48 * M)
+
+
+# ---- history -------------------------------------------------------------------------------------
+def test_history_shows_a_regression_and_stays_bounded(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / "state"))
+    inv = tmp_path / "lab.toml"
+    p = history.path_for(inv)
+    assert p.parent == tmp_path / "state" / "doctor"
+    before = exam(full_mesh({}))
+    at = time.mktime((2026, 11, 20, 12, 0, 0, 0, 0, -1))
+    for k in range(history.KEEP + 5):
+        past = history.load(p)
+        assert history.regressions(past, history.figures(before), Bounds()) == []
+        assert history.keep(p, past, history.figures(before), at + k) == ""
+    past = history.load(p)
+    assert [len(v) for v in past.values()] == [history.KEEP] * 4
+    slow = exam(full_mesh({("node1", "node4"): 48 * M, ("node2", "node4"): 48 * M,
+                           ("node3", "node4"): 48 * M}))
+    assert history.regressions(past, history.figures(slow), Bounds()) == [
+        "node4's link: 48 Mbit/s, was 9.4 Gbit/s on 2026-11-20"]
+    history.keep(p, past, history.figures(slow), at + 100)
+    # slow since: still said against the last look that was fast
+    again = history.regressions(history.load(p), history.figures(slow), Bounds())
+    assert again == ["node4's link: 48 Mbit/s, was 9.4 Gbit/s on 2026-11-20"]
+
+
+def test_history_damaged_is_started_again(tmp_path: Path) -> None:
+    p = tmp_path / "h.json"
+    for text in ["{", "[1]", '{"node1": 3, "node2": [1, {"at": 1}]}']:
+        p.write_text(text)
+        assert history.load(p) in ({}, {"node2": [{"at": 1}]})
+    assert history.regressions({"node1": [{"at": 1, "figures": {"link": "x"}}]},
+                               {"node1": {"link": 1.0}}, Bounds()) == []

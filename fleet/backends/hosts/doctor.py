@@ -15,6 +15,7 @@ from fleet.config.doctor import Bounds
 from fleet.config.inventory import Host, Inventory
 from fleet.doctor import pairs as pairing
 from fleet.doctor.figures import Examination, Link
+from fleet.doctor.verdict import suspects
 from fleet.facts.gpuhealth import GPU_HEALTH_SCRIPT, GpuHealthFacts, parse_gpu_health
 from fleet.facts.hostfigs import HostFigures, host_script, parse_host
 from fleet.facts.links import SINK_MARK, Sent, parse_send, parse_sink, send_script, sink_script
@@ -157,24 +158,12 @@ def _links(ts: dict[str, Transport], addrs: dict[str, str], bulk: float, bounds:
     for k, r in enumerate(plan, 1):
         progress(f"measuring links: round {k} of {len(plan)} ({len(r)} pairs at once)")
         results.update(_round(r, sinks, addrs, bulk))
-    slow = _slow(list(results.values()), bounds)
-    again = pairing.disjoint(slow)
+    again = pairing.disjoint(suspects(list(results.values()), bounds))
     for k, r in enumerate(again, 1):
         progress(f"measuring the slow links again: {k} of {len(again)}")
         for key, link in _round(r, sinks, addrs, bulk).items():
-            old = results[key]
-            if (link.bits or 0.0) > (old.bits or 0.0):
-                results[key] = link
+            results[key] = results[key].better(link)
     return list(results.values()), len(plan) + len(again)
-
-
-def _slow(links: list[Link], bounds: Bounds) -> list[tuple[str, str]]:
-    best: dict[str, float] = {}
-    for link in links:
-        for h in (link.a, link.b):
-            best[h] = max(best.get(h, 0.0), link.bits or 0.0)
-    ref = sorted(best.values())[len(best) // 2] if best else 0.0
-    return [(x.a, x.b) for x in links if x.bits is not None and x.bits < bounds.link * ref]
 
 
 def _round(pairs: list[tuple[str, str]], sinks: Sinks, addrs: dict[str, str],
