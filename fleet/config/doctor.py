@@ -40,3 +40,16 @@ def take_bounds(t: Table) -> Bounds:
             values[key] = value
     t.done()
     return dataclasses.replace(Bounds(), **values)
+
+
+BEFORE = ("quick", "full")
+
+
+def take_before(t: Table) -> str:
+    """A job's `[doctor] before`: "quick" or "full" runs `fleet doctor` on the job's hosts
+    before `up` starts anything (and, with `[restart]`, before each later attempt); "" none."""
+    before = t.take("before", str, "")
+    if before not in ("", *BEFORE):
+        raise t.error("before", f'must be "quick" or "full", not {before!r}')
+    t.done()
+    return before

@@ -4,6 +4,7 @@ and the node programs themselves, run here under sh as a node runs them."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -14,14 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from fleet import backends
 from fleet.config.doctor import Bounds
 from fleet.config.inventory import load_inventory
+from fleet.config.job import Job, load_job
+from fleet.console import Console
 from fleet.doctor import history
 from fleet.doctor.figures import Examination, Link, bits_words, time_words
 from fleet.doctor.pairs import disjoint, rounds
 from fleet.doctor.report import as_json, summary
 from fleet.doctor.verdict import judge, named_hosts, suspects
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, HostError
 from fleet.facts.gpuhealth import (
     FIELDS,
     GPU_HEALTH_SCRIPT,
@@ -31,6 +35,8 @@ from fleet.facts.gpuhealth import (
 )
 from fleet.facts.hostfigs import HostFigures, host_script, parse_host
 from fleet.facts.links import Sent, parse_send, parse_sink, send_script, sink_script
+from fleet.lifecycle import attempts, checkup
+from fleet.states import RunStatus
 
 SMI = Path(__file__).resolve().parents[1] / "fake_nvidia_smi.py"
 G, M = 1e9, 1e6
@@ -145,7 +151,7 @@ def link(a: str, b: str, bits: float, rtt: float = 80.0, error: str = "") -> Lin
 
 
 def exam(links: list[Link], n: int = 4, **hosts: HostFigures) -> Examination:
-    names = [f"node{i}" for i in range(1, n + 1)]
+    names = [f"node{i}" for i in range(1, n + 1)] + [h for h in hosts if not h.startswith("node")]
     return Examination(hosts={h: hosts.get(h, HostFigures(cores=8, memory=64 << 30,
                                                           disk_write=1e9, disk_read=2e9,
                                                           steal=0.0)) for h in names},
@@ -344,3 +350,91 @@ def test_history_damaged_is_started_again(tmp_path: Path) -> None:
         assert history.load(p) in ({}, {"node2": [{"at": 1}]})
     assert history.regressions({"node1": [{"at": 1, "figures": {"link": "x"}}]},
                                {"node1": {"link": 1.0}}, Bounds()) == []
+
+
+# ---- [doctor] before, in the run's life ----------------------------------------------------------
+LAB = ('[[hosts]]\nname = "n1"\naddress = "10.0.0.1"\n[[hosts]]\nname = "n2"\n'
+       'address = "10.0.0.2"\n[[hosts]]\nname = "n3"\naddress = "10.0.0.3"\n'
+       '[[hosts]]\nname = "s1"\naddress = "10.0.0.9"\nspare = true\n'
+       '[[hosts]]\nname = "s2"\naddress = "10.0.0.8"\nspare = true\n')
+
+
+class Doctored:
+    """A backend that answers `doctor` from a given examination (and lists the spares)."""
+
+    def __init__(self, found: Examination) -> None:
+        self.found, self.asked = found, 0
+
+    def doctor(self, inventory: Path, nodes: object, quick: bool, progress: object
+               ) -> Examination:
+        self.asked += 1
+        return self.found
+
+    def spares(self, inventory: Path) -> list[str]:
+        return ["s1", "s2"]
+
+
+def lab_job(tmp_path: Path, body: str) -> Job:
+    (tmp_path / "inv.toml").write_text(LAB)
+    (tmp_path / "t.py").write_text("print(1)\n")
+    (tmp_path / "job.toml").write_text('inventory = "inv.toml"\nscript = "t.py"\n' + body)
+    return load_job(tmp_path / "job.toml")
+
+
+def slow_one(name: str) -> Examination:
+    names = ["n1", "n2", "n3", "s1", "s2"]
+    return exam([link(a, b, 48 * M if name in (a, b) else 9.4 * G)
+                 for i, a in enumerate(names) for b in names[i + 1:]], 0,
+                **{h: HostFigures(cores=8) for h in names})
+
+
+def quiet() -> Console:
+    return Console(out=io.StringIO(), err=io.StringIO())
+
+
+def test_doctor_before_reads_its_word(tmp_path: Path) -> None:
+    assert lab_job(tmp_path, "").doctor_before == ""
+    assert lab_job(tmp_path, '[doctor]\nbefore = "quick"\n').doctor_before == "quick"
+    with pytest.raises(ConfigError) as e:
+        lab_job(tmp_path, '[doctor]\nbefore = "always"\n')
+    assert e.value.key == "doctor.before" and 'must be "quick" or "full"' in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        lab_job(tmp_path, '[doctor]\nbefre = "quick"\n')
+    assert e.value.key == "doctor.befre"
+
+
+def test_a_named_host_stops_the_launch_with_the_doctors_line(tmp_path: Path) -> None:
+    job = lab_job(tmp_path, '[doctor]\nbefore = "quick"\n')
+    with pytest.raises(HostError) as e:
+        checkup.before_up(Doctored(slow_one("n2")), job, quiet())  # type: ignore[arg-type]
+    assert e.value.exit_code == 5
+    assert str(e.value).splitlines() == [
+        "fleet doctor before the launch failed on 1 host(s); nothing was started:",
+        "  n2: link to n1 48 Mbit/s (median 9.4 Gbit/s); n2 is the common end of the 4 slow "
+        "pairs"]
+    c = quiet()
+    checkup.before_up(Doctored(slow_one("s1")), job, c)  # type: ignore[arg-type]
+    assert "[doctor] spare s1: link to n1 48 Mbit/s" in c.err.getvalue()  # type: ignore
+    none = Doctored(slow_one("n2"))
+    checkup.before_up(none, lab_job(tmp_path, ""), quiet())  # type: ignore[arg-type]
+    assert none.asked == 0
+
+
+def test_a_host_named_before_a_restart_gives_way_to_a_free_spare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / "state"))
+    job = lab_job(tmp_path, '[doctor]\nbefore = "quick"\n[restart]\nmax = 2\n')
+    c = quiet()
+    book = attempts.Book(job, job.restart, c, backends.for_inventory(job.inventory))
+    book.attempts.append(attempts.Attempt(1, book.run_id, ["n1", "n2", "n3"], 1.0, 2.0,
+                                          RunStatus.FAILED, "n1 failed (exit 1)"))
+    # s1 is named too: never taken; n2 gets s2
+    named = checkup.before_attempt(Doctored(slow_one("n2")), job, c, 2)  # type: ignore
+    named["s1"] = "s1: disk write 2 MB/s (median 1 GB/s)"
+    book.doctor_named(named)
+    assert book.replace == {"n2": "s2"}
+    book.confirm()
+    assert ("restart: n2 replaced by spare s2 (fleet doctor: n2: link to n1 48 Mbit/s "
+            "(median 9.4 Gbit/s); n2 is the common end of the 4 slow pairs)") in \
+        c.err.getvalue()  # type: ignore[attr-defined]
+    assert book.attempts[-1].replaced == {"n2": "s2"}
