@@ -1,7 +1,9 @@
 """`fleet doctor` end to end, through the real CLI on four real sshd hosts of this module's own
 testbed, damaged one way at a time and mended after: one host's link shaped to 50 Mbit/s both
 ways (tc tbf on its veth and its interface) is named and no other; a clean testbed names
-nothing (exit 0); a host whose stand-in nvidia-smi reports uncorrected ECC errors is named.
+nothing (exit 0); a host whose stand-in nvidia-smi reports uncorrected ECC errors is named;
+with `[doctor] before` and `[restart]`, a host the doctor names before a restart gives way to
+the spare.
 After each, nothing of fleet's is left running on any host, and no port is left listening
 but sshd's (the sinks are ended by PID)."""
 
@@ -16,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, _need_testbed
-from tests.e2e.test_e2e_up import assert_no_strays
+from tests.e2e.test_e2e_heal import assert_clean, attempt_ids, no_traceback, start
+from tests.e2e.test_e2e_up import assert_no_strays, run_id_of
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -93,3 +96,53 @@ def test_host_with_ecc_errors_is_named(tb: Testbed, cli: CLI, tmp_path: Path) ->
     assert code == 5
     assert [f["line"] for f in out["findings"]] == [  # type: ignore
         "node2: GPU1: 2 uncorrected ECC errors"]
+
+
+# Every node says which attempt runs where; on attempt 1 node1 fails after a while (the others
+# are stopped by the fail-fast), attempt 2 ends well everywhere.
+ONCE = '''import os, socket, sys, time
+attempt, host = int(os.environ["FLEET_ATTEMPT"]), socket.gethostname()
+print(f"attempt {attempt} on {host}", flush=True)
+if attempt == 1:
+    time.sleep(4 if host == "node1" else 60)
+    sys.exit(3)
+'''
+
+
+def test_a_host_the_doctor_names_before_a_restart_gives_way_to_the_spare(
+        tb: Testbed, cli: CLI, tmp_path: Path) -> None:
+    """`[doctor] before = "quick"`: the hosts pass before attempt 1; node3's link degrades
+    while it runs (shaped to 50 Mbit/s once its part printed); node1 fails; before attempt 2
+    the doctor names node3, and node4, the spare, takes its place."""
+    tb.inventory(tmp_path / "inv.toml", per_host={"node4": {"spare": True}})
+    (tmp_path / "once.py").write_text(ONCE)
+    job = tmp_path / "once.toml"
+    job.write_text('inventory = "inv.toml"\nlauncher = "command"\n'
+                   'command = ["{python}", "once.py"]\n[rendezvous]\nport = 29961\n'
+                   '[restart]\nmax = 1\nbackoff = 0\n[doctor]\nbefore = "quick"\n')
+    proc, out, err = start(cli, job, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "attempt 1 on node3" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        tb.shape_host("node3", "50mbit")
+        assert proc.wait(timeout=240) == 0, out.read_text() + err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        tb.shape_host("node3", None)
+    said, printed = err.read_text(), out.read_text()
+    run_id = run_id_of(said)
+    ids = attempt_ids(cli, run_id)
+    assert_clean(tb, ids)
+    no_traceback(said)
+    assert said.index("fleet doctor: every host and link within bounds") < \
+        said.index("[doctor] before attempt 2: fleet doctor --quick")
+    assert re.search(r"restart: node3 replaced by spare node4 \(fleet doctor: node3: link to "
+                     r"node\d [\d.]+ Mbit/s \(median [\d.]+ [GM]bit/s\); node3 is the common end "
+                     r"of the 3 slow pairs\)", said), said
+    assert "node4 | attempt 2 on node4" in printed and "attempt 2 on node3" not in printed
+    assert ids == [run_id, f"{run_id}-a2"], ids
+    data = json.loads((cli.cwd / ".fleet" / "runs" / run_id / "attempts.json").read_text())
+    assert [a["replaced"] for a in data["attempts"]] == [{"node3": "node4"}, {}]

@@ -438,3 +438,14 @@ def test_a_host_named_before_a_restart_gives_way_to_a_free_spare(
             "(median 9.4 Gbit/s); n2 is the common end of the 4 slow pairs)") in \
         c.err.getvalue()  # type: ignore[attr-defined]
     assert book.attempts[-1].replaced == {"n2": "s2"}
+
+
+def test_check_says_which_checks_differ_between_hosts() -> None:
+    from fleet.backends import Check, Status, differ
+
+    checks = [Check("n1", "disk", Status.PASS, ""), Check("n2", "disk", Status.WARN, "low"),
+              Check("n1", "python", Status.PASS, ""), Check("n2", "python", Status.PASS, ""),
+              Check("n1", "rendezvous port", Status.FAIL, ""),
+              Check("n1", "clock", Status.FAIL, ""), Check("n2", "clock", Status.FAIL, "")]
+    assert differ(checks) == ["disk"]
+    assert differ(checks[2:]) == []
