@@ -20,6 +20,7 @@ from fleet.doctor.figures import (
     size_words,
     time_words,
 )
+from fleet.facts.hostfigs import HostFigures
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,18 @@ def _below(exam: Examination, kind: str, figure: Callable[[str], float | None], 
         return []
     return [Finding(h, kind, f"{h}: {kind} {words(v)}{where(h)} (median {words(ref)})")
             for h, v in got.items() if v < share * ref]
+
+
+def disk_suspects(hosts: dict[str, HostFigures], bounds: Bounds) -> list[str]:
+    """The hosts whose disk the verdict would call slow (measured again, alone, before it is
+    given: hosts that share a disk and measure at once slow each other down)."""
+    out = []
+    for key in ("disk_write", "disk_read"):
+        got = {h: v for h, f in hosts.items() if (v := getattr(f, key)) is not None}
+        ref = _median(list(got.values()))
+        if ref and len(got) >= 2:
+            out += [h for h, v in got.items() if v < bounds.disk * ref]
+    return list(dict.fromkeys(out))
 
 
 def _disk(exam: Examination, bounds: Bounds) -> list[Finding]:

@@ -24,7 +24,7 @@ from fleet.doctor import history
 from fleet.doctor.figures import Examination, Link, bits_words, time_words
 from fleet.doctor.pairs import disjoint, rounds
 from fleet.doctor.report import as_json, summary
-from fleet.doctor.verdict import judge, named_hosts, suspects
+from fleet.doctor.verdict import disk_suspects, judge, named_hosts, suspects
 from fleet.errors import ConfigError, HostError
 from fleet.facts.gpuhealth import (
     FIELDS,
@@ -449,3 +449,10 @@ def test_check_says_which_checks_differ_between_hosts() -> None:
               Check("n1", "clock", Status.FAIL, ""), Check("n2", "clock", Status.FAIL, "")]
     assert differ(checks) == ["disk"]
     assert differ(checks[2:]) == []
+
+
+def test_disk_suspects() -> None:
+    ok = HostFigures(disk_write=1e9, disk_read=1e9)
+    hosts = {"a": ok, "b": ok, "c": HostFigures(disk_write=1e9, disk_read=1e7), "d": ok}
+    assert disk_suspects(hosts, Bounds()) == ["c"]
+    assert disk_suspects({"a": ok}, Bounds()) == []
