@@ -3,7 +3,7 @@ testbed, damaged one way at a time and mended after: one host's link shaped to 5
 ways (tc tbf on its veth and its interface) is named and no other; a clean testbed names
 nothing (exit 0); a host whose stand-in nvidia-smi reports uncorrected ECC errors is named;
 with `[doctor] before` and `[restart]`, a host the doctor names before a restart gives way to
-the spare.
+the spare; interrupted while it measures, it leaves nothing.
 After each, nothing of fleet's is left running on any host, and no port is left listening
 but sshd's (the sinks are ended by PID)."""
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +147,25 @@ def test_a_host_the_doctor_names_before_a_restart_gives_way_to_the_spare(
     assert ids == [run_id, f"{run_id}-a2"], ids
     data = json.loads((cli.cwd / ".fleet" / "runs" / run_id / "attempts.json").read_text())
     assert [a["replaced"] for a in data["attempts"]] == [{"node3": "node4"}, {}]
+
+
+def test_interrupted_while_measuring_links_leaves_nothing(tb: Testbed, cli: CLI,
+                                                          tmp_path: Path) -> None:
+    """Ctrl-C while the link tests run (the full form: 3 s a link): fleet ends every sink by
+    its PID on its way out, and the senders end with them; exit 130."""
+    inv = tb.inventory(tmp_path / "inv.toml")
+    p = cli.popen("doctor", str(inv))
+    try:
+        deadline = time.monotonic() + 120
+        while not any("fleet-doctor-sink" in line for line in tb.stray_processes("node1")):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)  # into the first round
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert_no_strays(tb, timeout=15)
+    no_listeners(tb)
