@@ -64,6 +64,8 @@ def doctor(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
         console.emit(console.table(report.HOST_HEADERS, report.host_rows(exam)))
         if exam.links:
             console.emit(console.table(report.LINK_HEADERS, report.link_rows(exam)))
+        if exam.ring is not None and exam.ring.error:
+            console.info(f"all-reduce: none measured: {exam.ring.error}", Meaning.WARN)
         for name, why in exam.unreached.items():
             console.info(f"{name}: not examined: {why}", Meaning.FAIL)
         for line in [f.line for f in findings] + regressions:

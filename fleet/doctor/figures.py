@@ -58,6 +58,17 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Ring:
+    """A ring all-reduce over every host (the full form): its bus bandwidth (bytes a second, as
+    nccl-tests define it), or why none came."""
+
+    backend: str = ""
+    busbw: float | None = None
+    ranks: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Examination:
     """Every figure of one `fleet doctor`, hosts in the inventory's order."""
 
@@ -70,6 +81,7 @@ class Examination:
     quick: bool = False
     workdir: dict[str, str] = field(default_factory=dict)  # where each disk was measured
     bounds: Bounds = Bounds()  # the inventory's [doctor]
+    ring: Ring | None = None  # the full form's all-reduce
 
 
 def bits_words(bits: float) -> str:

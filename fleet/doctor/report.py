@@ -46,6 +46,10 @@ def summary(exam: Examination, findings: list[Finding], regressions: list[str] |
     """The last line: what was measured, and what is named."""
     what = (f"{len(exam.hosts)} hosts, {len(exam.links)} links in {exam.rounds} rounds"
             f"{' (quick)' if exam.quick else ''}")
+    ring = exam.ring
+    if ring is not None and ring.busbw:
+        what += (f", all-reduce ({ring.backend}, {ring.ranks} ranks) bus bandwidth "
+                 f"{bytes_words(ring.busbw)}")
     hosts = named_hosts(findings)
     if hosts:
         return f"{what}: {len(hosts)} host{'s' * (len(hosts) > 1)} named: {', '.join(hosts)}"
@@ -85,4 +89,7 @@ def as_json(exam: Examination, findings: list[Finding],
     return {"v": 1, "quick": exam.quick, "rounds": exam.rounds, "hosts": hosts,
             "links": [_link(x) for x in exam.links], "unreached": exam.unreached,
             "findings": [{"host": f.host, "kind": f.kind, "line": f.line} for f in findings],
-            "named": named_hosts(findings), "regressions": regressions or []}
+            "named": named_hosts(findings), "regressions": regressions or [],
+            "allreduce": None if exam.ring is None else {
+                "backend": exam.ring.backend or None, "ranks": exam.ring.ranks,
+                "busbw_bytes_per_s": exam.ring.busbw, "error": exam.ring.error or None}}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fleet.console import printable
 from fleet.nodedata import number
 from fleet.nodeside import loader, python_program, shell_program
-from fleet.shell import quote
+from fleet.shell import quote, sh
 
 SINK_MARK = "fleet-doctor-sink"  # in a sink's command line: how fleet knows it before a kill
 PINGS = 20
@@ -95,3 +95,39 @@ def parse_send(out: str) -> Sent:
     said = [line for line in out.strip().splitlines() if line.split()[:1] != ["rtt"]]
     last = printable(said[-1])[:200] if said else ""
     return Sent(*rtt, error=last or "the sender said nothing of the bulk transfer")
+
+
+def free_port_script(python: str) -> str:
+    """A port free on the node now (the kernel's choice), for the all-reduce's rendezvous."""
+    return sh(python, "-I", "-S", "-c", "import socket;s=socket.socket();s.bind(('',0));"
+                                        "print('port',s.getsockname()[1])")
+
+
+def parse_free_port(out: str) -> int | None:
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "port":
+            return number(words[1], 65536) or None
+    return None
+
+
+def allreduce_script(python: str, master: str, port: int, rank: int, world: int,
+                     interface: str | None) -> str:
+    guard = "T=; command -v timeout >/dev/null 2>&1 && T='timeout 120'"
+    return guard + "\n" + python_program(
+        "$T " + quote(python), "allreduce.py", master, str(port), str(rank), str(world),
+        interface or "-", flags=("-I",), redirect="2>&1")
+
+
+def parse_allreduce(out: str) -> tuple[str, float] | str:
+    """Rank 0's word: (the backend, bus bandwidth in bytes a second), or why none came."""
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "busbw" and words[1] in ("gloo", "nccl"):
+            rate = bounded(words[2], MAX_RATE)
+            if rate:
+                return words[1], rate
+        if words[:1] == ["fail"]:
+            return printable(" ".join(words[1:]))[:300] or "failed"
+    said = [line for line in out.strip().splitlines() if line.strip()]
+    return printable(said[-1])[:300] if said else "rank 0 said nothing"

@@ -47,9 +47,10 @@ def no_listeners(tb: Testbed, timeout: float = 5) -> None:
         time.sleep(0.2)
 
 
-def doctor(tb: Testbed, cli: CLI, tmp_path: Path) -> tuple[int, dict[str, object], str]:
+def doctor(tb: Testbed, cli: CLI, tmp_path: Path, *form: str
+           ) -> tuple[int, dict[str, object], str]:
     inv = tb.inventory(tmp_path / "inv.toml")
-    r = cli("doctor", str(inv), "--quick", "--json", timeout=240)
+    r = cli("doctor", str(inv), *(form or ("--quick",)), "--json", timeout=240)
     assert r.stdout.strip(), r.stderr
     assert_no_strays(tb)
     no_listeners(tb)
@@ -76,13 +77,17 @@ def test_shaped_host_is_named_and_no_other(tb: Testbed, cli: CLI, tmp_path: Path
 
 
 def test_clean_testbed_names_nothing(tb: Testbed, cli: CLI, tmp_path: Path) -> None:
-    code, out, err = doctor(tb, cli, tmp_path)
+    """The full form: its ring all-reduce too (Gloo, one process a host)."""
+    code, out, err = doctor(tb, cli, tmp_path, "--json")
     assert out["findings"] == [] and out["unreached"] == {}, (out, err)
     assert code == 0
     assert len(out["links"]) == 6 and all(x["bits_per_s"] for x in out["links"])  # type: ignore
     hosts = out["hosts"]
     assert isinstance(hosts, dict) and sorted(hosts) == ["node1", "node2", "node3", "node4"]
     assert all(h["disk_write_bytes_per_s"] and h["cores"] for h in hosts.values())
+    ring = out["allreduce"]
+    assert isinstance(ring, dict) and ring["backend"] == "gloo" and ring["ranks"] == 4, ring
+    assert ring["busbw_bytes_per_s"] and ring["error"] is None, ring
 
 
 def test_host_with_ecc_errors_is_named(tb: Testbed, cli: CLI, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ and the node programs themselves, run here under sh as a node runs them."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -21,7 +22,7 @@ from fleet.config.inventory import load_inventory
 from fleet.config.job import Job, load_job
 from fleet.console import Console
 from fleet.doctor import history
-from fleet.doctor.figures import Examination, Link, bits_words, time_words
+from fleet.doctor.figures import Examination, Link, Ring, bits_words, time_words
 from fleet.doctor.pairs import disjoint, rounds
 from fleet.doctor.report import as_json, summary
 from fleet.doctor.verdict import disk_suspects, judge, named_hosts, suspects
@@ -34,7 +35,15 @@ from fleet.facts.gpuhealth import (
     parse_gpu_health,
 )
 from fleet.facts.hostfigs import HostFigures, host_script, parse_host
-from fleet.facts.links import Sent, parse_send, parse_sink, send_script, sink_script
+from fleet.facts.links import (
+    Sent,
+    parse_allreduce,
+    parse_free_port,
+    parse_send,
+    parse_sink,
+    send_script,
+    sink_script,
+)
 from fleet.lifecycle import attempts, checkup
 from fleet.states import RunStatus
 
@@ -456,3 +465,19 @@ def test_disk_suspects() -> None:
     hosts = {"a": ok, "b": ok, "c": HostFigures(disk_write=1e9, disk_read=1e7), "d": ok}
     assert disk_suspects(hosts, Bounds()) == ["c"]
     assert disk_suspects({"a": ok}, Bounds()) == []
+
+
+def test_allreduce_and_free_port_parsed() -> None:
+    assert parse_allreduce("busbw gloo 1250000000.0\n") == ("gloo", 1.25e9)
+    assert parse_allreduce("fail RuntimeError: Connection reset\n") == \
+        "RuntimeError: Connection reset"
+    assert parse_allreduce("busbw tcp 5\nTraceback\nboom\n") == "boom"
+    assert parse_allreduce("busbw gloo nan\n") == "busbw gloo nan"
+    assert parse_allreduce("") == "rank 0 said nothing"
+    assert parse_free_port("port 4242\n") == 4242
+    assert parse_free_port("port 0\n") is None and parse_free_port("port 99999") is None
+    e = dataclasses.replace(exam(full_mesh({})), ring=Ring("gloo", 1.2e9, 4))
+    assert summary(e, []).startswith("4 hosts, 6 links in 3 rounds, all-reduce (gloo, 4 "
+                                     "ranks) bus bandwidth 1.2 GB/s:")
+    assert as_json(e, [])["allreduce"] == {"backend": "gloo", "ranks": 4,
+                                           "busbw_bytes_per_s": 1.2e9, "error": None}

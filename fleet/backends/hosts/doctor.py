@@ -14,12 +14,23 @@ from collections.abc import Callable
 from fleet.config.doctor import Bounds
 from fleet.config.inventory import Host, Inventory
 from fleet.doctor import pairs as pairing
-from fleet.doctor.figures import Examination, Link
+from fleet.doctor.figures import Examination, Link, Ring
 from fleet.doctor.verdict import disk_suspects, suspects
 from fleet.facts.gpuhealth import GPU_HEALTH_SCRIPT, GpuHealthFacts, parse_gpu_health
 from fleet.facts.hostfigs import HostFigures, host_script, parse_host
-from fleet.facts.links import SINK_MARK, Sent, parse_send, parse_sink, send_script, sink_script
-from fleet.facts.probe import master_address, net_for, probe
+from fleet.facts.links import (
+    SINK_MARK,
+    Sent,
+    allreduce_script,
+    free_port_script,
+    parse_allreduce,
+    parse_free_port,
+    parse_send,
+    parse_sink,
+    send_script,
+    sink_script,
+)
+from fleet.facts.probe import PythonState, master_address, net_for, probe
 from fleet.shell import sh
 from fleet.transport import Transport, open_transport
 from fleet.transport.group import each, reason
@@ -86,7 +97,8 @@ def examine(inventory: Inventory, quick: bool, bounds: Bounds,
                 unreached[name] = reason(r)
             else:
                 ts[name] = r
-        addrs = _addresses(inventory, hosts, ts, unreached, progress)
+        nets: dict[str, tuple[str | None, bool]] = {}
+        addrs = _addresses(inventory, hosts, ts, unreached, progress, nets)
         progress(f"measuring {len(ts)} hosts (CPU, memory, disk, GPUs)")
         figures, gpus = _measure(ts, size, interval, unreached)
         for name in disk_suspects(figures, bounds):  # one at a time: alone on a shared disk
@@ -94,20 +106,25 @@ def examine(inventory: Inventory, quick: bool, bounds: Bounds,
             figures[name] = _again(ts[name], figures[name], size)
         ready = {n: t for n, t in ts.items() if n in figures and n in addrs}
         links, count = _links(ready, addrs, bulk, bounds, sinks, unreached, progress)
+        sinks.stop()
+        ring = None if quick else _ring(ready, addrs, nets, progress)
         offsets = {n: t.clock_offset for n, t in ts.items() if n in figures}
         return Examination(hosts={h.name: figures[h.name] for h in hosts if h.name in figures},
                            gpus=gpus, offsets=offsets, links=tuple(links), unreached=unreached,
                            rounds=count, quick=quick,
-                           workdir={n: t.host.workdir for n, t in ts.items()}, bounds=bounds)
+                           workdir={n: t.host.workdir for n, t in ts.items()}, bounds=bounds,
+                           ring=ring)
     finally:
         sinks.stop()
         each(ts.items(), lambda t: t.close())
 
 
 def _addresses(inventory: Inventory, hosts: list[Host], ts: dict[str, Transport],
-               unreached: dict[str, str], progress: Callable[[Words], None]) -> dict[str, str]:
+               unreached: dict[str, str], progress: Callable[[Words], None],
+               nets: dict[str, tuple[str | None, bool]] | None = None) -> dict[str, str]:
     """Per host the address torch would use for it (its own on the interface towards the
-    master, as a launch plans it), from the probe."""
+    master, as a launch plans it), from the probe; in `nets`, its interface and whether its
+    python has torch."""
     reached = [h for h in hosts if h.name in ts]
     if not reached:
         return {}
@@ -116,7 +133,10 @@ def _addresses(inventory: Inventory, hosts: list[Host], ts: dict[str, Transport]
     ip = master_address(dataclasses.replace(inventory, hosts=(first,)), probe(ts[first.name]))
 
     def one(h: Host) -> str:
-        net = net_for(h, probe(ts[h.name], ip), ip)
+        facts = probe(ts[h.name], ip)
+        net = net_for(h, facts, ip)
+        if nets is not None:
+            nets[h.name] = (net.interface, facts.python is PythonState.OK)
         return net.address or h.address
 
     out: dict[str, str] = {}
@@ -160,6 +180,42 @@ def _again(t: Transport, first: HostFigures, size: int) -> HostFigures:
 
     return dataclasses.replace(first, disk_write=best(first.disk_write, second.disk_write),
                                disk_read=best(first.disk_read, second.disk_read))
+
+
+def _ring(ts: dict[str, Transport], addrs: dict[str, str],
+          nets: dict[str, tuple[str | None, bool]], progress: Callable[[Words], None]
+          ) -> Ring | None:
+    """A ring all-reduce over every host at once (one process each), where every python has
+    torch; its bus bandwidth as rank 0 says it, or why none came."""
+    names = list(ts)
+    if len(names) < 2:
+        return None
+    lacking = [n for n in names if not nets.get(n, (None, False))[1]]
+    if lacking:
+        return Ring(error=f"no torch for the python of {', '.join(lacking)}")
+    progress(f"a ring all-reduce over {len(names)} hosts")
+    first = ts[names[0]]
+    port = parse_free_port(first.run(free_port_script(first.host.python), timeout=30,
+                                     what="a free port for the all-reduce").out)
+    if port is None:
+        return Ring(error=f"no free port on {names[0]}")
+
+    def one(rank: int) -> str:
+        t = ts[names[rank]]
+        return t.run(allreduce_script(t.host.python, addrs[names[0]], port, rank, len(names),
+                                      nets[names[rank]][0]), timeout=150,
+                     what="the all-reduce").out
+
+    got = each(((str(k), k) for k in range(len(names))), one)
+    said = got["0"]
+    if isinstance(said, Exception):
+        return Ring(error=f"{names[0]}: {reason(said)}")
+    answer = parse_allreduce(said)
+    if isinstance(answer, str):
+        others = [f"{names[int(k)]}: {parse_allreduce(v)}" for k, v in got.items()
+                  if k != "0" and isinstance(v, str) and "fail" in v]
+        return Ring(error="; ".join([answer, *others])[:500])
+    return Ring(answer[0], answer[1], len(names))
 
 
 def _links(ts: dict[str, Transport], addrs: dict[str, str], bulk: float, bounds: Bounds,
