@@ -47,10 +47,10 @@ def no_listeners(tb: Testbed, timeout: float = 5) -> None:
         time.sleep(0.2)
 
 
-def doctor(tb: Testbed, cli: CLI, tmp_path: Path, *form: str
+def doctor(tb: Testbed, cli: CLI, tmp_path: Path, full: bool = False
            ) -> tuple[int, dict[str, object], str]:
     inv = tb.inventory(tmp_path / "inv.toml")
-    r = cli("doctor", str(inv), *(form or ("--quick",)), "--json", timeout=240)
+    r = cli("doctor", str(inv), *(() if full else ("--quick",)), "--json", timeout=240)
     assert r.stdout.strip(), r.stderr
     assert_no_strays(tb)
     no_listeners(tb)
@@ -78,7 +78,7 @@ def test_shaped_host_is_named_and_no_other(tb: Testbed, cli: CLI, tmp_path: Path
 
 def test_clean_testbed_names_nothing(tb: Testbed, cli: CLI, tmp_path: Path) -> None:
     """The full form: its ring all-reduce too (Gloo, one process a host)."""
-    code, out, err = doctor(tb, cli, tmp_path, "--json")
+    code, out, err = doctor(tb, cli, tmp_path, full=True)
     assert out["findings"] == [] and out["unreached"] == {}, (out, err)
     assert code == 0
     assert len(out["links"]) == 6 and all(x["bits_per_s"] for x in out["links"])  # type: ignore
