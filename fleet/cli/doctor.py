@@ -68,8 +68,8 @@ def doctor(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
             console.info(f"all-reduce: none measured: {exam.ring.error}", Meaning.WARN)
         for name, why in exam.unreached.items():
             console.info(f"{name}: not examined: {why}", Meaning.FAIL)
-        for line in [f.line for f in findings] + regressions:
-            console.info(line, Meaning.FAIL)
+        for line in [f.line for f in findings] + regressions:  # the answer: on stdout
+            echo(line)
         if unkept:
             console.info(unkept, Meaning.WARN)
         echo(report.summary(exam, findings, regressions))
