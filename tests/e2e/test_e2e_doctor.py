@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, _need_testbed
+from tests.e2e.test_e2e_data import listening
 from tests.e2e.test_e2e_heal import assert_clean, attempt_ids, no_traceback, start
 from tests.e2e.test_e2e_up import assert_no_strays, run_id_of
 from tests.testbed import Testbed
@@ -36,11 +37,10 @@ def tb() -> Iterator[Testbed]:
 
 
 def no_listeners(tb: Testbed, timeout: float = 5) -> None:
-    """No TCP port listening on any host but sshd's, as the preflight's own checks look."""
+    """No TCP port listened on, on any host, but sshd's (the hosts' own /proc/net/tcp)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = {h.name: [line for line in tb.exec(h.name, "ss", "-Hltnp").stdout.splitlines()
-                         if "sshd" not in line] for h in tb.hosts}
+        left = {h.name: listening(tb, h.name) for h in tb.hosts}
         if not any(left.values()):
             return
         assert time.monotonic() < deadline, f"ports left listening: {left}"
