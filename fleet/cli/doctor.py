@@ -63,6 +63,7 @@ def doctor(path: Where = None, inventory: InvOpt = None, node: NodeOpt = None,
     else:
         console.emit(console.table(report.HOST_HEADERS, report.host_rows(exam)))
         if exam.links:
+            echo("")
             console.emit(console.table(report.LINK_HEADERS, report.link_rows(exam)))
         if exam.ring is not None and exam.ring.error:
             console.info(f"all-reduce: none measured: {exam.ring.error}", Meaning.WARN)
