@@ -272,7 +272,7 @@ def test_a_command_line_does_not_name_the_file_an_earlier_one_gave(tmp_path: Pat
     ("[rendezvous]\nprot = 1\n", "rendezvous.prot", "unknown key; did you mean port?"),
     ("[watchdog]\nhang_timout = 5\n", "watchdog.hang_timout",
      "unknown key; did you mean hang_timeout?"),
-    ("zzz = 1\n", "zzz", "unknown key (known keys here: args, data, debug, env, exclude, "),
+    ("zzz = 1\n", "zzz", "unknown key (known keys here: args, data, debug, doctor, env, exclude, "),
 ])
 def test_unknown_job_keys_say_the_likely_fix(tmp_path: Path, body: str, key: str,
                                              message: str) -> None:
