@@ -7,6 +7,9 @@ The state (TB_NVIDIA_SMI_STATE, else /tmp/.tb-nvidia-smi.json, the host's privat
              "uuid": "GPU-..." (optional)}, ...],
    "apps": [{"gpu": 1, "pid": 1234, "used_mib": 18432}],
    "fail": null | "no-driver" | "version-mismatch",
+   a GPU's health counters too (optional, healthy by default: see HEALTH): "ecc_uncorrected",
+   "ecc_corrected", "retired_pending" ("Yes"/"No"), "retired_double", "throttle" (a hex mask),
+   "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
    "driver": "550.54.15" (optional)}
 A GPU's index is its place in "gpus". An app is listed while its pid lives (not a zombie); a
 GPU's memory.used is the sum of its live apps' used_mib, its utilization.gpu its "utilization"
@@ -45,7 +48,22 @@ GPU_FIELDS = {
     "pci.bus_id": ("pci.bus_id", ""), "gpu_bus_id": ("pci.bus_id", ""),
     "memory.total": ("memory.total", "MiB"), "memory.used": ("memory.used", "MiB"),
     "memory.free": ("memory.free", "MiB"), "utilization.gpu": ("utilization.gpu", "%"),
+    # health counters (fleet doctor), each from the GPU's state key of the same meaning
+    **{f: (f, "") for f in (
+        "ecc.errors.uncorrected.volatile.total", "ecc.errors.corrected.volatile.total",
+        "retired_pages.pending", "retired_pages.double_bit.count",
+        "clocks_throttle_reasons.active", "pcie.link.gen.current", "pcie.link.gen.max",
+        "pcie.link.width.current", "pcie.link.width.max")},
 }
+# state key -> (the field it answers, its value on a healthy GPU)
+HEALTH = {"ecc_uncorrected": ("ecc.errors.uncorrected.volatile.total", 0),
+          "ecc_corrected": ("ecc.errors.corrected.volatile.total", 0),
+          "retired_pending": ("retired_pages.pending", "No"),
+          "retired_double": ("retired_pages.double_bit.count", 0),
+          "throttle": ("clocks_throttle_reasons.active", "0x0000000000000000"),
+          "pcie_gen": ("pcie.link.gen.current", 4), "pcie_gen_max": ("pcie.link.gen.max", 4),
+          "pcie_width": ("pcie.link.width.current", 16),
+          "pcie_width_max": ("pcie.link.width.max", 16)}
 APP_FIELDS = {
     "gpu_uuid": ("gpu_uuid", ""), "gpu_name": ("gpu_name", ""),
     "gpu_bus_id": ("gpu_bus_id", ""), "pid": ("pid", ""),
@@ -105,6 +123,7 @@ def gpus_of(state: dict[str, Any]) -> list[dict[str, Any]]:
             "memory.free": str(max(total - used, 0)),
             "utilization.gpu": str(int(g.get("utilization", 0)) if apps else 0),
             "apps": apps,
+            **{f: str(g.get(key, healthy)) for key, (f, healthy) in HEALTH.items()},
         })
     for g in out:
         g["count"] = str(len(out))

@@ -353,6 +353,22 @@ class Testbed:
         _run("tc", "qdisc", "add", "dev", self.bridge, "root", "tbf", "rate", rate,
              "burst", str(burst), "latency", "100ms")
 
+    def shape_host(self, name: str, rate: str | None) -> None:
+        """A token bucket on host `name`'s own link, both ways (`rate` None: no limit again):
+        on its veth's end at the bridge (what reaches the host) and on its interface inside the
+        host (what it sends), so that every other host, and this machine, reach it at `rate`
+        while they reach one another at full speed: one host with a degraded NIC or cable.
+        Goes with the host's link on close."""
+        h = self.host(name)
+        for where in ([], ["-n", h.ns]):
+            dev = h.iface if where else h.veth
+            _run("tc", *where, "qdisc", "del", "dev", dev, "root", check=False)
+            if rate is not None:
+                bits = rate_bits(rate)
+                burst = max(64 * 1024, int(bits / 8 / 100))
+                _run("tc", *where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                     "burst", str(burst), "latency", "100ms")
+
     def _write_noise(self) -> None:
         """The banner script that the noisy hosts' rc files run (it checks the hostname, so
         that a shared home can hold rc files for noisy and quiet hosts at once)."""

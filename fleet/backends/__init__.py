@@ -18,7 +18,7 @@ from fleet.backends.base import (
     Options,
     Recorded,
 )
-from fleet.backends.checks import Check, Status
+from fleet.backends.checks import Check, Status, differ
 from fleet.backends.checks import summary as check_summary
 from fleet.backends.checks import view as check_view
 from fleet.config.inventory import BackendKind, backend_kind
@@ -26,7 +26,7 @@ from fleet.run.record import RunRecord
 
 __all__ = ["BACKENDS", "ROLES", "Backend", "BackendKind", "Check", "GpuSurvey", "LabTools",
            "Launch", "Options", "Preview", "Recorded", "Seen", "Status", "check_summary",
-           "check_view", "for_inventory", "for_record", "named"]
+           "check_view", "differ", "for_inventory", "for_record", "named"]
 
 # Each backend by kind: its module and class, loaded when a run needs it.
 BACKENDS: dict[BackendKind, tuple[str, str]] = {

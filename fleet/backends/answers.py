@@ -27,7 +27,8 @@ VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan"
          "pull": "fleet pull", "stop_part": "stopping one node's part of a run", "parts_left":
          "asking one node's part of a run", "survey": "fleet gpus", "lease":
          "fleet reserve and release", "execute": "fleet exec", "trust_inventory": "fleet trust",
-         "pin_keys": "fleet trust --to inventory", "replicas": "[restart] checkpoints"}
+         "pin_keys": "fleet trust --to inventory", "replicas": "[restart] checkpoints",
+         "doctor": "fleet doctor"}
 
 
 class Preview(Protocol):

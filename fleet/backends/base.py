@@ -23,6 +23,7 @@ from fleet.config.job import Job
 from fleet.config.notify import Notify
 from fleet.config.select import Selection
 from fleet.console import Console
+from fleet.doctor.figures import Examination
 from fleet.errors import Unsupported
 from fleet.events import NodeEnded as NodeEnded  # the runner's protocol, moved
 from fleet.events import Quiet as Quiet
@@ -280,6 +281,11 @@ class Backend(ABC):
         with a job in its directory and env; per host its answer or why none came (the wait
         announced with fleet.waits.over)."""
         raise self.refuse("execute")
+
+    def doctor(self, inventory: Path, nodes: Selection, quick: bool,
+               progress: Callable[[Words], None]) -> Examination:
+        """`fleet doctor`: every figure of the hosts `nodes` keeps and of the links between them."""
+        raise self.refuse("doctor")
 
     def trust_inventory(self, path: Path) -> Inventory | None:
         """The hosts whose keys `fleet trust` shows; None where fleet connects to none."""

@@ -116,6 +116,14 @@ def summary(checks: list[Check]) -> str:
     return f"{failed} failed, {warned} warning(s), {len(checks) - failed - warned} passed"
 
 
+def differ(checks: list[Check]) -> list[str]:
+    """The checks that pass on some hosts and not on others (hosts that differ), in order."""
+    seen: dict[str, set[Status]] = {}
+    for c in checks:
+        seen.setdefault(c.name, set()).add(c.status)
+    return [name for name, got in seen.items() if Status.PASS in got and len(got) > 1]
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where a connection went, as ssh_config resolved the host's name."""

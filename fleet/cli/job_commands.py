@@ -197,6 +197,10 @@ def check(job_path: JobArg, inventory: InvOpt = None, node: NodeOpt = None,
         checks = backend.checks(job, collective, progress=wait.update, trust=trust)
     console.emit(backends.check_view(console, checks, verbose))
     echo("\n" + backends.check_summary(checks))
+    if backends.differ(checks):  # one host unlike the others: measure them side by side
+        echo(f"the hosts differ ({', '.join(backends.differ(checks))}): `fleet doctor "
+             f"{shlex.quote(str(job_path))}` measures every host and link side by side and "
+             "names the slow one")
     if any(c.status is backends.Status.FAIL for c in checks):
         raise typer.Exit(1)
     if collective:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from fleet.config.doctor import Bounds, take_bounds
 from fleet.config.pinned import parse_pinned
 from fleet.config.procs import Nproc, nproc_value
 from fleet.config.schema import Table, load_toml
@@ -73,6 +74,7 @@ class Inventory:
     # `spare = true`: not used at the start; one takes a lost or failed node's place in a
     # restart ([restart] in the job), with that node's rank.
     spares: tuple[Host, ...] = ()
+    doctor: Bounds = Bounds()  # `[doctor]`: what fleet doctor calls slow
 
     @property
     def every_host(self) -> tuple[Host, ...]:
@@ -199,5 +201,6 @@ def load_inventory(path: Path) -> Inventory:
     if not hosts:
         raise root.error("hosts", "the inventory lists no hosts" + (
             " but spares (`spare = true`): at least one must run the job" if spares else ""))
+    doctor = take_bounds(root.table("doctor"))
     root.done()
-    return Inventory(path=path, hosts=tuple(hosts), spares=tuple(spares))
+    return Inventory(path=path, hosts=tuple(hosts), spares=tuple(spares), doctor=doctor)

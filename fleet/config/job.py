@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
+from fleet.config.doctor import take_before
 from fleet.config.notify import Notify, job_notify
 from fleet.config.outputs import take_outputs
 from fleet.config.procs import Nproc, nproc_value
@@ -100,6 +101,7 @@ class Job:
     setup_inputs: tuple[str, ...] = ()  # files (in the workdir) whose content re-runs setup
     python: str | None = None  # the interpreter to run with, relative to the job's directory
     restart: Restart = Restart()
+    doctor_before: str = ""  # `[doctor] before`: "quick" or "full" fleet doctor before up
     notify: Notify = Notify()  # word when the run ends (fleet.config.notify)
     # What `fleet pull` takes by default: paths under the job's directory on the nodes.
     outputs: tuple[str, ...] = ()
@@ -193,6 +195,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     rdzv = _rendezvous(root.table("rendezvous"))
     watchdog = _watchdog(root.table("watchdog"))
     restart = take_restart(root.table("restart"), watchdog.hang_timeout)
+    doctor_before = take_before(root.table("doctor"))
     notify = job_notify(root)
     debug = root.take("debug", bool, False)
     setup = root.take("setup", str, None)
@@ -247,7 +250,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
                setup_inputs=setup_inputs, python=python, notify=notify,
-               outputs=outputs, forward=forward, unsent=unsent)
+               outputs=outputs, forward=forward, unsent=unsent, doctor_before=doctor_before)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:

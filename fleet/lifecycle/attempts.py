@@ -81,6 +81,7 @@ class Book:
         self.run_id = new_run_id(job.name)
         self.attempts: list[Attempt] = []
         self.places = spares.Places(self._spares)
+        self.doctor_said: dict[str, str] = {}  # node -> why fleet doctor had it give way
 
     @property
     def replace(self) -> dict[str, str]:
@@ -141,6 +142,25 @@ class Book:
                 say(f"restart: no spare left for {name}: the next attempt tries it again")
         return a.number + 1
 
+    def doctor_named(self, named: dict[str, str]) -> None:
+        """Hosts `fleet doctor` named before the next attempt (host -> its lines): a spare
+        named is never taken; a host in use gives way to the first free spare, said with the
+        doctor's word once the attempt passes its checks."""
+        if not named or not self.attempts:
+            return
+        self.places.used |= set(named) & set(self.places.spares())
+        in_use = [self.replace.get(h, h) for h in self.attempts[-1].hosts]
+        for name in in_use:
+            if name not in named:
+                continue
+            spare = self.places.take(name)
+            if spare is None:
+                self.console.info(f"restart: fleet doctor named {name}, and no spare is left: "
+                                  "the next attempt runs on it")
+                continue
+            self.doctor_said[name] = f"fleet doctor: {named[name]}"
+        self.save()
+
     def _spares(self) -> list[str]:
         """The backend's spares that the run's `--node`/`--exclude` keep, in its order."""
         try:
@@ -158,7 +178,8 @@ class Book:
         a = self.attempts[-1]
         for name, spare in said.items():
             a.replaced[name] = spare
-            self.console.info(f"restart: {name} replaced by spare {spare} ({a.why})")
+            why = self.doctor_said.pop(name, a.why)
+            self.console.info(f"restart: {name} replaced by spare {spare} ({why})")
         self.save()
 
     def unfit(self, failures: dict[str, str]) -> bool:

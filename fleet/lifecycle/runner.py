@@ -17,7 +17,7 @@ from fleet.config.job import Job
 from fleet.console import Console
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.events import Attempt, Phase, Step, Verdict
-from fleet.lifecycle import attempts, history, notify
+from fleet.lifecycle import attempts, checkup, history, notify
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import RunState, monitor
 from fleet.states import RunStatus
@@ -54,6 +54,7 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
             told: notify.Told) -> str:
     """Every attempt of the run, as `[restart]` decides (one without it)."""
     policy = job.restart
+    checkup.before_up(backend, job, console)
     if policy.max and options.detach:
         console.info("[restart] on a detached run: the nodes' own watchers start attempt 2, "
                      "prepared now, once, where a node other than the master is lost and an "
@@ -80,6 +81,9 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
     passed their checks)."""
     policy = job.restart
     while True:
+        if book.attempts:  # a host the doctor names gives way to a spare before this attempt
+            book.doctor_named(checkup.before_attempt(backend, job, console,
+                                                     len(book.attempts) + 1))
         opts = book.options(options)
         lost = book.attempts[-1].lost if book.attempts else []
 

@@ -29,7 +29,7 @@ from tests.conftest import InProcessCLI
 
 FLEET = Path(sys.executable).with_name("fleet")  # the installed console script
 COMMANDS = ["up", "plan", "check", "trust", "stop", "rm", "status", "ps", "logs", "show", "diff",
-            "dump", "pull", "forward", "exec", "gpus", "reserve", "release", "export",
+            "dump", "pull", "forward", "exec", "doctor", "gpus", "reserve", "release", "export",
             "export slurm"]
 RUNS = {"mnist-20250101-120000-49b0": 1.0, "mnist-20250102-120000-4a11": 2.0,
         "ddp-20250103-120000-77aa": 3.0}
@@ -272,7 +272,7 @@ def test_a_command_line_does_not_name_the_file_an_earlier_one_gave(tmp_path: Pat
     ("[rendezvous]\nprot = 1\n", "rendezvous.prot", "unknown key; did you mean port?"),
     ("[watchdog]\nhang_timout = 5\n", "watchdog.hang_timout",
      "unknown key; did you mean hang_timeout?"),
-    ("zzz = 1\n", "zzz", "unknown key (known keys here: args, data, debug, env, exclude, "),
+    ("zzz = 1\n", "zzz", "unknown key (known keys here: args, data, debug, doctor, env, exclude, "),
 ])
 def test_unknown_job_keys_say_the_likely_fix(tmp_path: Path, body: str, key: str,
                                              message: str) -> None:

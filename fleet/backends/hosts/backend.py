@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # what launches, plans, checks and copies: loaded by the comm
     from fleet.backends.hosts.replicate import Keeper
     from fleet.backends.hosts.run import HostsRun
     from fleet.backends.hosts.setup import Decision
+    from fleet.doctor.figures import Examination
     from fleet.transport.transfer.pull import Pulled
 
 
@@ -239,6 +240,13 @@ class HostsBackend(Launch, Recorded, LabTools):
 
     def survey(self, inventory: Path, nodes: Selection) -> GpuSurvey:
         return gpus.Survey(select.hosts(load_inventory(inventory), nodes))
+
+    def doctor(self, inventory: Path, nodes: Selection, quick: bool,
+               progress: Callable[[Words], None]) -> Examination:
+        from fleet.backends.hosts import doctor
+
+        inv = select.narrowed(load_inventory(inventory), nodes)
+        return doctor.examine(inv, quick, inv.doctor, progress)
 
     def lease(self, inventory: Path, host: str, order: LeaseOrder) -> Taken:
         from fleet.backends.hosts import execute as fleet_exec
