@@ -42,19 +42,23 @@ def figures(exam: Examination) -> dict[str, dict[str, float]]:
 
 def regressions(past: dict[str, list[dict[str, Any]]], now: dict[str, dict[str, float]],
                 bounds: Bounds) -> list[str]:
-    """A line per host figure now below its bound's share of what it was the last time it was
-    well above that (pure: `past` as load() gives it)."""
+    """A line per host figure now below its bound's share of the median of its looks kept,
+    dated by the last look at or above that median (pure: `past` as load() gives it). The
+    median, not the best look: a disk shared with other work measures 10x apart from one look
+    to the next, and one fast look must not make every later one a regression."""
     lines = []
     for h, figs in now.items():
         for name, value in figs.items():
             words, bound = FIGURES[name]
-            share = getattr(bounds, bound)
-            for look in reversed(past.get(h, [])):
-                then = look.get("figures", {}).get(name)
-                if isinstance(then, int | float) and value < share * then:
-                    day = time.strftime("%Y-%m-%d", time.localtime(float(look.get("at", 0))))
-                    lines.append(f"{h}'s {name}: {words(value)}, was {words(then)} on {day}")
-                    break
+            looks = [(float(look.get("at", 0)), then) for look in past.get(h, [])
+                     if isinstance(then := look.get("figures", {}).get(name), int | float)]
+            if not looks:
+                continue
+            usual = statistics.median(then for _, then in looks)
+            if value < getattr(bounds, bound) * usual:
+                at = max(when for when, then in looks if then >= usual)
+                day = time.strftime("%Y-%m-%d", time.localtime(at))
+                lines.append(f"{h}'s {name}: {words(value)}, was {words(usual)} on {day}")
     return lines
 
 

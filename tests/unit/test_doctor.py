@@ -481,3 +481,13 @@ def test_allreduce_and_free_port_parsed() -> None:
                                      "ranks) bus bandwidth 1.2 GB/s:")
     assert as_json(e, [])["allreduce"] == {"backend": "gloo", "ranks": 4,
                                            "busbw_bytes_per_s": 1.2e9, "error": None}
+
+
+def test_a_figure_is_judged_against_its_usual_not_its_best_look() -> None:
+    """A disk shared with other work measures far apart from one look to the next: one fast
+    look makes no later one a regression; a fall below the usual does."""
+    past = {"node5": [{"at": 1.0 + k, "figures": {"disk write": v}}
+                      for k, v in enumerate([1.1e9, 2.1e8, 1.6e8, 2.3e8, 1.9e8])]}
+    assert history.regressions(past, {"node5": {"disk write": 1.2e8}}, Bounds()) == []
+    fell = history.regressions(past, {"node5": {"disk write": 2e7}}, Bounds())
+    assert len(fell) == 1 and fell[0].startswith("node5's disk write: "), fell
