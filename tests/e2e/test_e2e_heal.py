@@ -396,7 +396,7 @@ def test_a_crash_before_the_first_line_is_not_restarted(cli: CLI, tb: Testbed,
         assert re.search(rf"^fleet: not restarted: {broken} before any rank "
                          r"printed a line of its own \(a script, import or setup error needs a "
                          r"person, not a restart\)$", err, re.M), err
-        assert "restart: attempt" not in err and "-a2" not in err, err
+        assert "restart: attempt" not in err and f"{run_id}-a2" not in err, err
         assert "RuntimeError: broken before the first line" in err, err
         assert re.search(rf"fleet: error: run {run_id} failed.*; attempts: 1/3 failed "
                          rf"\({broken}\)\n*\Z", err), err
