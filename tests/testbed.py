@@ -23,6 +23,10 @@ job) and uplink (a rate such as "100mbit": this machine's own link toward the ho
 to it, a token bucket on the bridge device, while the hosts reach one another at full speed, as
 a laptop on a slow uplink reaches a lab whose machines share a fast switch).
 
+One host can be made slower than its peers: `cpu_quota` holds every process of it to a
+fraction of one CPU (a cgroup of the cgroup v1 cpu controller, cpu.cfs_quota_us), and `shape_host`
+holds its link to a rate (tc).
+
 No host has a GPU, nor an nvidia-smi (unless this machine has one in /usr/bin): `fake_gpus`
 puts tests/fake_nvidia_smi.py on one host's PATH as `nvidia-smi`, answering from a state (GPUs,
 which host processes use them, a driver failure) that a test writes and rewrites.
@@ -54,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +78,8 @@ USER_ID = 4242  # uid and gid of the non-root login user (Testbed(user=...))
 # colleagues get USER_ID + 1, + 2, ... in order (Testbed(colleagues=...))
 PREPARE_AT_ONCE = 8  # hosts whose links and files are made at the same time
 FAKE_SMI_STATE = ".tb-nvidia-smi.json"  # in a host's private /tmp (see fake_nvidia_smi.py)
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # the cgroup v1 cpu controller's hierarchy (cpu_quota)
+MOVE_PASSES = 50  # passes over a host's processes to move them all into or out of a cgroup
 
 # PID 1 of every host: starts its command (sshd -D) and reaps every child, orphans included,
 # until it is killed. Signals from inside the host are ignored, as by a real init.
@@ -211,6 +217,7 @@ class Testbed:
         self._logs: list[IO[bytes]] = []
         self._made_dirs: list[str] = []  # by mount_tmpfs, deepest first
         self._fake_smi: set[str] = set()  # hosts with the stand-in nvidia-smi on their PATH
+        self._cgroups: list[Path] = []  # made by cpu_quota and not yet removed
 
     # ---- addressing --------------------------------------------------------------------------
     @property
@@ -594,6 +601,9 @@ class Testbed:
                     h.proc.wait(timeout=10)
         for log in self._logs:
             log.close()
+        for cg in self._cgroups:  # the hosts are dead: nothing of theirs is left in them
+            with contextlib.suppress(RuntimeError, OSError):
+                _remove_cgroup(cg, CPU_CGROUP)
         for made in sorted(set(self._made_dirs), key=len, reverse=True):  # empty by now
             with contextlib.suppress(OSError):
                 os.rmdir(made)
@@ -645,6 +655,52 @@ class Testbed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 h.proc.wait(timeout=timeout)
         h.sshd_pid = 0
+
+    @contextlib.contextmanager
+    def cpu_quota(self, name: str, fraction: float, period_us: int = 100_000) -> Iterator[Path]:
+        """Every process of host `name` held to `fraction` of one CPU, as a container's limit
+        or a colleague's share holds a lab machine: a cgroup of the cgroup v1 cpu controller
+        (CPU_CGROUP) of its own, with cpu.cfs_quota_us = fraction * cpu.cfs_period_us, which
+        every process of the host's PID namespace (its init and sshd, whatever runs there) is
+        moved into; what starts there later is their child and is born in it. Yields the
+        cgroup's directory (its cpu.stat counts the periods throttled). On exit, after a
+        failure too, every process in it is moved back to the cgroup it came from (one born
+        in it, to the host's init's), and the cgroup is removed (close() removes one left)."""
+        why = cpu_quota_available()
+        if why is not None:
+            raise RuntimeError(f"cpu_quota: {why}")
+        if not 0 < fraction <= 64 or not 1000 <= period_us <= 1_000_000:
+            raise ValueError(f"cpu_quota({fraction}, period_us={period_us}): a fraction of a "
+                             "CPU in (0, 64], a period of 1 ms to 1 s")
+        h = self.host(name)
+        if not h.init_pid:
+            raise RuntimeError(f"cpu_quota: host {name} is not running")
+        came_from = {pid: _cpu_cgroup_of(pid) for pid in _pid_ns_members(h.init_pid)}
+        home = came_from.get(h.init_pid) or "/"
+        cg = CPU_CGROUP / f"fleet-tb-{self.tag}-{name}-{secrets.token_hex(3)}"
+        cg.mkdir()
+        self._cgroups.append(cg)
+        try:
+            (cg / "cpu.cfs_period_us").write_text(str(period_us))
+            (cg / "cpu.cfs_quota_us").write_text(str(max(1000, int(fraction * period_us))))
+            _move_all(lambda: set(_pid_ns_members(h.init_pid)), cg)
+            yield cg
+        finally:
+            for pid in _procs(cg):
+                _move(pid, CPU_CGROUP / came_from.get(pid, home).lstrip("/"))
+            _remove_cgroup(cg, CPU_CGROUP / home.lstrip("/"))
+            self._cgroups.remove(cg)
+
+    def cpu_seconds(self, name: str) -> float:
+        """CPU seconds (user + system) used so far by the processes of host `name` alive now:
+        two looks apart tell how much of a CPU the host's work gets (cpu_quota's measure)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in _pid_ns_members(self.host(name).init_pid):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime (stat's 14th, 15th)
+        return total / tick
 
     def cut_off(self, name: str) -> None:
         """Drop every packet into and out of the host (its loopback excepted), inside its own
@@ -953,6 +1009,83 @@ def _children(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             kids.append(int(entry.name))
     return sorted(kids)
+
+
+def cpu_quota_available() -> str | None:
+    """Why Testbed.cpu_quota cannot work here, or None if it can."""
+    if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
+        return (f"no cgroup v1 cpu controller at {CPU_CGROUP} (cpu.cfs_quota_us): a cgroup v2 "
+                "machine has none")
+    if not os.access(CPU_CGROUP, os.W_OK):
+        return f"{CPU_CGROUP} is not writable (needs root)"
+    return None
+
+
+def _pid_ns_members(init_pid: int) -> list[int]:
+    """Global PIDs of every process in the PID namespace whose PID 1 is init_pid (none once it
+    is gone): a host's processes, not this machine's launcher or nsenter of it."""
+    try:
+        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
+                    found.append(int(entry.name))
+    return found
+
+
+def _cpu_cgroup_of(pid: int) -> str:
+    """The path of `pid`'s cgroup in the cpu controller's hierarchy ("/" where unknown)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpu" in controllers.split(","):
+                return path
+    return "/"
+
+
+def _procs(cg: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cg / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _move(pid: int, cg: Path) -> None:
+    """Move process `pid` (every thread of it) into cgroup `cg`; one that is gone is left."""
+    with contextlib.suppress(ProcessLookupError):
+        (cg / "cgroup.procs").write_text(str(pid))
+
+
+def _move_all(members: Callable[[], set[int]], cg: Path) -> None:
+    """Move every process of members() into `cg`, pass after pass until one finds none
+    outside it: a process forked while its parent was moved may have been born outside."""
+    for _ in range(MOVE_PASSES):
+        outside = members() - set(_procs(cg))
+        if not outside:
+            return
+        for pid in outside:
+            _move(pid, cg)
+    raise RuntimeError(f"processes still outside {cg} after {MOVE_PASSES} passes")
+
+
+def _remove_cgroup(cg: Path, back: Path) -> None:
+    """Move what is still in `cg` (a process born in it while the others were moved out) to
+    `back`, then remove it: bounded, and an error if it cannot be."""
+    for _ in range(MOVE_PASSES):
+        if not cg.exists():
+            return
+        for pid in _procs(cg):
+            _move(pid, back)
+        try:
+            cg.rmdir()
+            return
+        except OSError:  # EBUSY: a process was still in it
+            time.sleep(0.02)
+    raise RuntimeError(f"cgroup {cg} could not be removed: {_procs(cg)} still in it")
 
 
 def _wait_gone(pid: int, timeout: float) -> None:

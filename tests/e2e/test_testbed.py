@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import _need_testbed
 from tests.testbed import (
+    CPU_CGROUP,
     FAKE_SMI_STATE,
     NOISE_STDERR,
     NOISE_STDOUT,
@@ -25,6 +26,7 @@ from tests.testbed import (
     USER_ID,
     TbHost,
     Testbed,
+    cpu_quota_available,
     rate_bits,
 )
 
@@ -201,6 +203,46 @@ def test_small_tmpfs_in_one_host(lab: Testbed) -> None:
     finally:
         lab.umount("node1", small)
     assert lab.exec("node1", "mountpoint", "-q", str(small)).returncode != 0
+
+
+def cpu_cgroup(tb: Testbed, name: str, pid: int) -> str:
+    """The cpu controller's cgroup of host-PID `pid` in host `name`, as /proc says there."""
+    lines = tb.exec(name, "cat", f"/proc/{pid}/cgroup").stdout.splitlines()
+    return next(x.split(":", 2)[2] for x in lines if "cpu" in x.split(":")[1].split(","))
+
+
+def test_cpu_quota_holds_every_process_of_one_host(lab: Testbed) -> None:
+    """A busy loop started before the quota, and a process started over ssh while it holds,
+    are both in the host's own cgroup (throttled: its cpu.stat counts it); node2's are not;
+    afterwards every process is back where it was and the cgroup is gone, also after a
+    failure inside."""
+    why = cpu_quota_available()
+    if why is not None and os.environ.get("CI"):
+        pytest.fail(f"the straggler tests need it, but: {why}")
+    elif why is not None:
+        pytest.skip(why)
+    busy = lab.start_as("node1", "root", "sh", "-c", "while :; do :; done")
+    try:
+        before = cpu_cgroup(lab, "node1", busy)
+        with lab.cpu_quota("node1", 0.2) as cg:
+            assert cg.parent == CPU_CGROUP and (cg / "cpu.cfs_quota_us").read_text() == "20000\n"
+            r = ssh(lab, lab.hosts[0], "cat /proc/self/cgroup")
+            assert f"/{cg.name}" in r.stdout, r.stdout  # born in it: sshd's child's child
+            assert cpu_cgroup(lab, "node1", busy) == f"/{cg.name}"
+            assert cpu_cgroup(lab, "node1", 1) == f"/{cg.name}"  # the host's init
+            assert cg.name not in ssh(lab, lab.hosts[1], "cat /proc/self/cgroup").stdout
+            deadline = time.monotonic() + 30
+            while "nr_throttled 0\n" in (cg / "cpu.stat").read_text():
+                assert time.monotonic() < deadline, (cg / "cpu.stat").read_text()
+                time.sleep(0.2)
+        assert not cg.exists()
+        assert cpu_cgroup(lab, "node1", busy) == before
+        with pytest.raises(KeyError), lab.cpu_quota("node1", 0.5) as cg:
+            raise KeyError("a failure inside")
+        assert not cg.exists() and cpu_cgroup(lab, "node1", busy) == before
+    finally:
+        lab.kill_in("node1", busy)
+    assert not list(CPU_CGROUP.glob(f"fleet-tb-{lab.tag}-*"))
 
 
 def test_ipv6_only_host(lab6: Testbed) -> None:
