@@ -27,7 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=90.0, help="how long the loop runs")
     ap.add_argument("--size", type=int, default=256, help="side of the square matrices")
-    ap.add_argument("--matmuls", type=int, default=40, help="matmuls in a step")
+    ap.add_argument("--matmuls", type=int, default=160, help="matmuls in a step")
     ap.add_argument("--every", type=int, default=5, help="steps between two lines")
     a = ap.parse_args()
     torch.set_num_threads(1)
