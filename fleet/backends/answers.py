@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleet.states import RunStatus
+from fleet.facts.gpus import GpuFacts
+from fleet.facts.ranktop import NodeTop
+from fleet.states import NodeOutcome, RunStatus
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,25 @@ class Seen:
     by: str = ""
 
 
+@dataclass(frozen=True)
+class NodeLook:
+    """What a node's ranks did lately (fleet.facts.ranktop), and its GPUs where asked."""
+
+    top: NodeTop
+    gpus: GpuFacts | None = None
+
+
+class RankLooks(Protocol):
+    """`fleet top`: a recorded run's ranks, looked at again at each call, its connections kept
+    open until closed."""
+
+    def look(self, with_gpus: bool = False) -> tuple[dict[str, NodeOutcome | Exception],
+                                                     dict[str, NodeLook | Exception]]:
+        """(per node its state, as `fleet status` says it; per node its ranks' look)."""
+
+    def close(self) -> None: ...
+
+
 # What each verb is to the person who asked it: an Unsupported names it so.
 VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan", "collective":
          "fleet check --collective", "export": "fleet export", "describe": "fleet status",
@@ -28,7 +49,7 @@ VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan"
          "asking one node's part of a run", "survey": "fleet gpus", "lease":
          "fleet reserve and release", "execute": "fleet exec", "trust_inventory": "fleet trust",
          "pin_keys": "fleet trust --to inventory", "replicas": "[restart] checkpoints",
-         "doctor": "fleet doctor"}
+         "doctor": "fleet doctor", "top": "fleet top"}
 
 
 class Preview(Protocol):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
-from fleet.backends.answers import VERBS, Preview, Replicas, Seen
+from fleet.backends.answers import VERBS, NodeLook, Preview, RankLooks, Replicas, Seen
 from fleet.backends.checks import Check
 from fleet.config.inventory import BackendKind, Inventory
 from fleet.config.job import Job
@@ -141,6 +141,10 @@ class Run(ABC):
         """Every rank's stack (but on the nodes in `skip`, which ended): (the report's lines,
         problems)."""
 
+    def ranks(self) -> dict[str, NodeLook | Exception]:
+        """Every rank's sampling on every node, for the straggler watch ({}: none here)."""
+        return {}
+
     @abstractmethod
     def halted(self) -> Stopped:
         """What the watchdog's stop did (the last stop's problems, if any), for the verdict of
@@ -245,6 +249,10 @@ class Backend(ABC):
     def dump(self, rec: RunRecord) -> tuple[list[str], list[str]]:
         """Every rank's stack while the run goes on: (lines, problems)."""
         raise self.refuse("dump")
+
+    def top(self, rec: RunRecord) -> RankLooks:
+        """`fleet top`: the run's ranks, looked at again at each call."""
+        raise self.refuse("top")
 
     def delete(self, rec: RunRecord, console: Console) -> None:
         """`fleet rm`: the run's directories where it ran (its local record is the caller's)."""

@@ -4,13 +4,23 @@ In a worker a launcher started (RANK and LOCAL_RANK in its environment), it reco
 rank this local rank is, in <run dir>/ranks/<local rank>, before the script prints anything:
 that is how fleet tags log lines with global ranks where the rendezvous assigns them at launch
 (c10d, or a process count torchrun decides). It also lets `fleet dump` take the worker's stack
-(see _register_stack_dump). Nothing else changes, and the sitecustomize that
-this one shadows (a distribution's, a virtualenv's) still runs after it."""
+(see _register_stack_dump), and samples where the worker spends its time for `fleet top` and the
+straggler watch (see _start_sampler; FLEET_SAMPLING=0 turns it off). Nothing else changes, and
+the sitecustomize that this one shadows (a distribution's, a virtualenv's) still runs after
+it."""
 
 import os
 import sys
 
-from fleet.nodeside.shared.nodemap import RANKS, RUN_DIR_VAR, STACKS
+from fleet.nodeside.shared.nodemap import RANKS, RUN_DIR_VAR, SAMPLES, SAMPLING_VAR, STACKS
+from fleet.nodeside.shared.sampling import (
+    SAMPLE_HZ,
+    WRITE_S,
+    Window,
+    cgroup_cpu_stat,
+    classify,
+    throttling,
+)
 
 
 def _record_rank() -> None:
@@ -58,6 +68,85 @@ def _register_stack_dump() -> None:
 _stack_file = None
 
 
+def _start_sampler() -> None:
+    """In a worker, a daemon thread that looks at the main thread's stack SAMPLE_HZ times a
+    second and writes where it was to <run dir>/samples/<pid> every WRITE_S
+    (fleet/nodeside/shared/sampling.py). No signal and no ptrace: the job sees nothing of it but
+    a thread that sleeps. It ends by itself once its file cannot be written."""
+    run_dir, rank, local = (os.environ.get(k) for k in (RUN_DIR_VAR, "RANK", "LOCAL_RANK"))
+    if not (run_dir and rank and rank.isdigit()) or os.environ.get(SAMPLING_VAR) == "0":
+        return
+    import threading
+    import time
+
+    main = threading.main_thread().ident or 0
+    pid = os.getpid()
+    out = os.path.join(run_dir, SAMPLES, str(pid))
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open("/proc/self/cgroup") as f:
+            stats = cgroup_cpu_stat(f.read())
+    except OSError:
+        stats = []
+    stat = next((p for p in stats if os.path.isfile(p)), None)
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def counters() -> tuple[int, int] | tuple[None, None]:
+        if stat is None:
+            return None, None
+        try:
+            with open(stat) as f:
+                got = throttling(f.read())
+        except OSError:
+            got = None
+        return got if got is not None else (None, None)
+
+    def rss() -> int | None:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def loop() -> None:
+        w = Window()
+        step = 1.0 / SAMPLE_HZ
+        failures = 0
+        written = 0.0
+        while failures < 5:
+            time.sleep(step)
+            frame = sys._current_frames().get(main)  # noqa: SLF001 (the sampler's one view)
+            frames: list[tuple[str, str, int]] = []
+            while frame is not None and len(frames) < 64:
+                code = frame.f_code
+                frames.append((code.co_filename, code.co_name, frame.f_lineno))
+                frame = frame.f_back
+            del frame
+            now = time.time()
+            w.add(now, *classify(frames))
+            if now - written < WRITE_S:
+                continue
+            written = now
+            w.mark(now, time.process_time(), *counters())
+            dist = sys.modules.get("torch.distributed")
+            try:
+                joined = bool(dist is not None and dist.is_available() and dist.is_initialized())
+            except Exception:  # noqa: BLE001 - a half-imported torch: not joined yet
+                joined = False
+            text = w.summary(int(rank), int(local) if local and local.isdigit() else -1, pid,
+                             joined, now, rss())
+            try:
+                tmp = f"{out}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(text)
+                os.replace(tmp, out)
+                failures = 0
+            except OSError:
+                failures += 1
+
+    threading.Thread(target=loop, name="fleet-sampler", daemon=True).start()
+
+
 def _chain() -> None:
     """Run the next sitecustomize on sys.path, the one this file shadows."""
     import importlib.machinery
@@ -75,6 +164,7 @@ def _chain() -> None:
 
 _record_rank()
 _register_stack_dump()
+_start_sampler()
 try:
     _chain()
 except Exception as e:  # as python does for a failing sitecustomize: say so, go on

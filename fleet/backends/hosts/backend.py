@@ -16,6 +16,7 @@ from fleet.backends.checks import Check
 from fleet.backends.hosts import gpus, healed, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
+from fleet.backends.hosts.top import RecordTop
 from fleet.config import select
 from fleet.config.inventory import BackendKind, Inventory, load_inventory
 from fleet.config.job import Job
@@ -200,6 +201,9 @@ class HostsBackend(Launch, Recorded, LabTools):
                     t.close()
         return lines, [f"{name}: unreachable: {reason(r)}" for name, r in opened.items()
                        if isinstance(r, Exception)] + problems
+
+    def top(self, rec: RunRecord) -> RecordTop:
+        return RecordTop(rec)
 
     def delete(self, rec: RunRecord, console: Console) -> None:
         console.hosts([n.host.name for n in rec.nodes])

@@ -10,8 +10,9 @@ from collections.abc import Generator
 from pathlib import Path
 
 from fleet import events, manifest
+from fleet.backends.answers import NodeLook
 from fleet.backends.base import Event, Final, Options, Run
-from fleet.backends.hosts import heal, setup, tracker, watchers
+from fleet.backends.hosts import heal, setup, top, tracker, watchers
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.events import follow_events
 from fleet.backends.hosts.gpus import gate
@@ -266,13 +267,16 @@ class HostsRun(Run):
     def halted(self) -> Stopped:
         return self.stopped(self.problems)
 
-    def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
-        live = {n.host.name: (self.session.transports[n.host.name], n.run_dir)
-                for n in self.plan.nodes
-                if n.host.name not in skip}
-        return hang.take(live, self.run_id, self.record_dir, hung=hung)
+    def _live(self, skip: set[str]) -> dict[str, tuple[Transport, str]]:
+        return {n.host.name: (self.session.transports[n.host.name], n.run_dir)
+                for n in self.plan.nodes if n.host.name not in skip}
 
-    # ---- report ---------------------------------------------------------------------------
+    def stacks(self, hung: bool, skip: set[str]) -> tuple[list[str], list[str]]:
+        return hang.take(self._live(skip), self.run_id, self.record_dir, hung=hung)
+
+    def ranks(self) -> dict[str, NodeLook | Exception]:
+        return top.look(self._live(set()))
+
     def report(self, outcomes: dict[str, NodeOutcome]) -> Final:
         """Per node how it ended; for a failure, the first failing rank and its traceback;
         what was stopped, by whom, and what may still run."""
@@ -286,8 +290,7 @@ class HostsRun(Run):
         return Final(final, failure=tuple(first), cause=cause)
 
     def tunnel(self) -> Tunnel:
-        master = self.plan.master.host.name
-        return Tunnel(self.session.transports[master], master)
+        return Tunnel(self.session.transports[m := self.plan.master.host.name], m)
 
     def close(self) -> None:
         self.session.close()

@@ -20,6 +20,7 @@ EXIT_CODE = "exit_code"  # the wrapper's exit code, once it has ended
 STOPPED = "stopped"  # fleet's stop record (who stopped it, and a line fleet can prove)
 RANKS = "ranks"  # ranks/<local rank>: its global rank, as each worker's sitecustomize wrote it
 STACKS = "stacks"  # stacks/<pid>: a worker's stack, dumped on fleet's signal (fleet dump)
+SAMPLES = "samples"  # samples/<pid>: where a worker spent its time lately (shared/sampling.py)
 NOTIFY_JSON = "notify.json"  # a detached run's [notify], read once by its watcher
 NOTIFY_LOG = "notify.log"  # what the watcher did
 WATCHER = "watcher.py"  # the nodes' own watcher of a detached run (fail-fast without fleet)
@@ -38,6 +39,8 @@ NODE_RANK_VAR = "FLEET_NODE_RANK"
 RUN_DIR_VAR = "FLEET_RUN_DIR"
 # The job's data directory on this node, where the job has one (a job or host may set it).
 DATA_DIR_VAR = "FLEET_DATA_DIR"
+# "0" where the job turned the ranks' sampling off (`[watchdog] sampling = false`)
+SAMPLING_VAR = "FLEET_SAMPLING"
 
 
 def _root(workdir: str) -> str:
