@@ -1,0 +1,244 @@
+"""Stragglers and `fleet top`, end to end through the real CLI on four real sshd hosts of this
+module's own testbed, one rank a host, running tests/e2e/straggler_job.py (compute, then a Gloo
+all_reduce, step after step) under `fleet up --json` with `[watchdog] straggler = 1.3`:
+- node3's every process held by a CPU quota (Testbed.cpu_quota: the cgroup v1 cpu controller)
+  to two thirds of the CPU it used unthrottled, so that every step is about 1.5x slower: its
+  rank is named by `fleet top --once` (its last line) and by `fleet up` (a warning, once, an
+  event in its --json stream, a line in `fleet status`);
+- a clean run names none, in `top --once` once the ranks' window has filled, nor in `up`;
+- `fleet top --once --json` parses, and its states are those `fleet status` says.
+After each the run is stopped and nothing of it is left on any host."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CLI, _need_testbed
+from tests.e2e.test_e2e_heal import assert_clean, no_traceback
+from tests.testbed import Testbed, cpu_quota_available
+
+pytestmark = pytest.mark.e2e
+
+JOB = Path(__file__).with_name("straggler_job.py")
+SLOWER = 1.5  # the throttled host gets 1/SLOWER of the CPU it used unthrottled
+NAMED_WITHIN_S = 90  # `top --once` is asked again until it names a rank, this long at most
+FILLED_S = 25  # the ranks' sampling window (20 s) filled, and a little more
+STEPPING_S = 180  # the job started and stepping on every host (torch imported on a busy machine)
+VERDICT = re.compile(r"^straggler: (?:none(?: \(.+\))?|rank (\d+) \((\S+)\) is the straggler: "
+                     r"the others wait for it in .+)$")
+STEP = re.compile(r"rank (\d+) on (\S+) step (\d+) step_s ([\d.]+)$")
+ROW = re.compile(r"^\s+(\S+)\s+node rank (\d+) \(ranks? [\d-]+\)\s+(\S+)")
+
+
+@pytest.fixture(scope="module")
+def tb() -> Iterator[Testbed]:
+    _need_testbed()
+    with Testbed(4) as bed:
+        yield bed
+
+
+def job(tb: Testbed, tmp_path: Path, port: int) -> Path:
+    """The straggler job on the four hosts, long enough for any test here (each stops it)."""
+    d = tmp_path / "job"
+    d.mkdir()
+    tb.inventory(d / "inv.toml")
+    (d / "steps.py").write_text(JOB.read_text())
+    path = d / "steps.toml"  # no "straggler" in the run's id, nor in what status says of it
+    path.write_text('inventory = "inv.toml"\nscript = "steps.py"\nnproc_per_node = 1\n'
+                    'args = ["--seconds", "600"]\n'
+                    f"[rendezvous]\nport = {port}\n[watchdog]\nstraggler = 1.3\n")
+    return path
+
+
+class Up:
+    """`fleet up --json JOB` in the background, its stdout (events) and stderr in files."""
+
+    def __init__(self, cli: CLI, job: Path, tmp_path: Path) -> None:
+        self.out, self.err = tmp_path / "up.out", tmp_path / "up.err"
+        with self.out.open("wb") as o, self.err.open("wb") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "fleet", "up", "--json",
+                                          str(job)], cwd=cli.cwd, env=cli.env, stdout=o,
+                                         stderr=e, stdin=subprocess.DEVNULL)
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every whole line of stdout so far, each one JSON object."""
+        text = self.out.read_text()
+        return [json.loads(x) for x in text[:text.rfind("\n") + 1].splitlines()]
+
+    def said(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def run_id(self) -> str:
+        return next(e["run_id"] for e in self.events() if e.get("run_id"))
+
+    def stepping(self) -> dict[str, int]:
+        """host -> global rank, once every rank of the four hosts printed its 10th step."""
+        deadline = time.monotonic() + STEPPING_S
+        while True:
+            seen = {}
+            for e in self.events():
+                m = STEP.search(e.get("text", "")) if e["event"] == "line" else None
+                if m and int(m.group(3)) >= 10:
+                    seen[m.group(2)] = int(m.group(1))
+            if len(seen) == 4:
+                return seen
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.said()
+            time.sleep(0.5)
+
+    def step_times(self, host: str, since: int = 0) -> list[float]:
+        """The job's step times on `host`, from its lines after the first `since` of them."""
+        times = [float(m.group(4)) for e in self.events() if e["event"] == "line"
+                 and (m := STEP.search(e.get("text", ""))) and m.group(2) == host]
+        return times[since:]
+
+    def stop(self, cli: CLI, tb: Testbed, run_id: str) -> None:
+        """`fleet stop` of the run, `up` ended by it, nothing of the run left on any host."""
+        try:
+            r = cli("stop", run_id, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            self.proc.wait(timeout=120)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        assert self.proc.returncode == 4, self.said()  # stopped by fleet stop
+        assert_clean(tb, [run_id])
+        no_traceback(self.err.read_text())
+
+
+def top_once(cli: CLI, run_id: str) -> tuple[str, re.Match[str]]:
+    """`fleet top RUN --once`: its output, and its verdict (its last line)."""
+    r = cli("top", run_id, "--once", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = r.stdout.rstrip("\n").rsplit("\n", 1)[-1]
+    m = VERDICT.match(last)
+    assert m, r.stdout + r.stderr
+    return r.stdout, m
+
+
+def status_rows(cli: CLI, run_id: str) -> tuple[dict[str, Any], dict[str, tuple[int, str]]]:
+    """`fleet status --json`, and per node (node rank, state word) from its rows."""
+    r = cli("status", run_id, "--json", timeout=120)
+    out = json.loads(r.stdout)
+    rows = {m.group(1): (int(m.group(2)), m.group(3))
+            for line in out["lines"] if (m := ROW.match(line))}
+    return out, rows
+
+
+def stragglers(up: Up) -> list[dict[str, Any]]:
+    return [e for e in up.events() if e["event"] == "straggler"]
+
+
+@pytest.fixture(autouse=True)
+def need_cgroups() -> None:
+    why = cpu_quota_available()
+    if why is not None:
+        pytest.fail(f"the straggler tests cannot slow a host: {why}")
+
+
+def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path) -> None:
+    up = Up(cli, job(tb, tmp_path, 29941), tmp_path)
+    run_id = ""
+    try:
+        rank_of = up.stepping()
+        run_id = up.run_id()
+        rank = rank_of["node3"]
+        t0, c0 = time.monotonic(), tb.cpu_seconds("node3")
+        time.sleep(5)
+        used = (tb.cpu_seconds("node3") - c0) / (time.monotonic() - t0)
+        clean = len(up.step_times("node3"))
+        with tb.cpu_quota("node3", used / SLOWER) as cg:
+            deadline = time.monotonic() + NAMED_WITHIN_S
+            while True:
+                shown, verdict = top_once(cli, run_id)
+                # Never another rank, while node3's steps slow down and the window fills.
+                assert verdict.group(1) in (None, str(rank)), shown
+                if verdict.group(1):
+                    break
+                assert time.monotonic() < deadline, (
+                    f"{shown}\nnode3 ({used:.2f} CPU unthrottled, held to {used / SLOWER:.2f}):"
+                    f" step times {up.step_times('node3', since=clean)} after "
+                    f"{up.step_times('node3')[:clean]}; {(cg / 'cpu.stat').read_text()}")
+                time.sleep(2)
+            assert verdict.group(2) == "node3", shown
+            r = cli("top", run_id, "--once", "--json", timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            named = json.loads(r.stdout)["straggler"]
+            assert (named["rank"], named["host"]) == (rank, "node3"), r.stdout
+            assert named["score"] >= 1.3 and 0 < named["others_wait"] < 1, r.stdout
+            assert named["line"].startswith(f"rank {rank} (node3) is the straggler: "), r.stdout
+            # fleet up reads the ranks every 5 s and names one seen 3 looks in a row.
+            warning = f"fleet: straggler: rank {rank} (node3) is the straggler: "
+            deadline = time.monotonic() + 60
+            while warning not in up.err.read_text():
+                assert up.proc.poll() is None and time.monotonic() < deadline, up.said()
+                time.sleep(1)
+        up.stop(cli, tb, run_id)
+    finally:
+        if up.proc.poll() is None:
+            if run_id:
+                cli("stop", run_id, timeout=120)
+            up.proc.kill()
+            up.proc.wait()
+    said = up.err.read_text()
+    assert said.count(warning) == 1, said  # said once
+    events = stragglers(up)
+    assert len(events) == 1, events
+    assert (events[0]["rank"], events[0]["host"]) == (rank, "node3"), events
+    assert events[0]["score"] >= 1.3 and events[0]["line"].startswith(
+        f"rank {rank} (node3) is the straggler: "), events
+    status = cli("status", run_id, timeout=120).stdout
+    assert re.search(rf"^\s*straggler: rank {rank} \(node3\) is the straggler: ", status,
+                     re.M), status
+
+
+def test_a_clean_run_names_none_and_top_json_is_what_status_says(
+        tb: Testbed, cli: CLI, tmp_path: Path) -> None:
+    up = Up(cli, job(tb, tmp_path, 29942), tmp_path)
+    run_id = ""
+    try:
+        rank_of = up.stepping()
+        run_id = up.run_id()
+        time.sleep(FILLED_S)
+        shown, verdict = top_once(cli, run_id)
+        assert verdict.group(0) == "straggler: none", shown
+        r = cli("top", run_id, "--once", "--json", timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        top = json.loads(r.stdout)
+        status, rows = status_rows(cli, run_id)
+        up.stop(cli, tb, run_id)
+    finally:
+        if up.proc.poll() is None:
+            if run_id:
+                cli("stop", run_id, timeout=120)
+            up.proc.kill()
+            up.proc.wait()
+    assert top["run_id"] == run_id and top["straggler"] is None, top
+    assert top["status"] == status["status"] == "running", (top, status)
+    # Every node as status says it, in node rank order; every rank on its host, its state its
+    # node's.
+    assert [(n["host"], n["node_rank"], n["status"]) for n in top["nodes"]] == [
+        (h, rank, word) for h, (rank, word) in sorted(rows.items(), key=lambda x: x[1][0])]
+    assert [n["host"] for n in top["nodes"]] == [n["host"] for n in status["nodes"]]
+    words = {n["host"]: n["status"] for n in top["nodes"]}
+    assert sorted((x["rank"], x["host"]) for x in top["ranks"]) == sorted(
+        (rank, host) for host, rank in rank_of.items()), top["ranks"]
+    for x in top["ranks"]:
+        assert x["status"] == words[x["host"]] == "running" and x["alive"] is True, x
+        assert isinstance(x["pid"], int) and x["samples"] > 0, x
+        assert 0 <= x["wait_share"] <= 1 and x["score"] < 1.3 and x["where"], x
+        assert x["cpu_pct"] is not None and x["rss"] > 0, x
+    for n in top["nodes"]:
+        assert n["log"]["lines_per_s"] is not None, n
+    assert stragglers(up) == [], up.said()
+    status_text = cli("status", run_id, timeout=120).stdout
+    assert "straggler" not in status_text, status_text
