@@ -24,8 +24,8 @@ to it, a token bucket on the bridge device, while the hosts reach one another at
 a laptop on a slow uplink reaches a lab whose machines share a fast switch).
 
 One host can be made slower than its peers: `cpu_quota` holds every process of it to a
-fraction of one CPU (a cgroup of the cgroup v1 cpu controller, cpu.cfs_quota_us), and `shape_host`
-holds its link to a rate (tc).
+fraction of one CPU (the quota of its own cgroup of the cgroup v1 cpu controller, `cpu_cgroup`),
+and `shape_host` holds its link to a rate (tc).
 
 No host has a GPU, nor an nvidia-smi (unless this machine has one in /usr/bin): `fake_gpus`
 puts tests/fake_nvidia_smi.py on one host's PATH as `nvidia-smi`, answering from a state (GPUs,
@@ -217,7 +217,7 @@ class Testbed:
         self._logs: list[IO[bytes]] = []
         self._made_dirs: list[str] = []  # by mount_tmpfs, deepest first
         self._fake_smi: set[str] = set()  # hosts with the stand-in nvidia-smi on their PATH
-        self._cgroups: list[Path] = []  # made by cpu_quota and not yet removed
+        self._cgroups: dict[str, Path] = {}  # each host's own cpu cgroup (cpu_cgroup)
 
     # ---- addressing --------------------------------------------------------------------------
     @property
@@ -601,9 +601,9 @@ class Testbed:
                     h.proc.wait(timeout=10)
         for log in self._logs:
             log.close()
-        for cg in self._cgroups:  # the hosts are dead: nothing of theirs is left in them
+        for cg in self._cgroups.values():  # the hosts are dead: nothing of theirs is left
             with contextlib.suppress(RuntimeError, OSError):
-                _remove_cgroup(cg, CPU_CGROUP)
+                _remove_cgroup(cg, cg.parent)
         for made in sorted(set(self._made_dirs), key=len, reverse=True):  # empty by now
             with contextlib.suppress(OSError):
                 os.rmdir(made)
@@ -656,40 +656,48 @@ class Testbed:
                 h.proc.wait(timeout=timeout)
         h.sshd_pid = 0
 
-    @contextlib.contextmanager
-    def cpu_quota(self, name: str, fraction: float, period_us: int = 100_000) -> Iterator[Path]:
-        """Every process of host `name` held to `fraction` of one CPU, as a container's limit
-        or a colleague's share holds a lab machine: a cgroup of the cgroup v1 cpu controller
-        (CPU_CGROUP) of its own, with cpu.cfs_quota_us = fraction * cpu.cfs_period_us, which
-        every process of the host's PID namespace (its init and sshd, whatever runs there) is
-        moved into; what starts there later is their child and is born in it. Yields the
-        cgroup's directory (its cpu.stat counts the periods throttled). On exit, after a
-        failure too, every process in it is moved back to the cgroup it came from (one born
-        in it, to the host's init's), and the cgroup is removed (close() removes one left)."""
+    def cpu_cgroup(self, name: str) -> Path:
+        """Host `name`'s own cgroup of the cgroup v1 cpu controller (CPU_CGROUP), as a
+        container's or a Slurm job's is: made at the first call, under the cgroup the host's
+        init is in, and every process of the host's PID namespace (its init and sshd, whatever
+        runs there) moved into it; what starts there later is their child and is born in it,
+        so that a process that looks up its cgroup once, at its start, finds this one, as on a
+        machine. No limit until cpu_quota sets one. Removed by close()."""
+        if name in self._cgroups:
+            return self._cgroups[name]
         why = cpu_quota_available()
         if why is not None:
-            raise RuntimeError(f"cpu_quota: {why}")
+            raise RuntimeError(f"cpu_cgroup: {why}")
+        h = self.host(name)
+        if not h.init_pid:
+            raise RuntimeError(f"cpu_cgroup: host {name} is not running")
+        parent = CPU_CGROUP / _cpu_cgroup_of(h.init_pid).lstrip("/")
+        cg = parent / f"fleet-tb-{self.tag}-{name}-{secrets.token_hex(3)}"
+        cg.mkdir()
+        self._cgroups[name] = cg
+        _move_all(lambda: set(_pid_ns_members(h.init_pid)), cg)
+        return cg
+
+    @contextlib.contextmanager
+    def cpu_quota(self, name: str, fraction: float, period_us: int = 100_000) -> Iterator[Path]:
+        """Every process of host `name` held to `fraction` of one CPU while it lasts, as a
+        container's limit lowered in place or a colleague's share of a lab machine: the quota
+        of the host's own cgroup (cpu_cgroup), cpu.cfs_quota_us = fraction * cpu.cfs_period_us,
+        which its processes, those running and those started later, are subject to in the
+        cgroup they already live in. Yields the cgroup (its cpu.stat counts the periods
+        throttled). On exit, after a failure too, the limit is lifted (the processes stay in
+        the host's cgroup, without one)."""
         if not 0 < fraction <= 64 or not 1000 <= period_us <= 1_000_000:
             raise ValueError(f"cpu_quota({fraction}, period_us={period_us}): a fraction of a "
                              "CPU in (0, 64], a period of 1 ms to 1 s")
-        h = self.host(name)
-        if not h.init_pid:
-            raise RuntimeError(f"cpu_quota: host {name} is not running")
-        came_from = {pid: _cpu_cgroup_of(pid) for pid in _pid_ns_members(h.init_pid)}
-        home = came_from.get(h.init_pid) or "/"
-        cg = CPU_CGROUP / f"fleet-tb-{self.tag}-{name}-{secrets.token_hex(3)}"
-        cg.mkdir()
-        self._cgroups.append(cg)
+        cg = self.cpu_cgroup(name)
         try:
+            (cg / "cpu.cfs_quota_us").write_text("-1")  # no quota in force while the period changes
             (cg / "cpu.cfs_period_us").write_text(str(period_us))
             (cg / "cpu.cfs_quota_us").write_text(str(max(1000, int(fraction * period_us))))
-            _move_all(lambda: set(_pid_ns_members(h.init_pid)), cg)
             yield cg
         finally:
-            for pid in _procs(cg):
-                _move(pid, CPU_CGROUP / came_from.get(pid, home).lstrip("/"))
-            _remove_cgroup(cg, CPU_CGROUP / home.lstrip("/"))
-            self._cgroups.remove(cg)
+            (cg / "cpu.cfs_quota_us").write_text("-1")
 
     def cpu_seconds(self, name: str) -> float:
         """CPU seconds (user + system) used so far by the processes of host `name` alive now:

@@ -41,8 +41,15 @@ ROW = re.compile(r"^\s+(\S+)\s+node rank (\d+) \(ranks? [\d-]+\)\s+(\S+)")
 
 @pytest.fixture(scope="module")
 def tb() -> Iterator[Testbed]:
+    """Four hosts, each in its own cpu cgroup from the start (as each machine's job is in a
+    container's or Slurm's), where a quota is then set and lifted in place."""
     _need_testbed()
+    why = cpu_quota_available()
+    if why is not None:
+        pytest.fail(f"the straggler tests cannot slow a host: {why}")
     with Testbed(4) as bed:
+        for h in bed.hosts:
+            bed.cpu_cgroup(h.name)
         yield bed
 
 
@@ -136,13 +143,6 @@ def status_rows(cli: CLI, run_id: str) -> tuple[dict[str, Any], dict[str, tuple[
 
 def stragglers(up: Up) -> list[dict[str, Any]]:
     return [e for e in up.events() if e["event"] == "straggler"]
-
-
-@pytest.fixture(autouse=True)
-def need_cgroups() -> None:
-    why = cpu_quota_available()
-    if why is not None:
-        pytest.fail(f"the straggler tests cannot slow a host: {why}")
 
 
 def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path) -> None:

@@ -212,10 +212,9 @@ def cpu_cgroup(tb: Testbed, name: str, pid: int) -> str:
 
 
 def test_cpu_quota_holds_every_process_of_one_host(lab: Testbed) -> None:
-    """A busy loop started before the quota, and a process started over ssh while it holds,
-    are both in the host's own cgroup (throttled: its cpu.stat counts it); node2's are not;
-    afterwards every process is back where it was and the cgroup is gone, also after a
-    failure inside."""
+    """A busy loop started before the host's cgroup was made, and a process started over ssh
+    after, are both in it (node2's are not); the quota throttles them (its cpu.stat counts it)
+    and is lifted on exit, also after a failure inside; close() removes the cgroup."""
     why = cpu_quota_available()
     if why is not None and os.environ.get("CI"):
         pytest.fail(f"the straggler tests need it, but: {why}")
@@ -223,26 +222,37 @@ def test_cpu_quota_holds_every_process_of_one_host(lab: Testbed) -> None:
         pytest.skip(why)
     busy = lab.start_as("node1", "root", "sh", "-c", "while :; do :; done")
     try:
-        before = cpu_cgroup(lab, "node1", busy)
+        outside = cpu_cgroup(lab, "node1", busy)
         with lab.cpu_quota("node1", 0.2) as cg:
-            assert cg.parent == CPU_CGROUP and (cg / "cpu.cfs_quota_us").read_text() == "20000\n"
+            assert cg == lab.cpu_cgroup("node1") and cg.parent == CPU_CGROUP / outside.lstrip("/")
+            assert (cg / "cpu.cfs_quota_us").read_text() == "20000\n"
+            inside = "/" + str(cg.relative_to(CPU_CGROUP))
             r = ssh(lab, lab.hosts[0], "cat /proc/self/cgroup")
-            assert f"/{cg.name}" in r.stdout, r.stdout  # born in it: sshd's child's child
-            assert cpu_cgroup(lab, "node1", busy) == f"/{cg.name}"
-            assert cpu_cgroup(lab, "node1", 1) == f"/{cg.name}"  # the host's init
-            assert cg.name not in ssh(lab, lab.hosts[1], "cat /proc/self/cgroup").stdout
+            assert f":{inside}\n" in r.stdout, r.stdout  # born in it: sshd's child's child
+            assert cpu_cgroup(lab, "node1", busy) == cpu_cgroup(lab, "node1", 1) == inside
+            assert inside not in ssh(lab, lab.hosts[1], "cat /proc/self/cgroup").stdout
             deadline = time.monotonic() + 30
             while "nr_throttled 0\n" in (cg / "cpu.stat").read_text():
                 assert time.monotonic() < deadline, (cg / "cpu.stat").read_text()
                 time.sleep(0.2)
-        assert not cg.exists()
-        assert cpu_cgroup(lab, "node1", busy) == before
-        with pytest.raises(KeyError), lab.cpu_quota("node1", 0.5) as cg:
+        assert (cg / "cpu.cfs_quota_us").read_text() == "-1\n"
+        with pytest.raises(KeyError), lab.cpu_quota("node1", 0.5):
+            assert (cg / "cpu.cfs_quota_us").read_text() == "50000\n"
             raise KeyError("a failure inside")
-        assert not cg.exists() and cpu_cgroup(lab, "node1", busy) == before
+        assert (cg / "cpu.cfs_quota_us").read_text() == "-1\n"
+        assert cpu_cgroup(lab, "node1", busy) == inside
     finally:
         lab.kill_in("node1", busy)
-    assert not list(CPU_CGROUP.glob(f"fleet-tb-{lab.tag}-*"))
+
+
+def test_host_cgroups_go_with_the_testbed() -> None:
+    _need_testbed()
+    if cpu_quota_available() is not None:
+        pytest.skip(str(cpu_quota_available()))
+    with Testbed(1) as tb:
+        cg = tb.cpu_cgroup("node1")
+        assert (cg / "cgroup.procs").read_text().split(), "the host's processes moved in"
+    assert not cg.exists()
 
 
 def test_ipv6_only_host(lab6: Testbed) -> None:
