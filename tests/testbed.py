@@ -23,6 +23,7 @@ job) and uplink (a rate such as "100mbit": this machine's own link toward the ho
 to it, a token bucket on the bridge device, while the hosts reach one another at full speed, as
 a laptop on a slow uplink reaches a lab whose machines share a fast switch).
 
+Every host sees this machine's cgroup hierarchies at /sys/fs/cgroup, as a machine does its own.
 One host can be made slower than its peers: `cpu_quota` holds every process of it to a
 fraction of one CPU (the quota of its own cgroup of the cgroup v1 cpu controller, `cpu_cgroup`),
 and `shape_host` holds its link to a rate (tc).
@@ -512,6 +513,7 @@ class Testbed:
             lines.append(f"mount --bind {q(str(keep))} {q(str(inner))}")
         lines += [f"mount --rbind {q(str(private))} /tmp",
                   "mount -t tmpfs -o mode=1777,size=25% tmpfs /dev/shm"]
+        lines += _cgroup_mounts()
         if self._accounts(h):
             # /root is 0700; the venv's python is a link into /root/.pyenv: a 0755 /root that
             # holds only what the interpreter and the repository need.
@@ -1027,6 +1029,30 @@ def cpu_quota_available() -> str | None:
     if not os.access(CPU_CGROUP, os.W_OK):
         return f"{CPU_CGROUP} is not writable (needs root)"
     return None
+
+
+def _cgroup_mounts() -> list[str]:
+    """Boot lines that give a host this machine's /sys/fs/cgroup, as every machine has it
+    (`ip netns exec` mounts a fresh /sys, without it): the same hierarchies mounted again, each
+    as it is here, and its links (cpu -> cpu,cpuacct). A process of the host then finds the
+    cgroup its /proc/self/cgroup names (a quota's cpu.stat, say) where a machine's would."""
+    root = "/sys/fs/cgroup"
+    mounts = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, where, kind, options = line.split()[:4]
+        if kind in ("cgroup", "cgroup2") and os.path.dirname(where) == root:
+            mounts.append((os.path.basename(where), kind, options))
+    if not mounts:
+        return []
+    q = shlex.quote
+    lines = [f"mount -t tmpfs -o mode=0755,size=64k tmpfs {root}"]
+    for name, kind, options in mounts:
+        lines += [f"mkdir {root}/{q(name)}",
+                  f"mount -t {kind} -o {q(options)} {kind} {root}/{q(name)}"]
+    for entry in os.scandir(root):
+        if entry.is_symlink():
+            lines.append(f"ln -s {q(os.readlink(entry.path))} {root}/{q(entry.name)}")
+    return lines
 
 
 def _pid_ns_members(init_pid: int) -> list[int]:

@@ -230,6 +230,8 @@ def test_cpu_quota_holds_every_process_of_one_host(lab: Testbed) -> None:
             r = ssh(lab, lab.hosts[0], "cat /proc/self/cgroup")
             assert f":{inside}\n" in r.stdout, r.stdout  # born in it: sshd's child's child
             assert cpu_cgroup(lab, "node1", busy) == cpu_cgroup(lab, "node1", 1) == inside
+            r = ssh(lab, lab.hosts[0], f"cat /sys/fs/cgroup/cpu{inside}/cpu.cfs_quota_us")
+            assert quiet(r.stdout) == ["20000"], r.stdout + r.stderr  # seen from the host too
             assert inside not in ssh(lab, lab.hosts[1], "cat /proc/self/cgroup").stdout
             deadline = time.monotonic() + 30
             while "nr_throttled 0\n" in (cg / "cpu.stat").read_text():
