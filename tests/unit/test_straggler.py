@@ -239,3 +239,36 @@ def test_the_sampler_in_a_real_process_sees_where_it_waits(tmp_path: Path, sampl
     assert s.wait_share is not None and s.wait_share > 0.4, s
     assert s.places[0].where == "all_reduce()", s.places
     assert isinstance(top, NodeTop)
+
+
+def test_top_as_rows_and_json_from_one_look() -> None:
+    from fleet.backends import NodeLook
+    from fleet.cli import topview
+    from fleet.errors import CommandTimedOut
+    from fleet.facts.gpus import Gpu, GpuApp, GpuFacts
+    from fleet.states import NodeOutcome, NodeStatus, RunStatus
+
+    gpus = GpuFacts(True, (Gpu(0, "GPU-a", 1024, 81559, "H100", 87),),
+                    (GpuApp("GPU-a", 100, 1024, "ann"),))
+    looks: dict[str, NodeLook | Exception] = {
+        "node1": NodeLook(parse_top(answer((100, summary(0, 100, 33)))), gpus),
+        "node2": NodeLook(parse_top(answer((101, summary(1, 100, 2, pid=101))))),
+        "node3": CommandTimedOut("node3", "the ranks' sampling", 10)}
+    running = NodeStatus.RUNNING
+    states: dict[str, NodeOutcome | Exception] = {
+        "node1": NodeOutcome("node1", 0, running), "node2": NodeOutcome("node2", 1, running),
+        "node3": CommandTimedOut("node3", "the run's state", 10)}
+    top = topview.make("r-1", states, looks, {"node1": 0, "node2": 1, "node3": 2})
+    assert top.status is RunStatus.UNKNOWN  # as `fleet status` says a run a node can't answer
+    assert set(top.unasked) == {"node3"}
+    rows = topview.rows(top)
+    assert [r[0][:3] for r in rows] == [["node1", "0", "running"], ["node2", "1", "running"],
+                                        ["node3", "-", "unreachable"]]
+    assert rows[0][0][5] == "0: 87% 1 GiB" and rows[1][1] and not rows[0][1]
+    out = topview.as_json(top)
+    assert [n["status"] for n in out["nodes"]] == ["running", "running", "unreachable"]
+    assert out["nodes"][2]["error"] and out["nodes"][0]["gpus"][0]["util_pct"] == 87
+    assert [(r["rank"], r["host"], r["status"]) for r in out["ranks"]] == \
+        [(0, "node1", "running"), (1, "node2", "running")]
+    assert out["straggler"]["rank"] == 1 and out["verdict"].startswith("straggler: rank 1 ")
+    assert out["ranks"][0]["gpu"] == {"index": 0, "memory_used": 1 << 30}
