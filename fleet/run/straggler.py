@@ -63,9 +63,10 @@ def judge(ranks: dict[int, tuple[str, RankSample]], factor: float = FACTOR) -> S
     judged = {r: (h, s) for r, (h, s) in ranks.items()
               if s.alive and s.joined and s.samples >= MIN_SAMPLES}
     if len(judged) < 2:
-        young = [r for r, (_, s) in ranks.items() if s.alive and s.samples < MIN_SAMPLES]
-        why = ("too few samples yet" if young else
-               "fewer than two ranks in a process group" if ranks else "no rank sampled")
+        alive = [s for _, s in ranks.values() if s.alive]
+        why = ("no rank sampled" if not ranks else "no rank runs" if not alive else
+               "too few samples yet" if any(s.samples < MIN_SAMPLES for s in alive) else
+               "fewer than two ranks in a process group")
         return Standing({}, None, why)
     shares = {r: s.collective / s.samples for r, (_, s) in judged.items()}
     scores: dict[int, float] = {}

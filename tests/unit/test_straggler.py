@@ -151,6 +151,9 @@ def test_a_clean_run_names_none_and_says_why_when_it_cannot_tell() -> None:
     assert judge(ranks(0.3)).verdict() == \
         "straggler: none (fewer than two ranks in a process group)"
     assert judge({}).verdict() == "straggler: none (no rank sampled)"
+    ended = ranks_of({"node1": parse_top(answer((100, summary(0, 100, 30, at=900.0)))),
+                      "node2": parse_top(answer((101, summary(1, 100, 0, pid=101, at=900.0))))})
+    assert judge(ended).verdict() == "straggler: none (no rank runs)"
     # two ranks: the one that hardly waits is named
     s = judge(ranks(0.4, 0.02)).straggler
     assert s is not None and s.rank == 1 and s.score >= FACTOR
