@@ -41,6 +41,10 @@ def test_a_stack_is_a_collective_a_data_wait_or_its_innermost_function() -> None
     # a function of the job's own named all_reduce is the job's compute, not a collective
     assert classify([("/w/mine.py", "all_reduce", 1)]) == (COMPUTE, "all_reduce() (mine.py)")
     assert classify([]) == (COMPUTE, "?")
+    fsdp = "/x/torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py"
+    assert classify([(fsdp, "wait_for_unshard", 3), user]) == \
+        (COLLECTIVE, "wait_for_unshard()")
+    assert classify([(fsdp, "unshard", 3), user]) == (COMPUTE, "unshard() (_fsdp_param_group.py)")
 
 
 def summary(rank: int, n: int, coll: int, *, pid: int = 100, at: float = 1000.0,

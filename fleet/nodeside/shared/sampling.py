@@ -40,7 +40,9 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
     its innermost function (`forward() (linear.py)`)."""
     for file, func, _ in frames[:DEPTH]:
         where = file.replace("\\", "/")
-        if "/torch/distributed/" in where and func in COLLECTIVES:
+        # a collective's own function, or torch.distributed's code waiting for one (FSDP's
+        # `wait_for_unshard`, a functional collective's `wait_tensor`)
+        if "/torch/distributed/" in where and (func in COLLECTIVES or "wait" in func):
             return COLLECTIVE, f"{func}()"
         if "/torch/utils/data/" in where and func == "__next__":
             return DATA_WAIT, "DataLoader.__next__()"
