@@ -150,6 +150,10 @@ def test_the_rank_the_others_wait_for_is_named_with_its_evidence() -> None:
 
 def test_a_clean_run_names_none_and_says_why_when_it_cannot_tell() -> None:
     assert judge(ranks(0.10, 0.12, 0.08, 0.11)).verdict() == "straggler: none"
+    # steps that are mostly communication on a loaded machine (seen on a clean run here): a
+    # compute share of 16% against 9% is a ratio of 1.8, but the others lose 7% to it
+    noisy = judge(ranks(0.91, 0.91, 0.93, 0.84))
+    assert noisy.straggler is None and max(noisy.scores.values()) > FACTOR
     assert judge(ranks(0.3, 0.0, n=MIN_SAMPLES - 1)).verdict() == \
         "straggler: none (too few samples yet)"
     assert judge(ranks(0.3)).verdict() == \

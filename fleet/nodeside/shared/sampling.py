@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-SAMPLE_HZ = 5.0  # stack samples a second
+SAMPLE_HZ = 10.0  # stack samples a second
 WINDOW_S = 20  # seconds of samples a summary covers
 WRITE_S = 1.0  # how often a rank's summary is written
 DEPTH = 12  # innermost frames looked at for a collective or a data wait
