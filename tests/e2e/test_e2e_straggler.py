@@ -35,7 +35,7 @@ FILLED_S = 25  # the ranks' sampling window (20 s) filled, and a little more
 STEPPING_S = 180  # the job started and stepping on every host (torch imported on a busy machine)
 VERDICT = re.compile(r"^straggler: (?:none(?: \(.+\))?|rank (\d+) \((\S+)\) is the straggler: "
                      r"the others wait for it in .+)$")
-STEP = re.compile(r"rank (\d+) on (\S+) step (\d+) step_s ([\d.]+)$")
+STEP = re.compile(r"rank (\d+) on (\S+) step (\d+) step_s ([\d.]+) cpu_s [\d.]+$")
 ROW = re.compile(r"^\s+(\S+)\s+node rank (\d+) \(ranks? [\d-]+\)\s+(\S+)")
 
 
