@@ -29,6 +29,7 @@ from bench.common import (
     testbed,
     wait_idle,
 )
+from tests.testbed import TbHost
 
 HOSTS = 4
 TARGET = 1.01  # sampling on / off, at most
@@ -51,11 +52,16 @@ class Run:
         return median(self.steps)
 
 
-def one(sc: Scratch, sampling: bool, seconds: int, k: int) -> Run:
-    job = sc.job(f"{'on' if sampling else 'off'}{k}", JOB.read_text(), next_port(),
-                 args=["--seconds", str(seconds)],
+def start(sc: Scratch, sampling: bool, hosts: list[TbHost], seconds: int, k: int) -> Proc:
+    name = f"{'on' if sampling else 'off'}{k}"
+    job = sc.job(name, JOB.read_text(), next_port(), args=["--seconds", str(seconds)],
                  extra="" if sampling else OFF)
-    p: Proc = sc.fleet("up", str(job), "-i", str(sc.inventory(HOSTS)))
+    inv = sc.tb.inventory(sc.dir / f"inv-{name}.toml", [h.name for h in hosts],
+                          workdir=f"~/fleet-straggler-{name}")
+    return sc.fleet("up", str(job), "-i", str(inv))
+
+
+def finish(sc: Scratch, p: Proc, sampling: bool, hosts: list[TbHost], seconds: int) -> Run:
     code = p.wait(seconds + START_S)
     if code != 0:
         raise RuntimeError(f"fleet up (sampling {sampling}) exit {code}:\n{p.err_text()[-3000:]}")
@@ -63,13 +69,27 @@ def one(sc: Scratch, sampling: bool, seconds: int, k: int) -> Run:
     for line in p.out_text().splitlines():
         if m := STEP.search(line):
             steps.setdefault(int(m.group(1)), []).append((float(m.group(2)), float(m.group(3))))
-    if len(steps) != HOSTS:
+    if len(steps) != len(hosts):
         raise RuntimeError(f"step lines of {sorted(steps)} only:\n{p.out_text()[-2000:]}")
     run_id = run_id_of(p) or ""
-    sampled = sum(len(list((run_dir(h, run_id) / "samples").glob("[0-9]*")))
-                  for h in sc.tb.hosts[:HOSTS])
+    sampled = sum(len(list((run_dir(h, run_id) / "samples").glob("[0-9]*"))) for h in hosts)
     kept = [s for xs in steps.values() for s in xs[WARMUP:]]
     return Run(sampling, [s for s, _ in kept], [c for _, c in kept], sampled)
+
+
+def pair(sc: Scratch, k: int, seconds: int) -> tuple[Run, Run]:
+    """(sampling on, off): the job on two sets of HOSTS hosts at the same time, so that both
+    meet the same load from the machine's other work; which set samples alternates with k."""
+    first, second = sc.tb.hosts[:HOSTS], sc.tb.hosts[HOSTS:]
+    on_hosts, off_hosts = (first, second) if k % 2 == 0 else (second, first)
+    procs = [(True, on_hosts, start(sc, True, on_hosts, seconds, k)),
+             (False, off_hosts, start(sc, False, off_hosts, seconds, k))]
+    try:
+        on, off = (finish(sc, p, sampling, hosts, seconds) for sampling, hosts, p in procs)
+    finally:
+        for _, _, p in procs:
+            p.kill()
+    return on, off
 
 
 def sampler_cost(seconds: float = 2.0) -> tuple[float, float]:
@@ -120,54 +140,55 @@ def sampler_cost(seconds: float = 2.0) -> tuple[float, float]:
 def run(cfg: Config) -> list[Table]:
     from fleet.nodeside.shared.sampling import SAMPLE_HZ, WRITE_S
 
-    reps, seconds = cfg.reps(4, 2), 60 if not cfg.quick else 30
+    reps, seconds = cfg.reps(4, 2), 60 if not cfg.quick else 40
     load0, t0 = os.getloadavg()[0], time.monotonic()
-    runs: list[Run] = []
-    with testbed(HOSTS, cfg) as tb:
+    pairs: list[tuple[Run, Run]] = []
+    with testbed(2 * HOSTS, cfg) as tb:
         sc = Scratch(tb, "straggler")
         for k in range(reps):
-            for sampling in ((True, False) if k % 2 == 0 else (False, True)):
-                wait_idle()
-                runs.append(one(sc, sampling, seconds, k))
+            wait_idle()
+            pairs.append(pair(sc, k, seconds))
+    runs = [x for two in pairs for x in two]
     per_sample, per_write = sampler_cost()
     share = (per_sample * SAMPLE_HZ + per_write / WRITE_S) / 1e6
     t = Table(f"straggler: step time of a job on {HOSTS} hosts (1 rank each: matmuls, then a "
               "Gloo all_reduce), every rank sampling its stack (the default) against "
-              "`[watchdog] sampling = false`",
-              ["sampling", "runs", "step times", "median step", "per run (median)",
-               "on/off", "target (<= 1.01x)", "CPU a step", "on/off (CPU)"])
-    on = [x for x in runs if x.sampling]
-    off = [x for x in runs if not x.sampling]
-    m_on = median([s for x in on for s in x.steps])
-    m_off = median([s for x in off for s in x.steps])
-    ratio = m_on / m_off if m_on and m_off else None
-    c_on = median([c for x in on for c in x.cpu])
-    c_off = median([c for x in off for c in x.cpu])
-    cpu_ratio = c_on / c_off if c_on and c_off else None
-    for name, xs, m, c in (("on", on, m_on, c_on), ("off", off, m_off, c_off)):
-        first = name == "on"
-        t.add(name, len(xs), sum(len(x.steps) for x in xs), fmt(m, digits=4),
-              ", ".join(fmt(x.median, digits=3) for x in xs),
-              f"{ratio:.3f}x" if ratio and first else "",
-              ("met" if ratio <= TARGET else "MISSED") if ratio and first else "",
-              fmt(c, digits=4), f"{cpu_ratio:.3f}x" if cpu_ratio and first else "")
+              f"`[watchdog] sampling = false` on {HOSTS} other hosts at the same time",
+              ["sampling", "runs", "step times", "median step", "each run's median",
+               "on/off (median pair)", "each pair's on/off", "target (<= 1.01x)", "CPU a step",
+               "on/off (CPU)"])
+    on = [a for a, _ in pairs]
+    off = [b for _, b in pairs]
+    m_on, m_off = (median([s for x in xs for s in x.steps]) for xs in (on, off))
+    c_on, c_off = (median([c for x in xs for c in x.cpu]) for xs in (on, off))
+    each = [a.median / b.median for a, b in pairs if a.median and b.median]
+    ratio = median(each)  # a pair's runs met the same load: its ratio is the measure
+    ok = ratio is not None and ratio <= TARGET
+    t.add("on", len(on), sum(len(x.steps) for x in on), fmt(m_on, digits=4),
+          ", ".join(fmt(x.median, digits=3) for x in on), f"{ratio:.3f}x" if ratio else "-",
+          ", ".join(f"{r:.3f}x" for r in each), "met" if ok else "MISSED",
+          fmt(c_on, digits=4), f"{c_on / c_off:.3f}x" if c_on and c_off else "-")
+    t.add("off", len(off), sum(len(x.steps) for x in off), fmt(m_off, digits=4),
+          ", ".join(fmt(x.median, digits=3) for x in off), "", "", "", fmt(c_off, digits=4), "")
     if any(x.sampled < HOSTS for x in on) or any(x.sampled for x in off):
         t.problems.append("sampling was not on in every rank of the `on` runs, or not off in "
-                          f"the `off` runs: summaries per run {[x.sampled for x in runs]}")
+                          "the `off` runs: summaries per run (on, off) "
+                          f"{[(a.sampled, b.sampled) for a, b in pairs]}")
+    t.notes.append(
+        f"{reps} pairs, {seconds} s each: in each pair the job runs twice at once, sampling on "
+        f"{HOSTS} hosts and off on the {HOSTS} others (which set samples alternates), so that "
+        "both meet the same load from the machine's other work; each rank's first "
+        f"{WARMUP * 5} steps are left out; a step time is a rank's mean over 5 steps, the "
+        "medians are over every rank's. CPU a step: the rank's process's CPU time (every "
+        "thread's, the sampler's too) over those steps")
     spread = [x.median for x in runs if x.median]
-    t.notes.append(f"{reps} runs of each, interleaved (on/off, then off/on), {seconds} s each, "
-                   f"each rank's first {WARMUP * 5} steps left out; each step time is a rank's "
-                   "mean over 5 steps; medians over every rank's. CPU a step: the rank's "
-                   "process's CPU time (every thread's, the sampler's too) over those steps, "
-                   "which the machine's other work moves less than the wall time")
     if len(spread) > 1:
         cv = statistics.pstdev(spread) / statistics.mean(spread)
         t.notes.append(f"run-to-run spread of the medians: {cv:.1%} (the machine's other work "
                        "moves them)")
     t.notes.append(f"the sampler's own work, its thread's CPU time here on a 30-frame stack: "
                    f"{per_sample:.1f} us a sample x {SAMPLE_HZ:g} a second + {per_write:.0f} us "
-                   "a summary written every "
-                   f"{WRITE_S:g} s = {share:.3%} of one CPU")
+                   f"a summary written every {WRITE_S:g} s = {share:.3%} of one CPU")
     t.notes.append(f"load average (1 min) at the start and the end: {load0:.2f} and "
                    f"{os.getloadavg()[0]:.2f} (2 cores, every host on them); it took "
                    f"{time.monotonic() - t0:.0f} s")
