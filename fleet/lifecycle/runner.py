@@ -20,6 +20,7 @@ from fleet.events import Attempt, Phase, Step, Verdict
 from fleet.lifecycle import attempts, checkup, history, notify
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import RunState, monitor
+from fleet.lifecycle.straggler_watch import SpareFor, spare_for
 from fleet.states import RunStatus
 from fleet.transport.forward import declared
 
@@ -97,7 +98,8 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
         started = time.time()
         try:
             ended = attempt(backend, book.job_for(opts.attempt), console, opts, told,
-                            prepared=prepared)
+                            prepared=prepared,
+                            spare=spare_for(book.places, opts.attempt, policy.max))
         except HostError as e:  # a spare not fit for the job: the next one, if any
             if book.unfit(e.failures):
                 continue
@@ -139,9 +141,11 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
 
 
 def attempt(backend: Backend, job: Job, console: Console, options: Options,
-            told: notify.Told, prepared: Callable[[], None] | None = None) -> Ended | str:
+            told: notify.Told, prepared: Callable[[], None] | None = None,
+            spare: SpareFor | None = None) -> Ended | str:
     """One whole run of the job on the backend; its run id where it was detached. `prepared`
-    is called once the backend's preparation (every host's checks) passed."""
+    is called once the backend's preparation (every host's checks) passed; `spare` names the
+    spare a straggler's host would give way to."""
     started = time.time()
     console.event(Phase(Step.PREPARING, options.run_id or ""))
     try:
@@ -174,7 +178,8 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
                 # Inside the guard: its teardown comes after every forward is closed.
                 console.event(Phase(Step.RUNNING, run.run_id))
                 with declared(run.tunnel, job.forward, console):
-                    state = monitor(run, guard, console)
+                    state = monitor(run, guard, console, spare)
+                told.stragglers += [s.line for s in state.stragglers]
             guard.ended = True
             console.event(Phase(Step.REPORTING, run.run_id))
             final = run.report(state.outcomes)
