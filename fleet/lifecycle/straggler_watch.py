@@ -26,9 +26,10 @@ class StragglerWatch:
     """Looks at the run's ranks until closed; `named()` gives what it named since the last
     call. Its thread is a daemon: it never keeps fleet alive."""
 
-    def __init__(self, run: Run, factor: float, every: float = LOOK_S,
+    def __init__(self, run: Run, factor: float, every: float | None = None,
                  persist: int = straggler.PERSIST) -> None:
-        self.run, self.factor, self.every = run, factor, every
+        self.run, self.factor = run, factor
+        self.every = LOOK_S if every is None else every
         self.watch = straggler.Watch(persist)
         self.looks = 0  # looks judged (a failed one is not)
         self.problem = ""  # why the last look failed whole, if it did
