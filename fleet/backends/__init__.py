@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from fleet.backends.answers import Preview, Seen
+from fleet.backends.answers import NodeLook, Preview, RankLooks, Seen
 from fleet.backends.base import (
     ROLES,
     Backend,
@@ -25,8 +25,8 @@ from fleet.config.inventory import BackendKind, backend_kind
 from fleet.run.record import RunRecord
 
 __all__ = ["BACKENDS", "ROLES", "Backend", "BackendKind", "Check", "GpuSurvey", "LabTools",
-           "Launch", "Options", "Preview", "Recorded", "Seen", "Status", "check_summary",
-           "check_view", "differ", "for_inventory", "for_record", "named"]
+           "Launch", "NodeLook", "Options", "Preview", "RankLooks", "Recorded", "Seen", "Status",
+           "check_summary", "check_view", "differ", "for_inventory", "for_record", "named"]
 
 # Each backend by kind: its module and class, loaded when a run needs it.
 BACKENDS: dict[BackendKind, tuple[str, str]] = {

@@ -4,17 +4,28 @@ it needs when it runs."""
 
 from __future__ import annotations
 
-from fleet.cli import doctor, execute, forward, gpus, job_commands, leases, pull, run_commands
+from fleet.cli import (
+    doctor,
+    execute,
+    forward,
+    gpus,
+    job_commands,
+    leases,
+    pull,
+    run_commands,
+    top,
+)
 from fleet.cli.app import app
 
 __all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "leases", "pull",
-           "run_commands"]
+           "run_commands", "top"]
 
 # What goes around a run, after the commands the modules above added.
 app.command("pull")(pull.pull)
 app.command("forward")(forward.forward)
 app.command("exec")(execute.execute)
 app.command("doctor")(doctor.doctor)
+app.command("top")(top.top)
 # Sharing a lab's GPUs.
 app.command("gpus")(gpus.gpus)
 app.command("reserve")(leases.reserve)
