@@ -311,3 +311,38 @@ def test_the_record_keeps_every_straggler_and_refuses_a_damaged_one(tmp_path: Pa
     assert len(named) == 2 and len(problems) == 1 and "damaged" in problems[0]
     assert straggler_record.keep(tmp_path / "bad", one, "r") is not None  # said, not raised
     assert straggler_record.keep(tmp_path / "gone", one, "r") is not None
+
+
+def test_up_with_replace_starts_the_next_attempt_with_the_spare_in_the_stragglers_place(
+        tmp_path: Path, fast: None) -> None:
+    from fleet.backends.base import Final
+
+    job = dataclasses.replace(watched_job(tmp_path, straggler_action=StragglerAction.REPLACE),
+                              restart=Restart(max=1, backoff=0.0))
+    first = WatchedRun(job, tmp_path / "state" / "a1", lambda n: slow(),
+                       lambda r: bool(r.named("stop")))
+    first.final = Final(RunStatus.STOPPED, " by straggler watch: rank 3 (n2) is the straggler")
+    second = WatchedRun(job, tmp_path / "state" / "a2", lambda n: clean(),
+                        lambda r: r.asked >= 5)
+    asked: list[Options] = []
+
+    class Backend:
+        def prepare(self, job: Job, console: Console, options: Options) -> WatchedRun:
+            asked.append(options)
+            return (first, second)[len(asked) - 1]
+
+        def spares(self, inventory: Path) -> list[str]:
+            return ["s1"]
+
+    c, sink = collected()
+    runner.up(Backend(), job, c)  # type: ignore[arg-type]
+    assert [o.attempt for o in asked] == [1, 2]
+    assert asked[0].replace == () and asked[1].replace == (("n2", "s1"),)
+    assert [c[1] for c in first.named("stop")] == [
+        "straggler watch: rank 3 (n2) is the straggler"]
+    assert second.named("stop") == [] and len(stragglers(sink)) == 1
+    words = [e.words for e in sink.events if isinstance(e, ev.Note)]
+    assert any(w.startswith("restart: n2 replaced by spare s1 (straggler: rank 3 (n2) is the "
+                            "straggler: ") for w in words), words
+    attempt = next(e for e in sink.events if isinstance(e, ev.Attempt))
+    assert (attempt.number, attempt.why.split(":")[0]) == (2, "straggler")
