@@ -113,7 +113,7 @@ class Book:
                     lost=[o.name for o in ordered if o.status is NodeStatus.UNREACHABLE])
         self.attempts.append(a)
         swap = run_state.replacing is not None and self.places.take(run_state.replacing.host)
-        nxt = a.number + 1 if swap else self._next(a, kind, run_state)  # the watch saw it free
+        nxt = a.number + 1 if swap else self._next(a, kind, run_state)  # a straggler's swap
         self.save()
         return nxt
 

@@ -14,7 +14,7 @@ from fleet import phrases
 from fleet.backends.answers import Replicas
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.events import Attempt, Phase, Step, Verdict
 from fleet.lifecycle import attempts, checkup, history, notify
@@ -60,6 +60,10 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
         console.info("[restart] on a detached run: the nodes' own watchers start attempt 2, "
                      "prepared now, once, where a node other than the master is lost and an "
                      "inventory spare is there; any other end fails fast, not restarted")
+    if job.watchdog.straggler and options.detach:
+        console.info("[watchdog] straggler: a detached run has no straggler watch (fleet is not "
+                     "there to look); `fleet top` names the straggler of a run that goes on",
+                     Meaning.WARN)
     if not policy.max or options.detach:
         ended = attempt(backend, job, console, options, told)
         return ended if isinstance(ended, str) else conclude(ended, console, told)

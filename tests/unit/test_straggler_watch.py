@@ -346,3 +346,14 @@ def test_up_with_replace_starts_the_next_attempt_with_the_spare_in_the_straggler
                             "straggler: ") for w in words), words
     attempt = next(e for e in sink.events if isinstance(e, ev.Attempt))
     assert (attempt.number, attempt.why.split(":")[0]) == (2, "straggler")
+
+
+def test_a_detached_run_is_told_it_has_no_watch(tmp_path: Path, fast: None) -> None:
+    run = WatchedRun(watched_job(tmp_path), tmp_path / "state" / "j-1", lambda n: slow(),
+                     lambda r: True)
+    c, sink = collected()
+    assert runner.up(type("B", (), {"prepare": lambda *a: run})(), run.job, c,  # type: ignore[arg-type]
+                     Options(detach=True)) == "j-1"
+    notes = [e for e in sink.events if isinstance(e, ev.Note) and "straggler" in e.words]
+    assert [n.tone for n in notes] == [ev.Tone.WARN] and "no straggler watch" in notes[0].words
+    assert run.asked == 0 and run.named("events") == []
