@@ -357,3 +357,42 @@ def test_a_detached_run_is_told_it_has_no_watch(tmp_path: Path, fast: None) -> N
     notes = [e for e in sink.events if isinstance(e, ev.Note) and "straggler" in e.words]
     assert [n.tone for n in notes] == [ev.Tone.WARN] and "no straggler watch" in notes[0].words
     assert run.asked == 0 and run.named("events") == []
+
+
+def test_status_says_the_stragglers_kept_from_the_record_alone(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    from fleet.lifecycle import attempts, history
+    from tests.conftest import InProcessCLI
+    from tests.unit.test_verdict import ended, save
+
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / ".fleet"))
+    monkeypatch.setattr("fleet.backends.hosts.recorded.on_nodes", lambda *a, **k: pytest.fail(
+        "a host was asked"))
+    cli = InProcessCLI(tmp_path)
+    first, second = save("r", ("n1", "n2")), save("r-a2", ("n1", "s1"), parent="r")
+    for rec, node in ((first, "n1"), (first, "n2"), (second, "n1"), (second, "s1")):
+        ended(rec, node, NodeStatus.SUCCEEDED, 0)
+    items = [attempts.Attempt(n, rec.run_id, [x.host.name for x in rec.nodes], 0.0, 1.0,
+                              RunStatus.SUCCEEDED) for n, rec in ((1, first), (2, second))]
+    (first.dir / attempts.FILE).write_text(json.dumps(
+        {"max": 1, "attempts": [attempts.as_dict(a) for a in items]}))
+    assert history.keep("r", RunStatus.SUCCEEDED, 0, "fleet up", "run r succeeded")
+    assert json.loads(cli("status", "r", "--json", timeout=5).stdout)["straggler"] is None
+    one = ev.Straggler(1, "n2", 1.9, 0.5, "all_reduce()", "rank 1 (n2) is the straggler: a")
+    assert straggler_record.keep(first.dir, one, "r") is None
+    assert straggler_record.keep(second.dir, dataclasses.replace(
+        one, host="s1", line="rank 1 (s1) is the straggler: b"), "r-a2") is None
+    st = cli("status", "r", timeout=5)
+    assert st.returncode == 0, st.stdout + st.stderr
+    said = [x for x in st.stdout.splitlines() if "straggler" in x]
+    assert [x.split(" (named at ")[0] for x in said] == [
+        "  straggler: rank 1 (n2) is the straggler: a",
+        "  straggler: rank 1 (s1) is the straggler: b"]
+    assert said[0].endswith(" in attempt 1)") and said[1].endswith(" in attempt 2)")
+    js = json.loads(cli("status", "r", "--json", timeout=5).stdout)
+    assert (js["straggler"]["host"], js["straggler"]["run_id"]) == ("s1", "r-a2")
+    (second.dir / straggler_record.FILE).write_text("{")  # damaged: said, the rest still is
+    st = cli("status", "r", timeout=5)
+    assert st.returncode == 0 and "  straggler: rank 1 (n2) is the straggler: a" in st.stdout
+    assert "the stragglers kept are damaged" in st.stdout
