@@ -53,8 +53,8 @@ def ending(final: Final, run_state: RunState, hang: str | None) -> tuple[Ending 
     SIGKILL`), torchrun's exit code only where no report was found."""
     if hang is not None:
         return Ending.HANG, "a hang"
-    if run_state.replacing is not None:  # stopped for a spare: the policy is the watch's own
-        return None, f"straggler: {run_state.replacing.line}"
+    if (s := run_state.replacing) is not None:  # stopped for a spare: the watch's own policy
+        return None, f"rank {s.rank} ({s.host}) was the straggler"
     lost = [o for o in run_state.outcomes.values() if o.status is NodeStatus.UNREACHABLE]
     if lost:
         return Ending.LOST, f"{lost[0].name} was lost"
