@@ -4,6 +4,7 @@ rank the others wait for (fleet.run.straggler)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Annotated
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fleet.cli.app import RunArg, echo
-from fleet.errors import ExitCode, UsageError
+from fleet.errors import ExitCode, Interrupted, UsageError
 
 if TYPE_CHECKING:
     from fleet.backends import RankLooks
@@ -51,14 +52,19 @@ def top(run_id: RunArg = None,
     from fleet.run import record as state
 
     rec = state.load(run_id)
-    last = attempts.records(rec)[-1]
+    every = attempts.records(rec)
+    last = every[-1]
+    if _ended(rec, every, as_json):
+        return
     console = Console(live=False if as_json else None)
     view = backends.for_record(last).top(last)
     live = not (once or as_json) and interactive(console.out)
     try:
         began = time.monotonic()
+        first = True
         while True:
-            shown = _look(view, last, console, factor, as_json, live)
+            shown = _look(view, last, console, factor, as_json, live, first)
+            first = False
             if once or as_json or shown.status.is_terminal:
                 if shown.unasked:
                     raise typer.Exit(ExitCode.UNREACHABLE)
@@ -66,20 +72,45 @@ def top(run_id: RunArg = None,
             if time.monotonic() - began > LIVE_MAX_S:
                 raise UsageError("fleet top ran for a week: start it again")
             time.sleep(interval)
-    except KeyboardInterrupt:
-        if live:
-            echo("")
+    except Interrupted:
+        if not live:  # a live view is ended so, as top is: nothing else is said
+            raise
     finally:
         view.close()
 
 
+def _ended(rec: RunRecord, every: list[RunRecord], as_json: bool) -> bool:
+    """A run whose end fleet saw is said from its record (history: its hosts may be gone, and
+    nothing of it runs to look at); False where it must be asked."""
+    from fleet.events import SCHEMA
+    from fleet.lifecycle import history
+
+    done = history.finished(rec, every)
+    if done is None or done.open:
+        return False
+    word = done.verdict.status.value
+    if as_json:
+        print(json.dumps({
+            "v": SCHEMA, "run_id": rec.run_id, "status": word,
+            "nodes": [{"host": n.host.name, "node_rank": n.node_rank,
+                       "status": o.status.value if o else None, "log": None, "gpus": None,
+                       "error": None} for n, o in done.nodes],
+            "ranks": [], "verdict": "straggler: none (the run has ended)", "straggler": None},
+            ensure_ascii=False))
+    else:
+        echo(f"run {rec.run_id}: {word}; it has ended: nothing of it runs to look at "
+             f"(`fleet status {rec.run_id}` says how it ended)")
+    return True
+
+
 def _look(view: RankLooks, rec: RunRecord, console: Console, factor: float, as_json: bool,
-          live: bool) -> Top:
+          live: bool, first: bool) -> Top:
     from fleet import waits
     from fleet.cli import topview
     from fleet.console import Meaning
 
-    with waits.shown_by(console.hosts_waiting):
+    # The first look's wait is drawn; a live view's later ones would only flicker below it.
+    with waits.shown_by(console.hosts_waiting) if first else contextlib.nullcontext():
         states, seen = view.look(with_gpus=True)
     shown = topview.make(rec.run_id, states, seen,
                          {n.host.name: n.node_rank for n in rec.nodes}, factor)

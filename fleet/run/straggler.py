@@ -4,7 +4,10 @@ At each collective every rank waits for the slowest one, so the others' share of
 collectives is how much the straggler makes them wait, and the straggler itself hardly waits.
 A rank's score is how much longer it computes per step than the others do:
 (1 - its wait share) / (1 - the median of the others' wait shares). A rank whose score is at
-least the factor (default 1.3; `[watchdog] straggler`) is the straggler."""
+least the factor (default 1.3; `[watchdog] straggler`) is the straggler, where the others also
+lose a share of their time to it worth naming (MIN_GAP): where steps are mostly communication,
+the compute shares are small and their ratio says little (a loaded machine's noise alone makes
+it 1.5), while a rank that costs the others under a tenth of their time costs the job little."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from fleet.nodeside.shared.sampling import COLLECTIVE, SAMPLE_HZ
 
 FACTOR = 1.3  # the default: a rank that computes 1.3x as long per step as the others
 MIN_SAMPLES = int(6 * SAMPLE_HZ)  # samples a rank needs before it is judged (about 6 s)
+MIN_GAP = 0.15  # the others wait this much more of their time than it does, at least
 SCORE_MAX = 99.0  # the others wait all the time: said as this
 THROTTLED = 0.05  # a cgroup throttled in more of its periods than this is said to be throttled
 PERSIST = 3  # a watch names a rank named this many looks in a row
@@ -63,9 +67,10 @@ def judge(ranks: dict[int, tuple[str, RankSample]], factor: float = FACTOR) -> S
     judged = {r: (h, s) for r, (h, s) in ranks.items()
               if s.alive and s.joined and s.samples >= MIN_SAMPLES}
     if len(judged) < 2:
-        young = [r for r, (_, s) in ranks.items() if s.alive and s.samples < MIN_SAMPLES]
-        why = ("too few samples yet" if young else
-               "fewer than two ranks in a process group" if ranks else "no rank sampled")
+        alive = [s for _, s in ranks.values() if s.alive]
+        why = ("no rank sampled" if not ranks else "no rank runs" if not alive else
+               "too few samples yet" if any(s.samples < MIN_SAMPLES for s in alive) else
+               "fewer than two ranks in a process group")
         return Standing({}, None, why)
     shares = {r: s.collective / s.samples for r, (_, s) in judged.items()}
     scores: dict[int, float] = {}
@@ -73,10 +78,10 @@ def judge(ranks: dict[int, tuple[str, RankSample]], factor: float = FACTOR) -> S
         others = statistics.median(v for o, v in shares.items() if o != r)
         scores[r] = SCORE_MAX if others >= 1.0 else min((1.0 - w) / (1.0 - others), SCORE_MAX)
     worst = max(scores, key=lambda r: (scores[r], -r))
-    if scores[worst] < factor:
+    others_wait = statistics.median(v for o, v in shares.items() if o != worst)
+    if scores[worst] < factor or others_wait - shares[worst] < MIN_GAP:
         return Standing(scores, None)
     host, sample = judged[worst]
-    others_wait = statistics.median(v for o, v in shares.items() if o != worst)
     place = _where_others_wait({r: s for r, (_, s) in judged.items() if r != worst})
     line = (f"rank {worst} ({host}) is the straggler: the others wait for it in {place} "
             f"{others_wait:.0%} of the time (it waits {shares[worst]:.0%}: "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-SAMPLE_HZ = 5.0  # stack samples a second
+SAMPLE_HZ = 10.0  # stack samples a second
 WINDOW_S = 20  # seconds of samples a summary covers
 WRITE_S = 1.0  # how often a rank's summary is written
 DEPTH = 12  # innermost frames looked at for a collective or a data wait
@@ -40,7 +40,9 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
     its innermost function (`forward() (linear.py)`)."""
     for file, func, _ in frames[:DEPTH]:
         where = file.replace("\\", "/")
-        if "/torch/distributed/" in where and func in COLLECTIVES:
+        # a collective's own function, or torch.distributed's code waiting for one (FSDP's
+        # `wait_for_unshard`, a functional collective's `wait_tensor`)
+        if "/torch/distributed/" in where and (func in COLLECTIVES or "wait" in func):
             return COLLECTIVE, f"{func}()"
         if "/torch/utils/data/" in where and func == "__next__":
             return DATA_WAIT, "DataLoader.__next__()"
