@@ -167,6 +167,20 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """`fleet up`'s straggler watch named a rank (the same one, looks in a row): the rank the
+    others wait for, its host, its score (its compute per step over the others'), the others'
+    median share of time in collectives, where they wait most, and the line that says it."""
+
+    rank: int
+    host: str
+    score: float
+    others_wait: float
+    place: str
+    line: str
+
+
+@dataclass(frozen=True)
 class Error:
     """fleet ends with an error: its message and exit code (always the last event then)."""
 
@@ -175,11 +189,11 @@ class Error:
 
 
 Event = Phase | NodeStarted | NodeEnded | Quiet | Attempt | Transfer | Line | Note | Verdict \
-    | Error | Stopping
+    | Error | Stopping | Straggler
 TYPES: dict[str, type[Event]] = {
     "phase": Phase, "node_started": NodeStarted, "node_ended": NodeEnded, "quiet": Quiet,
     "attempt": Attempt, "transfer": Transfer, "line": Line, "note": Note, "verdict": Verdict,
-    "error": Error, "stopping": Stopping}
+    "error": Error, "stopping": Stopping, "straggler": Straggler}
 NAMES = {t: name for name, t in TYPES.items()}
 
 

@@ -26,6 +26,8 @@ def terminal_words(event: ev.Event) -> list[tuple[str, str, ev.Tone]]:
     if isinstance(event, ev.Attempt):
         return [("", f"restart: attempt {event.number}/{event.of} in {event.wait:g}s "
                      f"({event.why})", ev.Tone.PLAIN)]
+    if isinstance(event, ev.Straggler):
+        return [("", f"straggler: {event.line}", ev.Tone.WARN)]
     if isinstance(event, ev.Verdict) and event.words:
         if event.status is RunStatus.SUCCEEDED:
             return [("", event.words, ev.Tone.OK)]

@@ -275,6 +275,8 @@ def _env(job: Job, host: Host, ids: tuple[str, str], rank: int, net: NodeNet, ru
         env.update(DEBUG_ENV)
     # fleet finds and stops a run's processes by these; a job cannot override them.
     env.update(nodemap.run_vars(*ids, host.name, rank, run_dir))
+    if not job.watchdog.sampling:  # set only where off: a rank samples unless told
+        env[nodemap.SAMPLING_VAR] = "0"
     return env
 
 

@@ -16,6 +16,7 @@ class StopCause(Enum):
 
     FAIL_FAST = "fail-fast"  # a node failed or was lost: its peers are stopped
     WATCHDOG = "watchdog"  # no output for hang_timeout
+    STRAGGLER = "straggler watch"  # straggler_action = "replace": a spare takes its host's place
     OTHER = ""  # a person (`fleet stop`, Ctrl-C), or fleet up ending
 
     def says(self, detail: str) -> str:

@@ -27,7 +27,7 @@ def status(run_id: str | None, as_json: bool) -> int:
     from fleet import backends
     from fleet.cli import run_views
     from fleet.lifecycle import attempts, history
-    from fleet.run import watched
+    from fleet.run import straggler_record, watched
 
     with waits.shown_by(Console(live=False if as_json else None).hosts_waiting):
         backends.for_record(rec).take_healed(rec)  # a detached run that healed by itself
@@ -40,8 +40,9 @@ def status(run_id: str | None, as_json: bool) -> int:
             final, lines = backends.for_record(every[-1]).describe(every[-1])
             if final.is_terminal:  # seen to end now (a detached run): not asked again
                 keep_seen(rec, every[-1], "fleet status", final)
+    named, unread = straggler_record.of_run([r.dir for r in every])
     if as_json:
-        run_views.status_json(rec, every[-1], final, lines, done)
+        run_views.status_json(rec, every[-1], final, lines, done, named[-1] if named else None)
         return final.exit_code
     if found:
         echo(f"run {rec.run_id}: {final.value}, {attempts.headline(*found, len(every))}")
@@ -53,6 +54,11 @@ def status(run_id: str | None, as_json: bool) -> int:
                  f"where fleet could not stop it (`fleet stop {rec.run_id}` once it answers):")
             echo("\n".join(f"  {row}" for row in rows))
     echo("\n".join(lines + (history.lost_lines(rec.run_id, done) if done else [])))
+    numbers = {r.run_id: i + 1 for i, r in enumerate(every)} if len(every) > 1 else {}
+    for one in named:
+        echo(f"  {one.words(numbers.get(one.run_id))}")
+    for problem in unread:
+        echo(f"  straggler: {problem}")
     if watcher := watched.watched_by(every[-1], final):
         echo(watcher)
     return final.exit_code

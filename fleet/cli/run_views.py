@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from fleet.lifecycle.history import Finished
     from fleet.run.logs import View
     from fleet.run.record import RunRecord
+    from fleet.run.straggler_record import Named
 
 
 def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
@@ -114,10 +115,10 @@ _MEANING = {RunStatus.SUCCEEDED: Meaning.OK, RunStatus.FAILED: Meaning.FAIL,
 
 
 def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[str],
-                done: Finished | None = None) -> None:
+                done: Finished | None = None, named: Named | None = None) -> None:
     """`status --json`: each node as fleet's record of the last attempt keeps it (what
     `describe` just asked of the nodes whose end was not kept is kept by now); a finished
-    run's verdict as kept, with its parts never seen to end."""
+    run's verdict as kept, with its parts never seen to end; the last straggler named."""
     import json
 
     from fleet.lifecycle import attempts
@@ -128,6 +129,9 @@ def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[s
     nodes = [(n.host.name, n.node_rank, seen[n.host.name].outcome if n.host.name in seen
               else None) for n in last.nodes]
     out = as_json(rec.run_id, final, nodes, lines)
+    from fleet.run import straggler_record
+
+    out["straggler"] = straggler_record.as_json(named) if named is not None else None
     tried = attempts.as_json(rec)
     if tried:
         out["attempts"] = tried

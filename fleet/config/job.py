@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import os
 import re
 import string
@@ -20,6 +19,8 @@ from fleet.config.procs import Nproc, nproc_value
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
 from fleet.config.select import Selection
+from fleet.config.watchdog import Watchdog as Watchdog  # its home was here
+from fleet.config.watchdog import check_action, take_watchdog
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 E = TypeVar("E", bound=StrEnum)
@@ -51,8 +52,6 @@ MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 # How the legacy launcher passes the local rank: torch >= 2.0 says --local-rank; scripts written
 # for older torch parse --local_rank only.
 LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
-HEARTBEAT_S = 2.0  # how often `fleet up` asks every running node to answer
-MIN_UNREACHABLE_AFTER = 2 * HEARTBEAT_S  # a limit shorter would give a node one question
 
 
 @dataclass(frozen=True)
@@ -60,15 +59,6 @@ class Rendezvous:
     backend: RendezvousBackend = RendezvousBackend.STATIC
     port: int = 29500
     timeout: int = 900  # seconds torchrun waits for all nodes to join
-
-
-@dataclass(frozen=True)
-class Watchdog:
-    hang_timeout: float | None = None  # seconds without a log line from any node: a hang
-    nccl_flight_recorder: bool = False  # PyTorch's NCCL flight recorder, dumped with the stacks
-    # Seconds a node may answer neither on its connection nor to a fresh one before it counts
-    # as lost (fleet asks every HEARTBEAT_S); also how long a stop is retried on fresh ones.
-    unreachable_after: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -193,8 +183,10 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                                            f"{launcher.value!r}")
     env = root.take_env("env")
     rdzv = _rendezvous(root.table("rendezvous"))
-    watchdog = _watchdog(root.table("watchdog"))
+    watchdog_table = root.table("watchdog")
+    watchdog = take_watchdog(watchdog_table)
     restart = take_restart(root.table("restart"), watchdog.hang_timeout)
+    check_action(watchdog_table, watchdog, restart)
     doctor_before = take_before(root.table("doctor"))
     notify = job_notify(root)
     debug = root.take("debug", bool, False)
@@ -308,21 +300,6 @@ def _one_of(t: Table, key: str, kind: type[E], default: E) -> E:
     except ValueError:
         words = ", ".join(k.value for k in kind)
         raise t.error(key, f"must be one of {words}, not {text!r}") from None
-
-
-def _watchdog(t: Table) -> Watchdog:
-    hang = t.take("hang_timeout", float, None)
-    if hang is not None and hang <= 0:
-        raise t.error("hang_timeout", "must be a positive number of seconds (leave it out to "
-                                      "never stop a run for silence)")
-    recorder = t.take("nccl_flight_recorder", bool, False)
-    unreachable = float(t.take("unreachable_after", float, 10.0))
-    if not MIN_UNREACHABLE_AFTER <= unreachable < math.inf:
-        raise t.error("unreachable_after", f"must be a number of seconds, at least "
-                                           f"{MIN_UNREACHABLE_AFTER:g} (fleet asks every node "
-                                           f"every {HEARTBEAT_S:g}s), not {unreachable:g}")
-    t.done()
-    return Watchdog(float(hang) if hang is not None else None, recorder, unreachable)
 
 
 def _rendezvous(t: Table) -> Rendezvous:

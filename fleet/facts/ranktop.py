@@ -109,7 +109,7 @@ def parse_top(out: str) -> NodeTop:
             if s is not None:
                 samples.append(s)
 
-    for line in out.splitlines():
+    for line in out.split("\n"):  # a carriage return in a file never starts a line
         if line.startswith("|"):
             if block is not None:
                 block[1].append(line[1:])

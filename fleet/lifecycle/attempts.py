@@ -53,6 +53,8 @@ def ending(final: Final, run_state: RunState, hang: str | None) -> tuple[Ending 
     SIGKILL`), torchrun's exit code only where no report was found."""
     if hang is not None:
         return Ending.HANG, "a hang"
+    if (s := run_state.replacing) is not None:  # stopped for a spare: the watch's own policy
+        return None, f"rank {s.rank} ({s.host}) was the straggler"
     lost = [o for o in run_state.outcomes.values() if o.status is NodeStatus.UNREACHABLE]
     if lost:
         return Ending.LOST, f"{lost[0].name} was lost"
@@ -110,7 +112,8 @@ class Book:
                     run_state.stopped_at, run.progressed(),
                     lost=[o.name for o in ordered if o.status is NodeStatus.UNREACHABLE])
         self.attempts.append(a)
-        nxt = self._next(a, kind, run_state)
+        swap = run_state.replacing is not None and self.places.take(run_state.replacing.host)
+        nxt = a.number + 1 if swap else self._next(a, kind, run_state)  # a straggler's swap
         self.save()
         return nxt
 
@@ -344,5 +347,4 @@ def numbered(rec: state.RunRecord) -> dict[int, state.RunRecord]:
 
 def as_json(rec: state.RunRecord) -> dict[str, Any] | None:
     found = load(rec)
-    return None if not found else {"max": found[0],
-                                   "attempts": [as_dict(a) for a in found[1]]}
+    return None if not found else {"max": found[0], "attempts": [as_dict(a) for a in found[1]]}

@@ -1,6 +1,8 @@
 """The monitor of a running job, the same for every backend: it follows the backend's events,
-fails fast (the first node that fails or is lost stops every other one), and keeps the hang
-watchdog (no line from any node for hang_timeout: every rank's stack, then a stop)."""
+fails fast (the first node that fails or is lost stops every other one), keeps the hang
+watchdog (no line from any node for hang_timeout: every rank's stack, then a stop) and, with
+`[watchdog] straggler`, says each rank the straggler watch names (and with straggler_action =
+"replace" stops the attempt for a spare to take its host's place)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from fleet import phrases
+from fleet import events, phrases
 from fleet.backends.base import Event, NodeEnded, Quiet, Run
-from fleet.console import Console
+from fleet.config.watchdog import StragglerAction
+from fleet.console import Console, Meaning
 from fleet.errors import JobFailed
 from fleet.lifecycle.guard import Guard
-from fleet.run import hang, outcomes
+from fleet.lifecycle.straggler_watch import SpareFor, StragglerWatch
+from fleet.run import hang, outcomes, straggler_record
+from fleet.run.straggler import Straggler
 from fleet.states import NodeOutcome, NodeStatus, RunStatus, StopCause, overall
 
 
@@ -30,42 +35,66 @@ class RunState:
     hang: str | None
     first: str | None = None  # the node whose end set off the fail-fast
     stopped_at: float | None = None  # when fleet began to stop the run (time.time())
+    stragglers: tuple[Straggler, ...] = ()  # the ranks the straggler watch named, in order
+    replacing: Straggler | None = None  # stopped for a spare to take this one's host's place
 
     @property
     def status(self) -> RunStatus:
         return overall(o.status for o in self.outcomes.values())
 
 
-def watch(run: Run, guard: Guard, console: Console) -> Generator[RunState, None, None]:
-    """The run's state after each of its events, until every part of the job has ended."""
-    m = Monitor(run, guard, console)
-    with contextlib.closing(run.events()) as events:  # closed on any way out: its threads end
-        for event in events:
-            m.on(event)
-            yield RunState(dict(m.outcomes), m.stopping, guard.hang, m.first, m.stopped_at)
+def watch(run: Run, guard: Guard, console: Console, spare: SpareFor | None = None
+          ) -> Generator[RunState, None, None]:
+    """The run's state after each of its events, until every part of the job has ended.
+    `spare` says which spare would take a straggler's host's place (with [restart])."""
+    m = Monitor(run, guard, console, spare)
+    try:
+        with contextlib.closing(run.events()) as stream:  # closed on any way out: its threads end
+            for event in stream:
+                m.on(event)
+                yield m.state()
+    finally:
+        m.close()
 
 
-def monitor(run: Run, guard: Guard, console: Console) -> RunState:
+def monitor(run: Run, guard: Guard, console: Console, spare: SpareFor | None = None
+            ) -> RunState:
     """Until every part of the job has ended: the run's last state (each node's outcome, the
     last word for each)."""
-    last = collections.deque(watch(run, guard, console), maxlen=1)
+    last = collections.deque(watch(run, guard, console, spare), maxlen=1)
     return last[0] if last else RunState({}, False, guard.hang)
 
 
 class Monitor:
     """What the events so far mean: the outcomes, and whether a stop is under way."""
 
-    def __init__(self, run: Run, guard: Guard, console: Console) -> None:
-        self.run, self.guard, self.console = run, guard, console
+    def __init__(self, run: Run, guard: Guard, console: Console,
+                 spare: SpareFor | None = None) -> None:
+        self.run, self.guard, self.console, self.spare = run, guard, console, spare
         self.outcomes: dict[str, NodeOutcome] = {}
         self.stopping = False
         self.first: str | None = None
         self.stopped_at: float | None = None
+        self.stragglers: list[Straggler] = []
+        self.replacing: Straggler | None = None
+        factor = run.job.watchdog.straggler
+        self.lookout = StragglerWatch(run, factor).start() if factor else None
+
+    def state(self) -> RunState:
+        return RunState(dict(self.outcomes), self.stopping, self.guard.hang, self.first,
+                        self.stopped_at, tuple(self.stragglers), self.replacing)
 
     def ended(self) -> set[str]:
         return {n for n, o in self.outcomes.items() if o.status.is_terminal}
 
+    def close(self) -> None:
+        if self.lookout is not None:
+            self.lookout.close()
+
     def on(self, event: Event) -> None:
+        for s in self.lookout.named() if self.lookout is not None else []:
+            if not self.stopping:  # a rank named as the run ends is no news
+                self.named(s)
         if isinstance(event, Quiet):
             limit = self.run.job.watchdog.hang_timeout
             if limit and not self.stopping and event.silent > limit:
@@ -91,6 +120,32 @@ class Monitor:
                               "the job on every other node")
         # Every node not known to have ended, the unreachable ones too.
         self.run.stop(by, skip=self.ended())
+
+    def named(self, s: Straggler) -> None:
+        """The straggler watch named a rank: said once (a warning on a terminal), kept in the
+        attempt's record; with straggler_action = "replace", its host gives way to a spare."""
+        self.stragglers.append(s)
+        said = events.Straggler(s.rank, s.host, s.score, s.others_wait, s.place, s.line)
+        self.console.event(said)
+        why = straggler_record.keep(self.run.record_dir, said, self.run.run_id)
+        if why is not None:
+            self.console.info(f"warning: straggler: not kept in the run's record: {why}",
+                              Meaning.WARN)
+        if self.run.job.watchdog.straggler_action is StragglerAction.REPLACE:
+            self.replace(s)
+
+    def replace(self, s: Straggler) -> None:
+        spare, why = self.spare(s.host) if self.spare is not None else \
+            (None, "no attempt follows this one")
+        if spare is None:
+            self.console.info(f'straggler: {s.host} is not replaced ({why}; straggler_action = '
+                              '"replace"): the run goes on', Meaning.WARN)
+            return
+        self.console.info(f"straggler: stopping this attempt; {s.host} gives way to spare "
+                          f"{spare} in the next one")
+        self.stopping, self.stopped_at, self.replacing = True, time.time(), s
+        self.run.stop(StopCause.STRAGGLER.says(f"rank {s.rank} ({s.host}) is the straggler"),
+                      skip=self.ended())
 
 
 def on_hang(run: Run, console: Console, silent: float, skip: set[str]) -> str:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from fleet.config.notify import Format, Notify, redact
@@ -40,7 +40,8 @@ class NoticeState(Enum):
 class Notice:
     """What a run's end says: `state` how it ended; `said`
     fleet's own last words on it; `failure` the first failing rank's report (where, which rank,
-    its traceback's last lines); `hang` the watchdog's verdict."""
+    its traceback's last lines); `hang` the watchdog's verdict; `stragglers` the lines of the
+    ranks the straggler watch named, in order."""
 
     run_id: str
     job: str
@@ -49,13 +50,14 @@ class Notice:
     said: str
     failure: tuple[str, ...] = ()
     hang: str | None = None
+    stragglers: tuple[str, ...] = ()
 
 
 @dataclass
 class Told:
     """What the runner learns of a run for its end's notice, as it goes: its id once prepared
     (a restart's first attempt's), its last attempt's first failure and hang verdict, and the
-    final state's words once decided (conclude)."""
+    final state's words once decided (conclude); the stragglers named in any attempt."""
 
     job: str
     started: float
@@ -65,6 +67,7 @@ class Told:
     said: str = ""
     failure: tuple[str, ...] = ()
     hang: str | None = None
+    stragglers: list[str] = field(default_factory=list)
 
 
 def notice(told: Told, exc: BaseException | None, now: float) -> Notice | None:
@@ -78,7 +81,7 @@ def notice(told: Told, exc: BaseException | None, now: float) -> Notice | None:
         state = NoticeState.STOPPED if isinstance(exc, (Interrupted, RunStopped)) else \
             NoticeState.HUNG if told.hang else NoticeState.FAILED
     return Notice(told.run_id, told.job, state or NoticeState.SUCCEEDED, now - told.started,
-                  said, told.failure, told.hang)
+                  said, told.failure, told.hang, tuple(told.stragglers))
 
 
 def tell(cfg: Notify, told: Told, exc: BaseException | None, console: Console) -> None:
@@ -98,10 +101,11 @@ def headline(n: Notice) -> str:
 
 def message(n: Notice) -> str:
     """The text every notifier sends: the headline, fleet's last words, the hang verdict, the
-    first failure's report (its last TRACE_LINES lines)."""
+    stragglers named, the first failure's report (its last TRACE_LINES lines)."""
     lines = [headline(n), n.said]
     if n.hang and n.hang not in n.said:
         lines.append(f"hang: {n.hang}")
+    lines += [f"straggler: {printable(line)}" for line in n.stragglers]
     failure = [printable(line) for line in n.failure]  # a node's words: shown, never obeyed
     if len(failure) > TRACE_LINES:
         failure = [failure[0], f"    ... ({len(failure) - TRACE_LINES} line(s) left out)",
@@ -120,7 +124,8 @@ def request(url: str, fmt: Format, n: Notice) -> urllib.request.Request:
     body: dict[str, object] = {"text": text}
     if fmt is Format.JSON:
         body.update(run=n.run_id, job=n.job, state=n.state.value, seconds=round(n.seconds, 1),
-                    said=n.said, failure=list(n.failure), hang=n.hang)
+                    said=n.said, failure=list(n.failure), hang=n.hang,
+                    stragglers=list(n.stragglers))
     return urllib.request.Request(url, json.dumps(body).encode(), method="POST",
                                   headers={"Content-Type": "application/json"})
 

@@ -14,12 +14,13 @@ from fleet import phrases
 from fleet.backends.answers import Replicas
 from fleet.backends.base import Backend, Final, Options, Run
 from fleet.config.job import Job
-from fleet.console import Console
+from fleet.console import Console, Meaning
 from fleet.errors import HostError, Interrupted, JobFailed, RunStopped
 from fleet.events import Attempt, Phase, Step, Verdict
 from fleet.lifecycle import attempts, checkup, history, notify
 from fleet.lifecycle.guard import Guard
 from fleet.lifecycle.monitor import RunState, monitor
+from fleet.lifecycle.straggler_watch import SpareFor, spare_for
 from fleet.states import RunStatus
 from fleet.transport.forward import declared
 
@@ -59,6 +60,10 @@ def run_all(backend: Backend, job: Job, console: Console, options: Options,
         console.info("[restart] on a detached run: the nodes' own watchers start attempt 2, "
                      "prepared now, once, where a node other than the master is lost and an "
                      "inventory spare is there; any other end fails fast, not restarted")
+    if job.watchdog.straggler and options.detach:
+        console.info("[watchdog] straggler: a detached run has no straggler watch (fleet is not "
+                     "there to look); `fleet top` names the straggler of a run that goes on",
+                     Meaning.WARN)
     if not policy.max or options.detach:
         ended = attempt(backend, job, console, options, told)
         return ended if isinstance(ended, str) else conclude(ended, console, told)
@@ -97,7 +102,8 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
         started = time.time()
         try:
             ended = attempt(backend, book.job_for(opts.attempt), console, opts, told,
-                            prepared=prepared)
+                            prepared=prepared,
+                            spare=spare_for(book.places, opts.attempt, policy.max))
         except HostError as e:  # a spare not fit for the job: the next one, if any
             if book.unfit(e.failures):
                 continue
@@ -139,9 +145,11 @@ def heal(backend: Backend, job: Job, console: Console, options: Options, told: n
 
 
 def attempt(backend: Backend, job: Job, console: Console, options: Options,
-            told: notify.Told, prepared: Callable[[], None] | None = None) -> Ended | str:
+            told: notify.Told, prepared: Callable[[], None] | None = None,
+            spare: SpareFor | None = None) -> Ended | str:
     """One whole run of the job on the backend; its run id where it was detached. `prepared`
-    is called once the backend's preparation (every host's checks) passed."""
+    is called once the backend's preparation (every host's checks) passed; `spare` names the
+    spare a straggler's host would give way to."""
     started = time.time()
     console.event(Phase(Step.PREPARING, options.run_id or ""))
     try:
@@ -174,7 +182,8 @@ def attempt(backend: Backend, job: Job, console: Console, options: Options,
                 # Inside the guard: its teardown comes after every forward is closed.
                 console.event(Phase(Step.RUNNING, run.run_id))
                 with declared(run.tunnel, job.forward, console):
-                    state = monitor(run, guard, console)
+                    state = monitor(run, guard, console, spare)
+                told.stragglers += [s.line for s in state.stragglers]
             guard.ended = True
             console.event(Phase(Step.REPORTING, run.run_id))
             final = run.report(state.outcomes)

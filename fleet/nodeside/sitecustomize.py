@@ -113,6 +113,7 @@ def _start_sampler() -> None:
         step = 1.0 / SAMPLE_HZ
         failures = 0
         written = 0.0
+        was_joined = False
         while failures < 5:
             time.sleep(step)
             frame = sys._current_frames().get(main)  # noqa: SLF001 (the sampler's one view)
@@ -133,6 +134,10 @@ def _start_sampler() -> None:
                 joined = bool(dist is not None and dist.is_available() and dist.is_initialized())
             except Exception:  # noqa: BLE001 - a half-imported torch: not joined yet
                 joined = False
+            if joined and not was_joined:  # the import and the rendezvous are no step's compute
+                w = Window()
+                w.mark(now, time.process_time(), *counters())
+            was_joined = joined
             text = w.summary(int(rank), int(local) if local and local.isdigit() else -1, pid,
                              joined, now, rss())
             try:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from fleet.config.job import HEARTBEAT_S
+from fleet.config.watchdog import HEARTBEAT_S
 from fleet.errors import FleetError, TransportError
 from fleet.transport import open_transport
 from fleet.transport.base import Transport

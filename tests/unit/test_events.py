@@ -33,6 +33,8 @@ ONE_OF_EACH: list[ev.Event] = [
     ev.Verdict("r1", RunStatus.FAILED, 1, (STOPPED, FAILED), "run r1 failed"),
     ev.Error("run r1 failed", 1),
     ev.Stopping(3, 4, "n2", ev.Ending.TORCHRUN_WORKERS, 2.0),
+    ev.Straggler(1, "n2", 1.52, 0.38, "all_reduce()", "rank 1 (n2) is the straggler: the "
+                 "others wait for it in all_reduce() 38% of the time"),
 ]
 
 
@@ -129,6 +131,8 @@ def test_the_terminal_renders_events_with_the_words_it_always_printed() -> None:
         "fleet: restart: attempt 2/3 in 1.5s (n2 failed)",
         "fleet: n1     code: sent 3 file(s), 1 KiB (7 unchanged, 0.25s)",
         "fleet: n1     stopping the job on 2 node(s)",
+        "fleet: straggler: rank 1 (n2) is the straggler: the others wait for it in all_reduce() "
+        "38% of the time",
         "fleet: node2  started (pid 77)",
         "fleet: run r2 succeeded on all 2 node(s)",
         "fleet: run r3 started; follow it",

@@ -119,6 +119,9 @@ def test_what_the_job_writes_never_passes_for_the_programs_own_words() -> None:
     (s,) = parse_top(odd).samples
     assert s.cpu_pct is None and s.throttled is None
     assert parse_top("=== missing\n").missing
+    # a carriage return inside a file's line starts no line of the program's own
+    sneaky = answer((100, summary(1, 10, 2) + "\nplace 1 compute x\r=== missing"))
+    assert not parse_top(sneaky).missing and len(parse_top(sneaky).samples) == 1
 
 
 def test_a_rank_is_its_process_in_the_group_and_two_nodes_claiming_it_say_nothing() -> None:

@@ -29,9 +29,31 @@ def look(nodes: dict[str, tuple[Transport, str]], with_gpus: bool = False
 
 
 def look_one(t: Transport, run_dir: str, with_gpus: bool) -> NodeLook:
-    out = t.run(ranktop.top_script(run_dir), timeout=LOOK_S, what="the ranks' sampling")
-    top = ranktop.parse_top(out.check(t.host.name).out)
-    return NodeLook(top, gpus.gpu_facts(t) if with_gpus and not top.missing else None)
+    return one_look(t, run_dir, with_gpus, "")[1]
+
+
+TOP, GPUS = "=== fleet-top", "=== fleet-gpus"  # where each part's answer begins
+
+
+def one_look(t: Transport, run_dir: str, with_gpus: bool, key: str | None
+             ) -> tuple[run_state.NodeState | None, NodeLook]:
+    """One round trip: the node's state (where `key`, its stop key, is given), its ranks'
+    sampling, and its GPUs where asked; each part in a subshell of its own (one that ends early
+    ends only itself). A marker line cannot come from the run directory's files: the state's
+    lines each begin with their field's name, and the sampling's file lines with `|`."""
+    parts = [f"( {run_state.state_script(run_dir)}\n)"] if key is not None else []
+    parts += [f"echo '{TOP}'", f"( {ranktop.top_script(run_dir)}\n)"]
+    if with_gpus:
+        parts += [f"echo '{GPUS}'", f"( {gpus.GPU_SCRIPT}\n)"]
+    out = t.run("\n".join(parts), timeout=LOOK_S, what="the ranks' sampling").check(
+        t.host.name).out
+    state_text, _, rest = out.partition(f"\n{TOP}\n") if key is not None else ("", "", out)
+    if key is None:
+        rest = rest.partition(f"{TOP}\n")[2]
+    top_text, _, gpu_text = rest.partition(f"\n{GPUS}\n")
+    state = run_state.parse_state(state_text, key) if key is not None else None
+    top = ranktop.parse_top(top_text)
+    return state, NodeLook(top, gpus.parse_gpus(gpu_text) if with_gpus and gpu_text else None)
 
 
 class RecordTop:
@@ -62,11 +84,12 @@ class RecordTop:
             t, name = pair
             n = dirs[name]
             run_dir = t.path(n.run_dir)
-            state = known.get(name) or run_state.state(
-                t, run_dir, self.rec.stop_key(name)).outcome(name, n.node_rank)
+            asked, seen = one_look(t, run_dir, with_gpus, self.rec.stop_key(name))
+            assert asked is not None
+            state = known.get(name) or asked.outcome(name, n.node_rank)
             if state.status.is_terminal:
                 state = outcomes.note(self.rec.dir, state, "fleet top")
-            return state, look_one(t, run_dir, with_gpus)
+            return state, seen
 
         with over(f"the ranks of {self.rec.run_id}", self.open) as wait:
             asked = each(named((h, (t, h)) for h, t in self.open.items()), wait.tracked(one))

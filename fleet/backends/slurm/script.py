@@ -84,6 +84,10 @@ def check_job(job: Job, cluster: Cluster) -> None:
         raise ConfigError(job.path, "watchdog.nccl_flight_recorder", "the NCCL flight recorder "
                           "is not wired on Slurm yet (its dump files are per node there); "
                           "leave it out, or run the job on a host list")
+    if job.watchdog.straggler is not None:
+        raise ConfigError(job.path, "watchdog.straggler", "the straggler watch is not wired on "
+                          "Slurm yet (fleet does not read the ranks' sampling there); leave it "
+                          "out, or run the job on a host list")
     if cluster.login is None:
         inv = load_inventory(cluster.path)
         counts = {h.name: node_nproc(job, h) for h in inv.hosts}
@@ -107,6 +111,8 @@ def env_of(job: Job, cluster: Cluster, run_id: str | None = None,
         env.update(DEBUG_ENV)
     if run_id:
         env[nodemap.RUN_ID_VAR] = run_id
+    if not job.watchdog.sampling:
+        env[nodemap.SAMPLING_VAR] = "0"
     return env
 
 
