@@ -1,11 +1,13 @@
 """Stragglers and `fleet top`, end to end through the real CLI on four real sshd hosts of this
 module's own testbed, one rank a host, running tests/e2e/straggler_job.py (compute, then a Gloo
-all_reduce, step after step) under `fleet up --json` with `[watchdog] straggler = 1.3`:
-- node3's every process held by a CPU quota (Testbed.cpu_quota: the cgroup v1 cpu controller)
-  to two thirds of the CPU it used unthrottled, so that every step is about 1.5x slower: its
-  rank is named by `fleet top --once` (its last line) and by `fleet up` (a warning, once, an
-  event in its --json stream, a line in `fleet status`);
-- a clean run names none, in `top --once` once the ranks' window has filled, nor in `up`;
+all_reduce, step after step) under `fleet up` with `[watchdog] straggler = 1.3`:
+- node3's every process held by a CPU quota (Testbed.cpu_quota: the quota of the host's own
+  cgroup of the cgroup v1 cpu controller) to two thirds of the CPU it used unthrottled, so that
+  every step is about 1.5x slower: its rank is named by `fleet top --once` (its last line) and
+  its `--json`, with the throttling as evidence, and by `fleet up` (a warning, said once; the
+  event kept in the run's record, which `status --json` and `status` say);
+- a clean run (`fleet up --json`) names none: not `top --once` once the ranks' window has
+  filled, not one straggler event in up's stream, nothing in the record;
 - `fleet top --once --json` parses, and its states are those `fleet status` says.
 After each the run is stopped and nothing of it is left on any host."""
 
@@ -24,6 +26,7 @@ import pytest
 
 from tests.conftest import CLI, _need_testbed
 from tests.e2e.test_e2e_heal import assert_clean, no_traceback
+from tests.e2e.test_e2e_up import run_id_of
 from tests.testbed import Testbed, cpu_quota_available
 
 pytestmark = pytest.mark.e2e
@@ -67,24 +70,38 @@ def job(tb: Testbed, tmp_path: Path, port: int) -> Path:
 
 
 class Up:
-    """`fleet up --json JOB` in the background, its stdout (events) and stderr in files."""
+    """`fleet up JOB` (`--json`: its events) in the background, its stdout and stderr in
+    files."""
 
-    def __init__(self, cli: CLI, job: Path, tmp_path: Path) -> None:
-        self.out, self.err = tmp_path / "up.out", tmp_path / "up.err"
+    def __init__(self, cli: CLI, job: Path, tmp_path: Path, as_json: bool = False) -> None:
+        self.out, self.err, self.as_json = tmp_path / "up.out", tmp_path / "up.err", as_json
         with self.out.open("wb") as o, self.err.open("wb") as e:
-            self.proc = subprocess.Popen([sys.executable, "-m", "fleet", "up", "--json",
-                                          str(job)], cwd=cli.cwd, env=cli.env, stdout=o,
-                                         stderr=e, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fleet", "up", *(["--json"] if as_json else []),
+                 str(job)], cwd=cli.cwd, env=cli.env, stdout=o, stderr=e,
+                stdin=subprocess.DEVNULL)
+
+    def _whole(self) -> list[str]:
+        text = self.out.read_text()
+        return text[:text.rfind("\n") + 1].splitlines()
 
     def events(self) -> list[dict[str, Any]]:
-        """Every whole line of stdout so far, each one JSON object."""
-        text = self.out.read_text()
-        return [json.loads(x) for x in text[:text.rfind("\n") + 1].splitlines()]
+        """Every whole line of stdout so far, each one JSON object (--json)."""
+        assert self.as_json
+        return [json.loads(x) for x in self._whole()]
+
+    def lines(self) -> list[str]:
+        """The job's lines so far, as fleet passed them on (tagged, unless --json)."""
+        if not self.as_json:
+            return self._whole()
+        return [e.get("text", "") for e in self.events() if e["event"] == "line"]
 
     def said(self) -> str:
         return self.out.read_text() + self.err.read_text()
 
     def run_id(self) -> str:
+        if not self.as_json:
+            return run_id_of(self.err.read_text())
         return next(e["run_id"] for e in self.events() if e.get("run_id"))
 
     def stepping(self) -> dict[str, int]:
@@ -92,8 +109,8 @@ class Up:
         deadline = time.monotonic() + STEPPING_S
         while True:
             seen = {}
-            for e in self.events():
-                m = STEP.search(e.get("text", "")) if e["event"] == "line" else None
+            for line in self.lines():
+                m = STEP.search(line)
                 if m and int(m.group(3)) >= 10:
                     seen[m.group(2)] = int(m.group(1))
             if len(seen) == 4:
@@ -103,8 +120,8 @@ class Up:
 
     def step_times(self, host: str, since: int = 0) -> list[float]:
         """The job's step times on `host`, from its lines after the first `since` of them."""
-        times = [float(m.group(4)) for e in self.events() if e["event"] == "line"
-                 and (m := STEP.search(e.get("text", ""))) and m.group(2) == host]
+        times = [float(m.group(4)) for line in self.lines()
+                 if (m := STEP.search(line)) and m.group(2) == host]
         return times[since:]
 
     def stop(self, cli: CLI, tb: Testbed, run_id: str) -> None:
@@ -202,7 +219,7 @@ def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path
             assert named["line"].startswith(f"rank {rank} (node3) is the straggler: "), top
             assert named["line"].endswith("; node3 CPU throttled " + f"{named['throttled']:.0%}"
                                           " of the time") and named["throttled"] > 0.05, top
-            # fleet up reads the ranks every 5 s and names one seen 3 looks in a row.
+            # fleet up reads the ranks every 5 s and names one seen 3 looks in a row: a warning.
             warning = f"fleet: straggler: rank {rank} (node3) is the straggler: "
             deadline = time.monotonic() + 60
             while warning not in up.err.read_text():
@@ -217,11 +234,11 @@ def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path
             up.proc.wait()
     said = up.err.read_text()
     assert said.count(warning) == 1, said  # said once
-    events = stragglers(up)
-    assert len(events) == 1, events
-    assert (events[0]["rank"], events[0]["host"]) == (rank, "node3"), events
-    assert events[0]["score"] >= 1.3 and events[0]["line"].startswith(
-        f"rank {rank} (node3) is the straggler: "), events
+    # The event, as the run's record keeps it (with when, and in which attempt).
+    kept = json.loads(cli("status", run_id, "--json", timeout=120).stdout)["straggler"]
+    assert (kept["rank"], kept["host"], kept["run_id"]) == (rank, "node3", run_id), kept
+    assert kept["score"] >= 1.3 and kept["line"].startswith(
+        f"rank {rank} (node3) is the straggler: "), kept
     status = cli("status", run_id, timeout=120).stdout
     assert re.search(rf"^\s*straggler: rank {rank} \(node3\) is the straggler: ", status,
                      re.M), status
@@ -229,7 +246,7 @@ def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path
 
 def test_a_clean_run_names_none_and_top_json_is_what_status_says(
         tb: Testbed, cli: CLI, tmp_path: Path) -> None:
-    up = Up(cli, job(tb, tmp_path, 29942), tmp_path)
+    up = Up(cli, job(tb, tmp_path, 29942), tmp_path, as_json=True)
     run_id = ""
     try:
         rank_of = up.stepping()
@@ -266,5 +283,6 @@ def test_a_clean_run_names_none_and_top_json_is_what_status_says(
     for n in top["nodes"]:
         assert n["log"]["lines_per_s"] is not None, n
     assert stragglers(up) == [], up.said()
+    assert status["straggler"] is None, status
     status_text = cli("status", run_id, timeout=120).stdout
     assert "straggler" not in status_text, status_text
