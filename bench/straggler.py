@@ -2,8 +2,9 @@
 (tests/e2e/straggler_job.py: matmuls on one CPU thread, then a Gloo all_reduce, step after step),
 with every rank sampling its own stack (the default) and with `[watchdog] sampling = false`, the
 two at the same time on 4 hosts each (so that both meet the machine's same load); the median step
-time of each side by side (the target: sampling costs at most 1% of a step). Beside it, the sampler's own work timed in this process: what it costs whatever the
-machine's load does to the step times."""
+time of each side by side (the target: sampling costs at most 1% of a step). Beside it, the
+sampler's own work timed in this process: what it costs whatever the machine's load does to the
+step times."""
 
 from __future__ import annotations
 
