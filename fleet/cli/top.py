@@ -84,22 +84,29 @@ def _ended(rec: RunRecord, every: list[RunRecord], as_json: bool) -> bool:
     nothing of it runs to look at); False where it must be asked."""
     from fleet.events import SCHEMA
     from fleet.lifecycle import history
+    from fleet.run import straggler_record
 
     done = history.finished(rec, every)
     if done is None or done.open:
         return False
     word = done.verdict.status.value
+    named, _ = straggler_record.of_run([r.dir for r in every])  # what fleet up's watch saw
+    last = named[-1] if named else None
+    said = (last.words() if last is not None else "straggler: none") + " (the run has ended)"
     if as_json:
         print(json.dumps({
             "v": SCHEMA, "run_id": rec.run_id, "status": word,
             "nodes": [{"host": n.host.name, "node_rank": n.node_rank,
                        "status": o.status.value if o else None, "log": None, "gpus": None,
                        "error": None} for n, o in done.nodes],
-            "ranks": [], "verdict": "straggler: none (the run has ended)", "straggler": None},
+            "ranks": [], "verdict": said,
+            "straggler": straggler_record.as_json(last) if last is not None else None},
             ensure_ascii=False))
     else:
         echo(f"run {rec.run_id}: {word}; it has ended: nothing of it runs to look at "
              f"(`fleet status {rec.run_id}` says how it ended)")
+        if last is not None:
+            echo(said)
     return True
 
 

@@ -102,9 +102,9 @@ def test_up_names_the_slow_rank_once_and_status_keeps_it(cli: CLI, tb3: Testbed,
                                                          tmp_path: Path) -> None:
     home = tb3.host("node1").home
     stops = (home / f"stop-{tmp_path.name}-json", home / f"stop-{tmp_path.name}-text")
-    # Two runs of the job side by side on the two hosts (--force: the first holds them), to
-    # keep the test short: one with --json, one with the terminal's words.
-    as_json = Followed(cli.popen("up", "--json", str(slow_job(tmp_path / "j", tb3, 29571,
+    # Two runs of the job side by side on the two hosts (--force on both: whichever claims
+    # them first holds them), to keep the test short: one with --json, one with the words.
+    as_json = Followed(cli.popen("up", "--json", "--force", str(slow_job(tmp_path / "j", tb3, 29571,
                                                               stops[0]))),
                        lambda line: '"event": "straggler"' in line, stops[0])
     as_text = Followed(cli.popen("up", "--force", str(slow_job(tmp_path / "t", tb3, 29572,
@@ -145,6 +145,11 @@ def test_up_names_the_slow_rank_once_and_status_keeps_it(cli: CLI, tb3: Testbed,
     js = json.loads(cli("status", run_id, "--json").stdout)
     assert {k: js["straggler"][k] for k in ("rank", "host", "line")} == \
         {"rank": 1, "host": "node2", "line": s["line"]}
+    # and `fleet top` of it: ended, said from the record with what the watch named
+    top = cli("top", run_id, "--once")
+    assert top.returncode == 0, top.stdout + top.stderr
+    assert f"straggler: {s['line']} (named at " in top.stdout, top.stdout
+    assert top.stdout.rstrip().endswith("(the run has ended)"), top.stdout
 
 
 def test_replace_stops_the_attempt_and_the_spare_takes_the_slow_hosts_place(
