@@ -63,7 +63,7 @@ def top(run_id: RunArg = None,
         began = time.monotonic()
         first = True
         while True:
-            shown = _look(view, last, console, factor, as_json, live, first)
+            shown = _look(view, last, console, factor, as_json, live, first, not once)
             first = False
             if once or as_json or shown.status.is_terminal:
                 if shown.unasked:
@@ -111,7 +111,7 @@ def _ended(rec: RunRecord, every: list[RunRecord], as_json: bool) -> bool:
 
 
 def _look(view: RankLooks, rec: RunRecord, console: Console, factor: float, as_json: bool,
-          live: bool, first: bool) -> Top:
+          live: bool, first: bool, again: bool) -> Top:
     from fleet import waits
     from fleet.cli import topview
     from fleet.console import Meaning
@@ -135,5 +135,5 @@ def _look(view: RankLooks, rec: RunRecord, console: Console, factor: float, as_j
     if live:
         console.emit("\033[H\033[2J" + text)  # the screen cleared: redrawn in place
     else:
-        console.emit(text + ("\n" if not shown.status.is_terminal else ""))
+        console.emit(text + ("\n" if again else ""))  # a blank line between looks
     return shown

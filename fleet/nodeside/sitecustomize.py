@@ -84,14 +84,18 @@ def _start_sampler() -> None:
     out = os.path.join(run_dir, SAMPLES, str(pid))
     try:
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open("/proc/self/cgroup") as f:
-            stats = cgroup_cpu_stat(f.read())
     except OSError:
-        stats = []
-    stat = next((p for p in stats if os.path.isfile(p)), None)
+        return
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
     def counters() -> tuple[int, int] | tuple[None, None]:
+        # Looked up each time: a process can be moved to another cgroup while it runs.
+        try:
+            with open("/proc/self/cgroup") as f:
+                stats = cgroup_cpu_stat(f.read())
+        except OSError:
+            stats = []
+        stat = next((p for p in stats if os.path.isfile(p)), None)
         if stat is None:
             return None, None
         try:

@@ -24,19 +24,24 @@ from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
 
-# Both ranks alike: a loop of compute and all_reduce for SECS seconds, a line now and then.
+# Both ranks alike: a loop of compute and all_reduce for SECS seconds by rank 0's clock (its
+# word to stop travels in the all_reduce: no rank is left waiting in one), a line now and then.
 LOOP = '''
 import os, time, torch, torch.distributed as dist
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 a, end, step = torch.randn(64, 64), time.time() + float(os.environ["SECS"]), 0
-while time.time() < end:
+while True:
     for _ in range(5):
         b = a @ a
-    dist.all_reduce(torch.ones(256))
+    t = torch.zeros(256)
+    t[0] = float(dist.get_rank() == 0 and time.time() > end)
+    dist.all_reduce(t)
     step += 1
     if step % 100 == 0:
         print("step", step, flush=True)
+    if t[0] > 0:
+        break
 dist.destroy_process_group()
 '''
 
