@@ -115,12 +115,14 @@ def _look(view: RankLooks, rec: RunRecord, console: Console, factor: float, as_j
     from fleet import waits
     from fleet.cli import topview
     from fleet.console import Meaning
+    from fleet.run import straggler
 
     # The first look's wait is drawn; a live view's later ones would only flicker below it.
     with waits.shown_by(console.hosts_waiting) if first else contextlib.nullcontext():
         states, seen = view.look(with_gpus=True)
     shown = topview.make(rec.run_id, states, seen,
-                         {n.host.name: n.node_rank for n in rec.nodes}, factor)
+                         {n.host.name: n.node_rank for n in rec.nodes}, factor,
+                         straggler.spans(rec.nodes))
     if as_json:
         print(json.dumps(topview.as_json(shown), ensure_ascii=False))
         return shown

@@ -38,11 +38,13 @@ class Top:
 
 def make(run_id: str, states: dict[str, NodeOutcome | Exception],
          looks: dict[str, NodeLook | Exception], node_ranks: dict[str, int],
-         factor: float = straggler.FACTOR) -> Top:
+         factor: float = straggler.FACTOR, planned: dict[str, range] | None = None) -> Top:
+    """`planned`: per node the global ranks the plan gave it, where known (a rank a node
+    claims outside them is not judged)."""
     status = overall(_status(r) for r in states.values())
     tops = {h: r.top for h, r in looks.items() if isinstance(r, NodeLook)}
     return Top(run_id, status, states, looks, node_ranks,
-               straggler.judge(straggler.ranks_of(tops), factor))
+               straggler.judge(straggler.ranks_of(tops, planned), factor))
 
 
 def _status(r: NodeOutcome | Exception) -> NodeStatus:

@@ -77,11 +77,11 @@ class NodeTop:
         return self.lines / self.span_s
 
     def ranks(self) -> dict[int, RankSample]:
-        """Per global rank, its process: the one in the process group (a DataLoader worker's
-        summary carries the same rank), the freshest."""
+        """Per global rank, its process: a live one in the process group (a DataLoader
+        worker's summary carries the same rank, an ended process's stays), the freshest."""
         out: dict[int, RankSample] = {}
-        for s in sorted(self.samples, key=lambda s: (s.joined, -s.age_s)):
-            out[s.rank] = s
+        for s in sorted(self.samples, key=lambda s: (s.alive, s.joined, -s.age_s)):
+            out[s.rank] = s  # the last wins: alive, in the group, the freshest
         return dict(sorted(out.items()))
 
 

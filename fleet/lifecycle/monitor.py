@@ -95,6 +95,8 @@ class Monitor:
         for s in self.lookout.named() if self.lookout is not None else []:
             if not self.stopping:  # a rank named as the run ends is no news
                 self.named(s)
+        if self.lookout is not None and not self.stopping and (blind := self.lookout.blind()):
+            self.console.info(f"warning: {blind}", Meaning.WARN)
         if isinstance(event, Quiet):
             limit = self.run.job.watchdog.hang_timeout
             if limit and not self.stopping and event.silent > limit:

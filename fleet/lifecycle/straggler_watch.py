@@ -6,17 +6,20 @@ look, and a look that fails whole is no look."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
 
 from fleet.backends.answers import NodeLook
 from fleet.backends.base import Run
+from fleet.errors import FleetError
 from fleet.lifecycle.spares import Places
-from fleet.run import straggler
+from fleet.run import record, straggler
 from fleet.run.straggler import Straggler
 
 LOOK_S = 5.0  # between two looks at every rank's sampling
+BLIND_LOOKS = 24  # looks with no rank judged before that is said (2 minutes)
 # Per straggler's host: the spare that would take its place in the next attempt, or None and
 # why none would (`[watchdog] straggler_action = "replace"`).
 SpareFor = Callable[[str], tuple[str | None, str]]
@@ -33,10 +36,18 @@ class StragglerWatch:
         self.watch = straggler.Watch(persist)
         self.looks = 0  # looks judged (a failed one is not)
         self.problem = ""  # why the last look failed whole, if it did
+        self.failed = 0  # looks that failed whole
+        self.judged = False  # a look has judged two ranks or more
+        self.why = ""  # why the last look judged none
+        self.told = False
         self._named: queue.SimpleQueue[Straggler] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="fleet-straggler-watch",
                                        daemon=True)
+        self.planned: dict[str, range] = {}  # the ranks the plan gave each node, where known
+        # (a run recorded elsewhere, a test's: every rank a node claims is judged)
+        with contextlib.suppress(FleetError, OSError, AttributeError):
+            self.planned = straggler.spans(record.load(run.run_id).nodes)
 
     def start(self) -> StragglerWatch:
         self.thread.start()
@@ -53,12 +64,27 @@ class StragglerWatch:
         try:
             answers = self.run.ranks()
             tops = {h: a.top for h, a in answers.items() if isinstance(a, NodeLook)}
-            standing = straggler.judge(straggler.ranks_of(tops), self.factor)
+            standing = straggler.judge(straggler.ranks_of(tops, self.planned), self.factor)
         except Exception as e:  # the watch is news, never the reason a run fails
             self.problem = f"{type(e).__name__}: {e}"
+            self.failed += 1
             return None
         self.looks += 1
+        if standing.scores:
+            self.judged = True
+        else:
+            self.why = standing.why
         return self.watch.look(standing)
+
+    def blind(self) -> str | None:
+        """Once, where BLIND_LOOKS looks (or tries) have judged no rank: why, for a warning
+        (a watch that sees nothing must not pass for one that finds nothing)."""
+        if self.judged or self.told or self.looks + self.failed < BLIND_LOOKS:
+            return None
+        self.told = True
+        why = self.problem if self.looks == 0 else self.why or self.problem
+        return (f"the straggler watch has judged no rank after {BLIND_LOOKS} looks "
+                f"({why or 'no answer'}): nothing is named meanwhile")
 
     def named(self) -> list[Straggler]:
         """The ranks named since the last call, in order."""

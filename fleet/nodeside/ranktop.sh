@@ -23,16 +23,19 @@ if [ -f node.times ] && [ ! -L node.times ]; then
   if [ -n "$span" ]; then
     echo "=== stamps $span"
     set -- $span
-    if [ -f node.log ] && [ ! -L node.log ] && [ "$3" -gt "$1" ]; then
+    if [ "$3" -le "$1" ]; then
+      echo "=== lines 0"  # no line within the span
+    elif [ -f node.log ] && [ ! -L node.log ]; then
       echo "=== lines $(tail -c +"$(($1 + 1))" node.log 2>/dev/null | head -c "$(($3 - $1))" |
         head -c "$cap" | wc -l)"
     fi
   fi
 fi
+# The newest summaries first (`ls -t`): a process that ended long ago (a worker the job spawned,
+# an earlier rank) never crowds out a live rank; names of digits only.
 k=0
-for f in samples/*; do
-  p=${f#samples/}
-  case $p in ''|*[!0-9]*) continue;; esac
+for p in $(ls -t samples 2>/dev/null | grep -E '^[0-9]{1,10}$' | head -n "$((most + 1))"); do
+  f=samples/$p
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   k=$((k + 1))
   [ "$k" -le "$most" ] || { echo "=== cut"; break; }

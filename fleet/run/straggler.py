@@ -12,10 +12,12 @@ it 1.5), while a rank that costs the others under a tenth of their time costs th
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fleet.facts.ranktop import NodeTop, RankSample
 from fleet.nodeside.shared.sampling import COLLECTIVE, SAMPLE_HZ
+from fleet.run.record import NodeRecord
 
 FACTOR = 1.3  # the default: a rank that computes 1.3x as long per step as the others
 MIN_SAMPLES = int(6 * SAMPLE_HZ)  # samples a rank needs before it is judged (about 6 s)
@@ -52,14 +54,30 @@ class Standing:
         return "straggler: none" + (f" ({self.why})" if self.why else "")
 
 
-def ranks_of(nodes: dict[str, NodeTop]) -> dict[int, tuple[str, RankSample]]:
-    """Per global rank, its host and its process's summary (a rank two nodes claim is left
-    out: the job or a node says what no launcher made)."""
+def spans(nodes: Iterable[NodeRecord]) -> dict[str, range]:
+    """The global ranks the plan gave each node, where it knows them (a static rendezvous)."""
+    return {n.host.name: range(n.rank_base, n.rank_base + n.nproc) for n in nodes
+            if n.rank_base is not None and n.nproc is not None}
+
+
+def ranks_of(nodes: dict[str, NodeTop], planned: dict[str, range] | None = None
+             ) -> dict[int, tuple[str, RankSample]]:
+    """Per global rank, its host and its process's summary. A node's word is data: a rank
+    outside the ranks the plan gave that node (`planned`, where the plan knows them) is left
+    out, and so is a rank two nodes claim alive (the job or a node says what no launcher made);
+    an ended process's summary never outweighs a live one's."""
     seen: dict[int, list[tuple[str, RankSample]]] = {}
     for host, top in nodes.items():
+        allowed = (planned or {}).get(host)
         for rank, s in top.ranks().items():
-            seen.setdefault(rank, []).append((host, s))
-    return {rank: found[0] for rank, found in sorted(seen.items()) if len(found) == 1}
+            if allowed is None or rank in allowed:
+                seen.setdefault(rank, []).append((host, s))
+    out: dict[int, tuple[str, RankSample]] = {}
+    for rank, found in sorted(seen.items()):
+        alive = [f for f in found if f[1].alive]
+        if len(alive if alive else found) == 1:
+            out[rank] = (alive or found)[0]
+    return out
 
 
 def judge(ranks: dict[int, tuple[str, RankSample]], factor: float = FACTOR) -> Standing:

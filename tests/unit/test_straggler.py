@@ -286,3 +286,35 @@ def test_top_as_rows_and_json_from_one_look() -> None:
         [(0, "node1", "running"), (1, "node2", "running")]
     assert out["straggler"]["rank"] == 1 and out["verdict"].startswith("straggler: rank 1 ")
     assert out["ranks"][0]["gpu"] == {"index": 0, "memory_used": 1 << 30}
+
+
+def test_old_summaries_never_crowd_out_a_live_rank_and_a_quiet_log_counts_zero(
+        tmp_path: Path) -> None:
+    from fleet.facts.ranktop import MOST, top_script
+
+    run = tmp_path / "run"
+    (run / "samples").mkdir(parents=True)
+    now = time.time()
+    for pid in range(1000, 1000 + MOST + 6):  # workers the job spawned long ago, all ended
+        f = run / "samples" / str(pid)
+        f.write_text(summary(0, 50, 5, pid=pid, at=now - 3600, dist=0))
+        os.utime(f, (now - 3600, now - 3600))
+    (run / "samples" / "4242").write_text(summary(0, 50, 5, pid=4242, at=now))
+    (run / "node.log").write_text("old\n" * 3)
+    (run / "node.times").write_text(f"12 {now - 60:.3f}\n")  # nothing printed lately
+    top = parse_top(subprocess.run(["sh", "-c", top_script(str(run))], capture_output=True,
+                                   text=True, timeout=30).stdout)
+    assert top.cut and len(top.samples) == MOST
+    assert top.ranks()[0].pid == 4242 and top.ranks()[0].alive
+    assert top.lines == 0 and top.lines_per_s == 0.0
+
+
+def test_an_ended_process_elsewhere_or_a_rank_outside_the_plan_is_no_rank() -> None:
+    live = parse_top(answer((100, summary(1, 100, 2))))
+    ended = parse_top(answer((200, summary(1, 100, 60, pid=200, at=900.0))))
+    assert ranks_of({"node1": ended, "node2": live})[1][0] == "node2"
+    # node2 was given ranks 2-3: a rank 1 it claims is not judged (nor named)
+    claimed = ranks_of({"node1": parse_top(answer((100, summary(0, 100, 30)))),
+                        "node2": parse_top(answer((101, summary(1, 100, 0, pid=101))))},
+                       {"node1": range(0, 2), "node2": range(2, 4)})
+    assert list(claimed) == [0]

@@ -143,6 +143,28 @@ def test_a_clean_set_is_never_named_nor_one_slow_look_among_clean_ones() -> None
     assert [w.look() for _ in range(16)] == [None] * 16
 
 
+def test_a_watch_that_judges_no_rank_says_so_once_and_one_that_judges_never_does() -> None:
+    from fleet.lifecycle.straggler_watch import BLIND_LOOKS
+
+    w = by_hand(lambda: {"n1": node(rank(0, 50))})  # one rank: nothing to judge it against
+    for _ in range(BLIND_LOOKS - 1):
+        w.look()
+    assert w.blind() is None
+    w.look()
+    said = w.blind()
+    assert said == (f"the straggler watch has judged no rank after {BLIND_LOOKS} looks (fewer "
+                    "than two ranks in a process group): nothing is named meanwhile")
+    assert w.blind() is None  # once
+    failing = by_hand(lambda: (_ for _ in ()).throw(RuntimeError("connection reset")))
+    for _ in range(BLIND_LOOKS):
+        failing.look()
+    assert "(RuntimeError: connection reset)" in (failing.blind() or "")
+    judging = by_hand(clean)
+    for _ in range(BLIND_LOOKS + 1):
+        judging.look()
+    assert judging.blind() is None
+
+
 def test_a_node_that_raises_is_left_out_and_a_look_that_fails_whole_is_no_look() -> None:
     broken: Looks = {"n1": node(rank(0, 50), rank(1, 2)), "n2": TimeoutError("n2: timed out")}
     answers: list[Looks | Exception] = [broken, RuntimeError("connection reset"), broken, broken]
