@@ -99,20 +99,13 @@ def sampler_cost(seconds: float = 2.0) -> tuple[float, float]:
     the thread's own CPU clock (what other work on the machine does not inflate)."""
     import threading
 
-    from fleet.nodeside.shared.sampling import Window, classify
+    from fleet.nodeside.shared.sampling import Window, classify, stack
 
     main = threading.get_ident()
     w = Window()
 
-    def sample() -> None:
-        frame = sys._current_frames().get(main)  # noqa: SLF001 (as the sampler does)
-        frames: list[tuple[str, str, int]] = []
-        while frame is not None and len(frames) < 64:
-            code = frame.f_code
-            frames.append((code.co_filename, code.co_name, frame.f_lineno))
-            frame = frame.f_back
-        del frame
-        w.add(time.time(), *classify(frames))
+    def sample() -> None:  # as the sampler does
+        w.add(time.time(), *classify(stack(sys._current_frames().get(main))))  # noqa: SLF001
 
     def deep(n: int) -> tuple[float, float]:
         if n:

@@ -19,6 +19,7 @@ from fleet.nodeside.shared.sampling import (
     Window,
     cgroup_cpu_stat,
     classify,
+    stack,
     throttling,
 )
 
@@ -120,13 +121,7 @@ def _start_sampler() -> None:
         was_joined = False
         while failures < 5:
             time.sleep(step)
-            frame = sys._current_frames().get(main)  # noqa: SLF001 (the sampler's one view)
-            frames: list[tuple[str, str, int]] = []
-            while frame is not None and len(frames) < 64:
-                code = frame.f_code
-                frames.append((code.co_filename, code.co_name, frame.f_lineno))
-                frame = frame.f_back
-            del frame
+            frames = stack(sys._current_frames().get(main))  # noqa: SLF001 (its one view)
             now = time.time()
             w.add(now, *classify(frames))
             if now - written < WRITE_S:

@@ -14,6 +14,7 @@ that hardly waits (fleet/run/straggler.py)."""
 from __future__ import annotations
 
 import os
+from types import FrameType
 
 SAMPLE_HZ = 10.0  # stack samples a second
 WINDOW_S = 20  # seconds of samples a summary covers
@@ -32,6 +33,17 @@ COLLECTIVES = frozenset((
     "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "gather",
     "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single",
     "send", "recv", "batch_isend_irecv", "wait", "wait_tensor", "_wait_tensor"))
+
+
+def stack(frame: FrameType | None, most: int = 64) -> list[tuple[str, str, int]]:
+    """A thread's Python stack (its innermost frame, as sys._current_frames gives it), innermost
+    first: (file, function, line) each, at most `most`."""
+    frames: list[tuple[str, str, int]] = []
+    while frame is not None and len(frames) < most:
+        code = frame.f_code
+        frames.append((code.co_filename, code.co_name, frame.f_lineno))
+        frame = frame.f_back
+    return frames
 
 
 def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
