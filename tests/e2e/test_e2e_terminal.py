@@ -29,8 +29,8 @@ MB = 1 << 20
 POLL_S = 0.1  # between captures
 LIMIT_S = 240.0  # the whole run's bound
 SPINNER = re.compile("[\u2800-\u28ff]")  # rich's "dots" frames: braille
-BAR = re.compile(r"fleet: data [\d.]+ \w+ of [\d.]+ \w+ (in place|on each of 2 nodes)"
-                 r"( on average)?, [\d.]+ \w+/s, (\d+s left|time left: estimating)")
+BAR = re.compile(r"fleet: data [\d.]+ \w+ of [\d.]+ \w+ (in place|on each of 2 nodes), "
+                 r"[\d.]+ \w+/s, (\d+s left|time left: estimating)")
 JOINING = re.compile(r"workers joining: (\d)/4")
 RENDEZVOUS = re.compile(r"waiting for the rendezvous \S+:29500 to open on node1")
 

@@ -1251,7 +1251,9 @@ def test_progress_names_each_node_where_they_differ() -> None:
                        ["node1", "node2"], Clock())
     said = bar.text(bar.t0 + 10)
     assert said.endswith("  node1 60% node2 30%")
-    assert "45.0 MiB of 100.0 MiB on each of 2 nodes on average, " in said, said
+    assert "45.0 MiB of 100.0 MiB on each of 2 nodes, " in said, said
+    # the line up to its time left fits an 80-column terminal (fleet: and a frame's width)
+    assert len("fleet: " + said.split("  node1")[0]) <= 79, said
 
 
 def test_on_a_terminal_progress_is_one_line_redrawn_and_erased(tmp_path: Path) -> None:

@@ -53,8 +53,10 @@ class Bar:
         each = {s.expected for s in self.states.values() if s.expected}
         many = sum(1 for s in self.states.values() if s.expected)
         if many > 1 and len(each) == 1:  # one copy sent to N nodes: said once, not N times
-            # (fits 80 columns: "data 40.0 MiB of 48.0 MiB on each of 2 nodes, 2.0 MiB/s, 9s left")
-            where = f"on each of {many} nodes" + (" on average" if nodes else "")
+            # (fits 80 columns: "data 40.0 MiB of 48.0 MiB on each of 2 nodes, 2.0 MiB/s, 9s left";
+            # where the nodes differ, the mean, each node's share after it: the words that
+            # matter, the time left, are never the ones cut at the terminal's edge)
+            where = f"on each of {many} nodes"
             return (f"{self.label} {human(at // many)} of {human(want // many)} {where}, "
                     f"{human(int(rate / many))}/s, {left}{nodes}")
         return (f"{self.label} {human(at)} of {human(want)} in place, {human(int(rate))}/s, "
