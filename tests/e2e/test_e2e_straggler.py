@@ -124,6 +124,14 @@ class Up:
                  if (m := STEP.search(line)) and m.group(2) == host]
         return times[since:]
 
+    def abandon(self, cli: CLI, run_id: str) -> None:
+        """On a test's way out, failed or not: a run still going is stopped, `up` ended."""
+        if self.proc.poll() is None:
+            if run_id:
+                cli("stop", run_id, timeout=120)
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self, cli: CLI, tb: Testbed, run_id: str) -> None:
         """`fleet stop` of the run, `up` ended by it, nothing of the run left on any host."""
         try:
@@ -227,11 +235,7 @@ def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path
                 time.sleep(1)
         up.stop(cli, tb, run_id)
     finally:
-        if up.proc.poll() is None:
-            if run_id:
-                cli("stop", run_id, timeout=120)
-            up.proc.kill()
-            up.proc.wait()
+        up.abandon(cli, run_id)
     said = up.err.read_text()
     assert said.count(warning) == 1, said  # said once
     # The event, as the run's record keeps it (with when, and in which attempt).
@@ -260,11 +264,7 @@ def test_a_clean_run_names_none_and_top_json_is_what_status_says(
         status, rows = status_rows(cli, run_id)
         up.stop(cli, tb, run_id)
     finally:
-        if up.proc.poll() is None:
-            if run_id:
-                cli("stop", run_id, timeout=120)
-            up.proc.kill()
-            up.proc.wait()
+        up.abandon(cli, run_id)
     assert top["run_id"] == run_id and top["straggler"] is None, top
     assert top["status"] == status["status"] == "running", (top, status)
     # Every node as status says it, in node rank order; every rank on its host, its state its
