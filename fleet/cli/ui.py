@@ -31,7 +31,7 @@ def ui(port: Annotated[int, typer.Option(
        open_: Annotated[bool, typer.Option("--open", help="Open the page in a browser.")
                         ] = False,
        ) -> None:
-    """Serve the lab's page: hosts, GPUs, runs and live logs, in a browser.
+    """Serve the lab's page in a browser: GPUs, runs, live logs.
 
     Nothing to install on the hosts and no daemon: the page lives as long as this command. It
     prints its URL with a token (as Jupyter does); a request without the token is refused.
