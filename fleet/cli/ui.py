@@ -22,7 +22,8 @@ def ui(port: Annotated[int, typer.Option(
            ] = DEFAULT_PORT,
        inventory: Annotated[list[Path] | None, typer.Option(
            "--inventory", "-i", metavar="INVENTORY",
-           help="An inventory whose hosts the lab page shows (give -i again for more).")
+           help="An inventory whose hosts the lab page shows (give -i again for more); "
+                "default: those the runs recorded here ran on.")
            ] = None,
        listen: Annotated[str, typer.Option(
            "--listen", metavar="ADDRESS",
@@ -61,7 +62,10 @@ def ui(port: Annotated[int, typer.Option(
                          "free port)") from None
     sock.listen(64)
     token = secrets.token_urlsafe(24)
-    app = make_app(Ui(token, [p.resolve() for p in inventory or []], Path.cwd()))
+    from fleet.ui.data import recorded_inventories
+
+    shown_invs = [p.resolve() for p in inventory] if inventory else recorded_inventories()
+    app = make_app(Ui(token, shown_invs, Path.cwd()))
     shown = f"[{listen}]" if address.version == 6 else listen
     url = f"http://{shown}:{sock.getsockname()[1]}/?token={token}"
     echo(f"fleet ui: {url}")

@@ -160,3 +160,27 @@ def test_what_fleet_kept_of_a_runs_end_for_the_page(tmp_path: Path) -> None:
     (tmp_path / "stacks-20260102-000000.txt").write_text("run r hung again\nrank 1: y\n")
     assert data.hang(tmp_path) == {"verdict": "run r hung again", "stacks": ["rank 1: y"],
                                    "file": "stacks-20260102-000000.txt"}
+
+
+def test_bad_options_are_said_before_anything_is_served(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    def ui(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fleet", "ui", *args], text=True,
+                              capture_output=True, timeout=60, cwd=tmp_path,
+                              env={"PATH": "/usr/bin:/bin", "FLEET_STATE_DIR": str(tmp_path),
+                                   "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+
+    r = ui("--listen", "example.org")
+    assert r.returncode == 2 and "--listen 'example.org': an IP address" in r.stderr
+    r = ui("-i", "nowhere.toml", "--port", "0")
+    assert r.returncode == 2 and "--inventory nowhere.toml: file not found" in r.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        r = ui("--port", str(taken.getsockname()[1]))
+    assert r.returncode == 2 and "cannot serve on 127.0.0.1:" in r.stderr and \
+        "--port 0 takes a free port" in r.stderr
+    assert r.stdout == ""  # no URL: nothing was served
