@@ -163,14 +163,16 @@
 
     size() { return { width: Math.max(this.target.clientWidth - 10, 300), height: 220 }; }
 
-    show(names, data, timeX) {
-      this.pending = { names, data, timeX };
+    // make() gives {names, data} when the chart is drawn: values may come faster than frames.
+    show(make, timeX) {
+      this.pending = { make, timeX };
       if (this.timer) return;
       this.timer = setTimeout(() => { this.timer = null; this.draw(); }, 250);
     }
 
     draw() {
-      const { names, data, timeX } = this.pending;
+      const { make, timeX } = this.pending;
+      const { names, data } = make();
       if (typeof uPlot === "undefined") {
         this.target.textContent = "(the plotting library did not load)";
         return;
@@ -278,7 +280,7 @@
     const release = el("button", { type: "button", class: "release" }, "release");
     reserve.addEventListener("click", () => reserveGpu(inv, h.host, g.index));
     release.addEventListener("click", () => releaseGpu(inv, h.host, g.index));
-    return el("tr", { data: { host: h.host, gpu: g.index }, class: procs.length ? "held" : "free" },
+    return el("tr", { data: { host: h.host, gpu: g.index, inventory: inv }, class: procs.length ? "held" : "free" },
       el("td", { class: "host" }, h.host),
       el("td", { class: "gpu" }, String(g.index), " ", el("span", { class: "muted" }, g.name || "")),
       el("td", { class: "memory" }, bar, `${gib(used)} / ${gib(total)} GiB`),
@@ -290,9 +292,10 @@
       el("td", { class: "buttons" }, reserve, " ", release));
   }
 
-  function hostRow(h, words, cls) {
-    return el("tr", { data: { host: h.host }, class: cls },
-      el("td", { class: "host" }, h.host), el("td", { colspan: 7, class: "note" }, words));
+  function hostRow(inv, h, words, cls, button) {
+    return el("tr", { data: { host: h.host, inventory: inv }, class: cls },
+      el("td", { class: "host" }, h.host), el("td", { colspan: 6, class: "note" }, words),
+      el("td", { class: "buttons" }, button || ""));
   }
 
   function renderLab(lab) {
@@ -302,17 +305,22 @@
         el("th", { colspan: 8 }, inv.path, inv.error ? el("span", { class: "bad" }, `: ${inv.error}`) : "")));
       for (const h of hostList(inv.hosts)) {
         if (h.error && !("nvidia_smi" in h)) { // never asked: why is all there is
-          tbody.appendChild(hostRow(h, `not asked: ${h.error}`, "bad"));
+          tbody.appendChild(hostRow(inv.path, h, `not asked: ${h.error}`, "bad"));
           continue;
         }
         if (h.nvidia_smi === false) {
-          tbody.appendChild(hostRow(h, "no nvidia-smi here (no NVIDIA GPU)", "muted"));
+          tbody.appendChild(hostRow(inv.path, h, "no nvidia-smi here (no NVIDIA GPU)", "muted"));
         } else if (h.error || !(h.gpus || []).length) { // the GPUs it did list follow
-          tbody.appendChild(hostRow(h, `nvidia-smi failed: ${h.error || "it lists no GPU"}`, "bad"));
+          tbody.appendChild(hostRow(inv.path, h, `nvidia-smi failed: ${h.error || "it lists no GPU"}`, "bad"));
         }
-        if (h.leases_unknown) tbody.appendChild(hostRow(h, `leases unknown: ${h.leases_unknown}`, "warn"));
+        if (h.leases_unknown) tbody.appendChild(hostRow(inv.path, h, `leases unknown: ${h.leases_unknown}`, "warn"));
         for (const l of (h.leases || []).filter((l) => !l.gpus)) {
-          tbody.appendChild(hostRow(h, `leased: ${leaseWords(l)}`, "warn"));
+          let button = null;
+          if (h.user && l.owner === h.user) { // one's own lease of the whole host
+            button = el("button", { type: "button", class: "release" }, "release host");
+            button.addEventListener("click", () => releaseGpu(inv.path, h.host, null));
+          }
+          tbody.appendChild(hostRow(inv.path, h, `leased: ${leaseWords(l)}`, "warn", button));
         }
         for (const g of h.gpus || []) tbody.appendChild(gpuRow(inv.path, h, g));
       }
@@ -327,9 +335,10 @@
     await post("/api/reserve", { inventory: inv, host, gpus: [index], for: wanted, note });
   }
 
-  async function releaseGpu(inv, host, index) {
-    if (!confirm(`Release your lease on GPU ${index} of ${host}?`)) return;
-    await post("/api/release", { inventory: inv, host, gpus: [index] });
+  async function releaseGpu(inv, host, index) { // index null: the whole host
+    const what = index === null ? `the whole of ${host}` : `GPU ${index} of ${host}`;
+    if (!confirm(`Release your lease on ${what}?`)) return;
+    await post("/api/release", { inventory: inv, host, gpus: index === null ? null : [index] });
   }
 
   function lab() {
@@ -355,7 +364,7 @@
       }
       for (const [host, values] of byHost) values.push(means.has(host) ? means.get(host) : null);
       const names = [...byHost.keys()];
-      if (names.length) chart.show(names, [xs.slice(), ...names.map((n) => byHost.get(n).slice())], true);
+      if (names.length) chart.show(() => ({ names, data: [xs.slice(), ...names.map((n) => byHost.get(n).slice())] }), true);
       else $("lab-plot").textContent = "no GPU seen yet";
     }
 
@@ -423,7 +432,7 @@
       let value = String(v === null ? "" : v);
       if (v !== null && typeof v === "object") { // folded: a manifest's env or packages are long
         const n = Object.keys(v).length;
-        value = el("details", {}, el("summary", {}, Array.isArray(v) ? `${n} items` : `${n} keys`),
+        value = el("details", {}, el("summary", {}, `${n} ${Array.isArray(v) ? "item" : "key"}${n === 1 ? "" : "s"}`),
           el("pre", { class: "value" }, JSON.stringify(v, null, 2)));
       }
       tbody.appendChild(el("tr", {}, el("th", {}, k), el("td", {}, value)));
@@ -451,6 +460,8 @@
       const st = r.state || (r.status && r.status.status) || "unknown";
       $("run-state").textContent = st;
       $("run-state").className = stateClass(st);
+      $("stop").disabled = ["succeeded", "failed", "stopped"].includes(stateWord(st));
+      $("stop").title = $("stop").disabled ? `the run has ${stateWord(st)}: nothing to stop` : "";
       const facts = clear($("run-facts").tBodies[0]);
       const row = (k, v) => facts.appendChild(el("tr", {}, el("th", {}, k), el("td", {}, v)));
       row("job", r.job || "");
@@ -567,15 +578,21 @@
         if (!isFinite(v)) continue;
         if (!p.byRank.has(ev.rank)) p.byRank.set(ev.rank, []);
         p.byRank.get(ev.rank).push(v);
-        const ranks = [...p.byRank.keys()].sort((a, b) => a - b);
-        const n = Math.max(...ranks.map((r) => p.byRank.get(r).length));
-        const xs = Array.from({ length: n }, (_, i) => i + 1);
-        const data = [xs, ...ranks.map((r) => {
-          const vals = p.byRank.get(r);
-          return vals.length === n ? vals.slice() : vals.concat(new Array(n - vals.length).fill(null));
-        })];
-        p.chart.show(ranks.map((r) => `rank ${r}`), data, false);
+        p.chart.show(() => series(p.byRank), false);
       }
+    }
+
+    function series(byRank) {
+      const ranks = [...byRank.keys()].sort((a, b) => a - b);
+      const n = Math.max(...ranks.map((r) => byRank.get(r).length));
+      const xs = Array.from({ length: n }, (_, i) => i + 1);
+      return {
+        names: ranks.map((r) => `rank ${r}`),
+        data: [xs, ...ranks.map((r) => {
+          const vals = byRank.get(r);
+          return vals.length === n ? vals.slice() : vals.concat(new Array(n - vals.length).fill(null));
+        })],
+      };
     }
 
     // ---- the log
@@ -589,7 +606,7 @@
 
     function refilter() {
       for (const line of log.children) line.hidden = !matches(line);
-      if (following) log.scrollTop = log.scrollHeight;
+      keepFollowing();
     }
 
     // The rank select: every host's lines first (by name), then each rank (by number).
@@ -620,7 +637,22 @@
       line.hidden = !matches(line);
       log.appendChild(line);
       while (log.childElementCount > MAX_LINES) log.removeChild(log.firstChild);
-      if (following) log.scrollTop = log.scrollHeight;
+      keepFollowing();
+    }
+
+    // Following: the log stays at its bottom (once a frame, however many lines came) until the
+    // person scrolls up; scrolling back to the bottom follows again.
+    let lastAuto = 0;
+    let scrollQueued = false;
+    function keepFollowing() {
+      if (!following || scrollQueued) return;
+      scrollQueued = true;
+      requestAnimationFrame(() => {
+        scrollQueued = false;
+        if (!following) return;
+        log.scrollTop = log.scrollHeight;
+        lastAuto = log.scrollTop;
+      });
     }
 
     function onEvent(ev) {
@@ -684,12 +716,31 @@
       }, 500);
     }
 
+    function showFollowing() {
+      const b = $("log-follow");
+      b.textContent = following ? "following" : "paused: follow ↓";
+      b.classList.toggle("paused", !following);
+    }
     log.addEventListener("scroll", () => {
-      following = log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
-      $("log-follow").textContent = following ? "following" : "paused: scroll to the bottom to follow";
+      if (log.scrollTop + log.clientHeight >= log.scrollHeight - 24) {
+        following = true;
+        lastAuto = log.scrollTop;
+      } else if (log.scrollTop < lastAuto - 4) {
+        following = false;
+      }
+      showFollowing();
     });
-    $("log-follow").textContent = "following";
-    $("log-search").addEventListener("input", refilter);
+    $("log-follow").addEventListener("click", () => {
+      following = true;
+      showFollowing();
+      keepFollowing();
+    });
+    showFollowing();
+    let searchTimer = null;
+    $("log-search").addEventListener("input", () => { // a long log: once typing pauses
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(refilter, 150);
+    });
     $("log-rank").addEventListener("change", refilter);
 
     // ---- actions
