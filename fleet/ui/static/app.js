@@ -41,13 +41,20 @@
 
   function $(id) { return document.getElementById(id); }
 
-  function showError(words) {
+  // The banner: what failed last, kept until what it came from (a fetch's path, an action)
+  // goes well again; a look that went well does not hide a button's failure.
+  function showError(words, source) {
     const e = $("error");
     e.textContent = words;
+    e.dataset.source = source || "";
     e.hidden = false;
+    showDone("");
   }
 
-  function hideError() { $("error").hidden = true; }
+  function hideError(source) {
+    const e = $("error");
+    if (!source || e.dataset.source === source) e.hidden = true;
+  }
 
   function showDone(words) {
     const d = $("done");
@@ -65,19 +72,29 @@
     return `${r.status} ${text.slice(0, 300)}`;
   }
 
+  // A GET's JSON; a failure is said in the banner (and thrown), a success clears its own.
   async function getJson(path) {
+    const source = path.split("?")[0];
     let r;
     try {
       r = await fetch(withToken(path), { headers: { "X-Fleet-Token": TOKEN } });
     } catch (e) {
-      throw new Error(`${path}: the server did not answer (${e.message}); is fleet ui still running?`);
+      const words = `${path}: the server did not answer (${e.message}); is fleet ui still running?`;
+      showError(words, source);
+      throw new Error(words);
     }
-    if (!r.ok) throw new Error(`${path}: ${await refusal(r)}`);
+    if (!r.ok) {
+      const words = `${path}: ${await refusal(r)}`;
+      showError(words, source);
+      throw new Error(words);
+    }
+    hideError(source);
     return r.json();
   }
 
   // An action: POST with the token in its header (a cookie alone is refused), then its words.
   async function post(path, payload) {
+    showDone("");
     let r;
     try {
       r = await fetch(withToken(path), {
@@ -86,11 +103,11 @@
         body: JSON.stringify(payload || {}),
       });
     } catch (e) {
-      showError(`${path}: the server did not answer (${e.message})`);
+      showError(`${path}: the server did not answer (${e.message})`, "action");
       return null;
     }
     if (!r.ok) {
-      showError(`${path}: ${await refusal(r)}`);
+      showError(`${path}: ${await refusal(r)}`, "action");
       return null;
     }
     let said = null;
@@ -98,10 +115,10 @@
     if (!said || !said.ok) {
       const words = said && said.words ? said.words : "no answer";
       const code = said && said.exit_code !== undefined ? ` (exit code ${said.exit_code})` : "";
-      showError(`${path}: ${words}${code}`);
+      showError(`${path}: ${words}${code}`, "action");
       return said;
     }
-    hideError();
+    hideError("action");
     showDone(said.words || "done");
     return said;
   }
@@ -300,6 +317,10 @@
 
   function renderLab(lab) {
     const tbody = clear($("lab").tBodies[0]);
+    if (!(lab.inventories || []).length) {
+      tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "muted" },
+        "no inventory to show: start fleet ui with -i INVENTORY (or run a job here first)")));
+    }
     for (const inv of lab.inventories || []) {
       tbody.appendChild(el("tr", { class: "inventory" },
         el("th", { colspan: 8 }, inv.path, inv.error ? el("span", { class: "bad" }, `: ${inv.error}`) : "")));
@@ -369,13 +390,13 @@
     }
 
     function look(data) {
-      if (data.error) showError(`the lab: ${data.error}`);
-      else hideError();
+      if (data.error) showError(`the lab: ${data.error}`, "lab");
+      else hideError("lab");
       renderLab(data);
       addPoint(data);
     }
 
-    getJson("/api/lab").then(look).catch((e) => showError(e.message));
+    getJson("/api/lab").then(look).catch(() => {});
     stream("/api/lab/stream", { lab: look });
   }
 
@@ -388,12 +409,13 @@
       const q = filter.value.trim().toLowerCase();
       const st = stateSel.value;
       let shown = 0;
-      for (const tr of $("runs").tBodies[0].rows) {
+      const rows = [...$("runs").tBodies[0].rows].filter((tr) => tr.dataset.run !== undefined);
+      for (const tr of rows) {
         const ok = (!q || tr.textContent.toLowerCase().includes(q)) && (!st || tr.dataset.state === st);
         tr.hidden = !ok;
         if (ok) shown++;
       }
-      $("runs-count").textContent = `${shown} of ${$("runs").tBodies[0].rows.length} runs`;
+      $("runs-count").textContent = `${shown} of ${rows.length} runs`;
     }
 
     getJson("/api/runs").then((data) => {
@@ -415,15 +437,23 @@
       for (const s of [...states].sort()) stateSel.appendChild(el("option", { value: s }, s));
       if (!(data.runs || []).length) tbody.appendChild(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "no run recorded here yet")));
       apply();
-    }).catch((e) => showError(e.message));
+    }).catch(() => {});
     filter.addEventListener("input", apply);
     stateSel.addEventListener("change", apply);
   }
 
   // ---- a Run -------------------------------------------------------------------------------------
-  // Python's named groups as JavaScript writes them: (?P<v>...) -> (?<v>...), (?P=v) -> \k<v>.
+  // Python's pattern as JavaScript writes it: (?P<v>...) -> (?<v>...), (?P=v) -> \k<v>, and
+  // leading inline flags (?i) / (?m) / (?s) as the RegExp's flags.
   function jsRegex(pattern) {
-    return new RegExp(String(pattern).replace(/\(\?P</g, "(?<").replace(/\(\?P=(\w+)\)/g, "\\k<$1>"));
+    let text = String(pattern);
+    let flags = "";
+    const inline = /^\(\?([aiLmsux]+)\)/.exec(text);
+    if (inline) {
+      text = text.slice(inline[0].length);
+      flags = [...new Set(inline[1].replace(/[aLux]/g, ""))].join("");
+    }
+    return new RegExp(text.replace(/\(\?P</g, "(?<").replace(/\(\?P=(\w+)\)/g, "\\k<$1>"), flags);
   }
 
   function kvTable(obj) {
@@ -479,7 +509,8 @@
 
       const hang = clear($("hang"));
       if (r.hang) {
-        hang.append(el("p", { class: "verdict" }, r.hang.verdict || ""),
+        hang.append(el("p", { class: "verdict" }, r.hang.verdict || "",
+          r.hang.file ? el("span", { class: "muted" }, ` (kept as ${r.hang.file})`) : ""),
           el("pre", { class: "report stacks" }, (r.hang.stacks || []).join("\n")));
       } else hang.append(el("p", { class: "muted" }, "no hang seen"));
 
@@ -502,7 +533,7 @@
     function renderNodes(nodes, runState) {
       const tbody = clear($("nodes").tBodies[0]);
       for (const n of nodes) {
-        const word = n.status || (runState === "running" ? "running" : "unknown");
+        const word = n.status || (stateWord(runState) === "running" ? "running" : "unknown");
         const ranks = [...(ranksOf.get(n.host) || [])].sort((a, b) => a - b);
         tbody.appendChild(el("tr", { data: { host: n.host } },
           el("td", { class: "host" }, n.host),
@@ -543,8 +574,7 @@
       if (refetching) return;
       refetching = setTimeout(() => {
         refetching = null;
-        getJson("/api/run/" + encodeURIComponent(RUN)).then((r) => { hideError(); renderRun(r); })
-          .catch((e) => showError(e.message));
+        getJson("/api/run/" + encodeURIComponent(RUN)).then(renderRun).catch(() => {});
       }, 300);
     }
 
@@ -747,10 +777,12 @@
     $("stop").addEventListener("click", async () => {
       if (!confirm(`Stop run ${RUN}? Every node's part of it is stopped.`)) return;
       $("stop").disabled = true;
+      $("stop").textContent = "Stopping…";
       try {
         await post("/api/run/" + encodeURIComponent(RUN) + "/stop", {});
       } finally {
         $("stop").disabled = false;
+        $("stop").textContent = "Stop";
         refetch();
       }
     });
@@ -758,10 +790,12 @@
       const all = $("pull-all").checked;
       if (!confirm(`Pull the outputs of run ${RUN}${all ? " from every node" : ""} into ./${RUN}/ where fleet ui runs?`)) return;
       $("pull").disabled = true;
+      $("pull").textContent = "Pulling…";
       try {
         await post("/api/run/" + encodeURIComponent(RUN) + "/pull", { all });
       } finally {
         $("pull").disabled = false;
+        $("pull").textContent = "Pull outputs";
       }
     });
     async function diff() {
@@ -770,17 +804,15 @@
       $("diff").textContent = "…";
       try {
         const d = await getJson(`/api/run/${encodeURIComponent(RUN)}/diff?other=${encodeURIComponent(other)}`);
-        hideError();
         $("diff").textContent = (d.lines || []).length ? d.lines.join("\n") : `no difference between ${d.a} and ${d.b}`;
       } catch (e) {
-        $("diff").textContent = "";
-        showError(e.message);
+        $("diff").textContent = ""; // the banner says why
       }
     }
     $("diff-go").addEventListener("click", diff);
     $("diff-with").addEventListener("keydown", (e) => { if (e.key === "Enter") diff(); });
 
-    getJson("/api/run/" + encodeURIComponent(RUN)).then(renderRun).catch((e) => showError(e.message));
+    getJson("/api/run/" + encodeURIComponent(RUN)).then(renderRun).catch(() => {});
     stream("/api/run/" + encodeURIComponent(RUN) + "/stream", {
       fleet: onEvent,
       state: (d) => {
