@@ -203,7 +203,7 @@
       this.names = names.slice();
       const series = [{ label: this.xLabel }].concat(names.map((n, i) => ({
         label: n, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true,
-        points: { show: false },
+        points: { show: timeX }, // a look every few seconds: each one a dot; a log's values: a line
       })));
       const opts = Object.assign(this.size(), {
         scales: this.yRange ? { x: { time: timeX }, y: { range: this.yRange } } : { x: { time: timeX } },
@@ -712,8 +712,9 @@
           appendLine("fleet", `verdict: ${ev.status}` + (ev.words ? `: ${ev.words}` : ""), {}, "fleet");
           refetch();
           break;
-        case "phase":
-          $("run-phase").textContent = ev.step ? `(${ev.step}${ev.host ? " " + ev.host : ""})` : "";
+        case "phase": // `following` is this page's own reading of the log: no news
+          $("run-phase").textContent = ev.step && ev.step !== "following"
+            ? `(${ev.step}${ev.host ? " " + ev.host : ""})` : "";
           break;
         case "note":
           appendLine("fleet", ev.words || "", { host: ev.host || "" }, "fleet tone-" + String(ev.tone || "plain").replace(/\W/g, ""));
