@@ -44,13 +44,28 @@ def _summary(rec: RunRecord, every: list[RunRecord]) -> dict[str, Any]:
     from fleet.run import verdict
 
     kept = verdict.read(rec.dir)
-    end = kept.at if kept is not None else time.time()
     last = every[-1]
     return {"run_id": rec.run_id, "job": rec.job, "backend": str(rec.backend),
             "hosts": [n.host.name for n in last.nodes],
             "user": next((n.host.user for n in last.nodes if n.host.user), ""),
             "attempts": len(every), "started": rec.started,
-            "duration": max(0.0, end - rec.started), "ended": kept is not None}
+            "duration": duration(rec.started, kept.at if kept else None, ends(last.dir)),
+            "ended": kept is not None}
+
+
+def ends(record_dir: Path) -> list[float]:
+    """When fleet saw each node's part end (a later look, `status` a day on, says a late
+    time: the page's duration is then as late)."""
+    from fleet.run import outcomes
+
+    return [s.at for s in outcomes.seen(record_dir).values() if s.final]
+
+
+def duration(started: float, kept: float | None, seen: list[float]) -> float | None:
+    """How long a run ran: to the last node's end fleet saw, else to its kept end, else (it
+    goes on) to now; None where that would run backwards."""
+    end = max(seen) if seen else kept if kept is not None else time.time()
+    return end - started if end >= started else None
 
 
 def run(rec: RunRecord) -> dict[str, Any]:
