@@ -47,7 +47,8 @@ def _summary(rec: RunRecord, every: list[RunRecord]) -> dict[str, Any]:
     last = every[-1]
     return {"run_id": rec.run_id, "job": rec.job, "backend": str(rec.backend),
             "hosts": [n.host.name for n in last.nodes],
-            "user": next((n.host.user for n in last.nodes if n.host.user), ""),
+            "user": next((n.host.user for n in last.nodes if n.host.user), "") or _me(),
+            "inventory": _inventory(rec.dir),
             "attempts": len(every), "started": rec.started,
             "duration": duration(rec.started, kept.at if kept else None, ends(last.dir)),
             "ended": kept is not None}
@@ -59,6 +60,26 @@ def ends(record_dir: Path) -> list[float]:
     from fleet.run import outcomes
 
     return [s.at for s in outcomes.seen(record_dir).values() if s.final]
+
+
+def _me() -> str:
+    """The login that ran fleet here (a host with no `user` is reached as it)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return ""
+
+
+def _inventory(record_dir: Path) -> str:
+    """The inventory the run's manifest names ("" where none is kept)."""
+    import json
+
+    try:
+        return str(json.loads((record_dir / "manifest.json").read_text())["inventory"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def duration(started: float, kept: float | None, seen: list[float]) -> float | None:
