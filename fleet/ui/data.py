@@ -160,18 +160,12 @@ def lab(results: dict[str, Any], now: float) -> dict[str, Any]:
 def recorded_inventories(most: int = 50) -> list[Path]:
     """The inventories the newest runs recorded here ran on (those still there), newest
     first: the lab `fleet ui` shows when given none."""
-    import json
-
     from fleet.run import record as state
 
     records, _ = state.all_runs()
     found: list[Path] = []
     for r in reversed(records[-most:]):
-        try:
-            named = json.loads((r.dir / "manifest.json").read_text())["inventory"]["path"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        path = Path(str(named))
+        path = Path(_inventory(r.dir))
         if path.is_absolute() and path.is_file() and path not in found:
             found.append(path)
     return found
