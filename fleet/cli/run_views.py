@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
           rank: int | None, attempt: int | None, merge: bool, tail: int | None,
-          since: str | None) -> int:
+          since: str | None, forward: bool = True) -> int:
     """`fleet logs`; with `follow`, the run's exit code at its end (0 without). With `follow`
     its header comes first, and an interruption says that the run goes on."""
     from fleet.lifecycle import attempts
@@ -30,7 +30,7 @@ def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
     if follow and console.sink is None:  # at once, from the record: before any host is asked
         console.info(header(run, attempts.records(run)))
     try:
-        return _logs(console, run, follow, node, rank, attempt, view)
+        return _logs(console, run, follow, node, rank, attempt, view, forward)
     except Interrupted as e:
         if not follow:
             raise
@@ -61,7 +61,7 @@ def header(run: RunRecord, every: list[RunRecord]) -> str:
 
 
 def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank: int | None,
-          attempt: int | None, view: View) -> int:
+          attempt: int | None, view: View, forward: bool) -> int:
     from fleet import backends
     from fleet.events import Phase, Step, Verdict
     from fleet.lifecycle import attempts
@@ -83,7 +83,7 @@ def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank
     total = found[0] + 1 if found else max(by_number)
     last = every[-1]
     # The job's `forward` ports of the master, while -f follows (a connection of their own).
-    forwards = recorded(last.dir / "manifest.json") if follow else ()
+    forwards = recorded(last.dir / "manifest.json") if follow and forward else ()
     with declared(lambda: backends.for_record(last).tunnel(last, None), forwards, console,
                   owned=True):
         for one in chosen:

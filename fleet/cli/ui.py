@@ -51,7 +51,8 @@ def ui(port: Annotated[int, typer.Option(
             raise UsageError(f"--inventory {inv}: file not found")
     if not address.is_loopback:
         echo(f"warning: serving on {listen}: anyone who reaches this machine there and has the "
-             "token can see the lab and stop runs", err=True)
+             "token can see the lab and stop runs, and the token crosses the network in plain "
+             "HTTP (an SSH tunnel to 127.0.0.1 keeps it on this machine)", err=True)
     sock = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -71,9 +72,23 @@ def ui(port: Annotated[int, typer.Option(
     echo(f"fleet ui: {url}")
     sys.stdout.flush()  # the one line a script waits for
     if open_:
-        import webbrowser
-
-        webbrowser.open(url)
+        _open(url)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=2, lifespan="on"))
     server.run(sockets=[sock])
+
+
+def _open(url: str) -> None:
+    """The page in a browser, through a file only this login may read that sends the browser
+    on (as Jupyter does): the token never stands in a browser's command line, which every user
+    of this machine may read."""
+    import html
+    import os
+    import tempfile
+    import webbrowser
+
+    fd, path = tempfile.mkstemp(prefix="fleet-ui-", suffix=".html")  # mode 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(url)}">'
+                f'<a href="{html.escape(url)}">fleet ui</a>\n')
+    webbrowser.open(Path(path).as_uri())

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.errors import UsageError
+from fleet.errors import FleetError, UsageError
 
 if TYPE_CHECKING:
     from fleet.run.record import RunRecord
@@ -21,29 +21,36 @@ STACKS_MOST = 2000  # lines of a kept stack dump the page shows
 
 def runs(asked: int = MOST_RUNS) -> dict[str, Any]:
     """Every recorded run (a restart's attempts with their run), newest first: its state as
-    `fleet ps` says it (a finished run's from its record; a live one's asked, all at once)."""
-    from fleet.lifecycle import answers, attempts
+    `fleet ps` says it (a finished run's from its record; a live one's asked, all at once); the
+    damaged records skipped (path: why) and how many older runs are left out."""
+    from fleet.lifecycle import answers
     from fleet.run import record as state
     from fleet.transport.group import each, reason
 
-    records, _ = state.all_runs()
-    tops = [r for r in records if not r.parent][-asked:]
+    records, damaged = state.all_runs()
+    every = [r for r in records if not r.parent]
+    tops = every[-asked:]
     said = each(((r.run_id, r) for r in tops), answers.ps_word)
     rows = []
     for r in reversed(tops):
-        every = attempts.records(r)
         word = said[r.run_id]
-        rows.append({**_summary(r, every),
-                     "state": word if isinstance(word, str) else f"unknown ({reason(word)})"})
-    return {"runs": rows}
+        state_word = word if isinstance(word, str) else f"unknown ({reason(word)})"
+        try:
+            rows.append({**_summary(r), "state": state_word})
+        except FleetError as e:  # its record is damaged: said on its row, as `ps` says it
+            rows.append({"run_id": r.run_id, "job": r.job, "started": r.started,
+                         "state": f"unknown ({e})", "hosts": [], "attempts": 0})
+    return {"runs": rows, "damaged": damaged, "more": len(every) - len(tops)}
 
 
-def _summary(rec: RunRecord, every: list[RunRecord]) -> dict[str, Any]:
+def _summary(rec: RunRecord) -> dict[str, Any]:
     """A run's row: job, hosts, attempts, start and how long it ran (to its kept end, else to
     now)."""
+    from fleet.lifecycle import attempts
     from fleet.run import verdict
 
     kept = verdict.read(rec.dir)
+    every = attempts.records(rec)
     last = every[-1]
     return {"run_id": rec.run_id, "job": rec.job, "backend": str(rec.backend),
             "hosts": [n.host.name for n in last.nodes],
@@ -90,16 +97,20 @@ def duration(started: float, kept: float | None, seen: list[float]) -> float | N
 
 
 def run(rec: RunRecord) -> dict[str, Any]:
-    """One run: its state and nodes (status --json's object), its manifest, its end as fleet
-    kept it, the last hang's stacks, the job's metrics."""
+    """One run: its state and nodes (status --json's object), its manifest (None where none
+    was kept: a run that ended before it was written), its end as fleet kept it, the last
+    hang's stacks, the job's metrics."""
     from fleet.lifecycle import answers
 
     seen = answers.look(rec)
     status = answers.status_object(seen)
-    shown = answers.shown(rec)
-    return {**_summary(rec, seen.every), "state": seen.final.value, "status": status,
-            "manifest": shown, "failure": failure(status, shown),
-            "hang": hang(seen.last.dir), "metrics": metrics(shown),
+    try:
+        shown: dict[str, Any] | None = answers.shown(rec)
+    except FleetError:
+        shown = None
+    return {**_summary(rec), "state": seen.final.value, "status": status,
+            "manifest": shown, "failure": failure(status, shown or {}),
+            "hang": hang([r.dir for r in seen.every]), "metrics": metrics(shown or {}),
             "ranks": ranks(seen.last)}
 
 
@@ -119,7 +130,8 @@ def failure(status: dict[str, Any], shown: dict[str, Any]) -> list[str]:
     if not kept or kept.get("status") == "succeeded":
         return []
     out = [str(kept.get("said", ""))]
-    for host, o in sorted((shown.get("outcomes") or {}).items()):
+    ends = shown.get("outcomes") if isinstance(shown, dict) else None
+    for host, o in sorted((ends if isinstance(ends, dict) else {}).items()):
         if isinstance(o, dict) and o.get("status") not in (None, "succeeded"):
             own = o.get("own_failure") or ""
             out.append(f"{host}: {o.get('status')}"
@@ -129,14 +141,16 @@ def failure(status: dict[str, Any], shown: dict[str, Any]) -> list[str]:
     return [line for line in out if line]
 
 
-def hang(record_dir: Path) -> dict[str, Any] | None:
-    """The last stack dump fleet kept in the run's record (the hang watchdog's or `fleet
-    dump`'s), its first line the verdict; None where none was kept."""
-    dumps = sorted(record_dir.glob("stacks-*.txt"))
+def hang(record_dirs: list[Path]) -> dict[str, Any] | None:
+    """The newest stack dump fleet kept in any of the run's records (the hang watchdog's or
+    `fleet dump`'s), its first line the verdict; None where none was kept."""
+    dumps = sorted((p for d in record_dirs for p in d.glob("stacks-*.txt")),
+                   key=lambda p: p.name)
     if not dumps:
         return None
     try:
-        lines = dumps[-1].read_text(errors="replace").splitlines()[:STACKS_MOST]
+        with dumps[-1].open(errors="replace") as f:
+            lines = [line.rstrip("\n") for _, line in zip(range(STACKS_MOST), f, strict=False)]
     except OSError as e:
         return {"verdict": f"{dumps[-1].name}: {e.strerror}", "stacks": []}
     return {"verdict": lines[0] if lines else "", "stacks": lines[1:], "file": dumps[-1].name}
@@ -145,7 +159,7 @@ def hang(record_dir: Path) -> dict[str, Any] | None:
 def metrics(shown: dict[str, Any]) -> dict[str, str]:
     """The job's `[metrics]`, as its manifest kept them: name -> a pattern whose group `v` is
     the value (the page parses the log's lines with them)."""
-    job = shown.get("job")
+    job = shown.get("job") if isinstance(shown, dict) else None
     found = job.get("metrics") if isinstance(job, dict) else None
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 

@@ -30,6 +30,8 @@ LOOK_S = 5.0  # how often the lab is looked at while a page listens
 IDLE_S = 30.0  # with no page listening this long, the connections are closed
 ACTION_S = 300.0  # an action's bound (a stop waits out its grace period; a pull moves files)
 WORDS_MOST = 8000  # characters of an action's words sent back
+TAIL = 20000  # lines of a run's log a page gets before it follows (the page keeps as many)
+EVENT_MOST = 8 * (1 << 20)  # bytes of one event read back: a node's line (at most 1 MiB) as JSON
 
 
 def sse(event: str, data: Any) -> bytes:
@@ -87,28 +89,39 @@ class Lab:
                 self._listeners.remove(me)
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            thread = self._thread
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if thread is not None:
+            thread.join(timeout=10)
 
     def _start(self) -> None:
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fleet-ui-lab",
                                                 daemon=True)
                 self._thread.start()
 
-    def _wanted(self) -> bool:
+    def _go_on(self) -> bool:
+        """Whether to look again: a page listens, or asked lately. Deciding to end clears the
+        thread under the lock, so a page that comes meanwhile starts a new one."""
         with self._lock:
-            listening = bool(self._listeners)
-        return listening or time.monotonic() - self._asked < IDLE_S
+            if not self._closed and (self._listeners or
+                                     time.monotonic() - self._asked < IDLE_S):
+                return True
+            self._thread = None
+            return False
 
     def _run(self) -> None:
-        surveys: dict[Path, GpuSurvey | str] = {}
+        surveys: dict[Path, GpuSurvey] = {}
         try:
-            while not self._closed and self._wanted():
-                found = self._look(surveys)
+            while self._go_on():
+                try:
+                    found = self._look(surveys)
+                except Exception as e:  # said on the page, and looked at again next time
+                    found = {"at": time.time(), "inventories": [],
+                             "error": f"the lab could not be looked at: {type(e).__name__}: {e}"}
                 with self._lock:
                     self.latest = found
                     listeners = list(self._listeners)
@@ -119,11 +132,10 @@ class Lab:
                 self._wake.clear()
         finally:
             for s in surveys.values():
-                if not isinstance(s, str):
-                    with contextlib.suppress(Exception):
-                        s.close()
+                with contextlib.suppress(Exception):
+                    s.close()
 
-    def _look(self, surveys: dict[Path, GpuSurvey | str]) -> dict[str, Any]:
+    def _look(self, surveys: dict[Path, GpuSurvey]) -> dict[str, Any]:
         from fleet import backends
         from fleet.config.select import Selection
         from fleet.errors import FleetError
@@ -134,13 +146,10 @@ class Lab:
             if inv not in surveys:
                 try:
                     surveys[inv] = backends.for_inventory(inv).survey(inv, Selection())
-                except FleetError as e:  # a bad inventory is said on its row, each look
-                    surveys[inv] = str(e)
-            survey = surveys[inv]
-            if isinstance(survey, str):
-                out.append({"path": str(inv), "hosts": {}, "error": survey})
-                continue
-            hosts = data.lab(dict(survey.look()), time.time())
+                except FleetError as e:  # a bad inventory is said on its row, tried each look
+                    out.append({"path": str(inv), "hosts": {}, "error": str(e)})
+                    continue
+            hosts = data.lab(dict(surveys[inv].look()), time.time())
             out.append({"path": str(inv), "hosts": hosts, "error": None})
         return {"at": time.time(), "inventories": out}
 
@@ -163,26 +172,44 @@ def _quiet_env() -> dict[str, str]:
 
 
 async def follow(run_id: str) -> AsyncIterator[bytes]:
-    """A run's events, as `fleet logs RUN -f --json` writes them, until its end (then `end`
-    with its exit code); the process is ended when the page goes."""
+    """A run's events, as `fleet logs RUN -f --json --merge` writes them (the last TAIL lines of
+    the stream, then live; the job's ports not forwarded for a page), until its end: then `end`
+    with its exit code and words. The process is ended when the page goes."""
     proc = await asyncio.create_subprocess_exec(
-        *fleet_argv("logs", run_id, "-f", "--json"), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True, env=_quiet_env(), limit=1 << 20)
+        *fleet_argv("logs", run_id, "-f", "--json", "--merge", "--no-forward",
+                    f"--tail={TAIL}"),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True, env=_quiet_env(),
+        limit=EVENT_MOST)
     assert proc.stdout is not None and proc.stderr is not None
+    said = asyncio.ensure_future(_last_words(proc.stderr))
+    why = ""
     try:
-        async for raw in proc.stdout:
-            try:
-                event = json.loads(raw)
-            except ValueError:  # not fleet's own: never passed on as if it were
-                continue
-            if isinstance(event, dict):
-                yield sse("fleet", event)
+        try:
+            async for raw in proc.stdout:
+                try:
+                    event = json.loads(raw)
+                except ValueError:  # not fleet's own: never passed on as if it were
+                    continue
+                if isinstance(event, dict):
+                    yield sse("fleet", event)
+        except ValueError:  # a line past EVENT_MOST: the rest cannot be read in step
+            why = f"an event of over {EVENT_MOST} bytes: the page stops following here\n"
+            _end(proc)
         code = await proc.wait()
-        said = (await proc.stderr.read()).decode(errors="replace")[-WORDS_MOST:]
-        yield sse("end", {"exit_code": code, "words": said})
+        yield sse("end", {"exit_code": code, "words": why + await said})
     finally:
         _end(proc)
+        said.cancel()
+
+
+async def _last_words(stream: asyncio.StreamReader) -> str:
+    """What a process says on stderr, read as it comes (a pipe left full would stop it), its
+    last WORDS_MOST characters kept."""
+    kept = ""
+    while chunk := await stream.read(1 << 16):
+        kept = (kept + chunk.decode(errors="replace"))[-WORDS_MOST:]
+    return kept
 
 
 def _end(proc: asyncio.subprocess.Process) -> None:

@@ -1,10 +1,11 @@
 """`fleet ui`'s web server: the page (fleet/ui/static), its JSON (fleet.ui.data), its live
 streams and its buttons (fleet.ui.live), behind one token.
 
-Every request needs the token fleet ui printed: in the URL's query (`?token=`, any page), the
-`X-Fleet-Token` header, or the cookie a page sets; compared in constant time. A button's POST
-needs the header (a cookie alone is what another site's form would send). FleetError is said
-by one handler, as the CLI's is."""
+Every request needs the token fleet ui printed: in the URL's query (`?token=`, any page, the
+page's own links and streams) or the `X-Fleet-Token` header, compared in constant time. A
+button's POST needs the header (a link or another site's form cannot set it). No cookie: a
+browser sends 127.0.0.1's cookies to every port of it, so any other local server would get
+the token. One handler says every error, as JSON, as the CLI's says them in words."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from fleet.errors import ExitCode, FleetError, RunNotFound, UsageError
 from fleet.ui import data, live
 
 STATIC = Path(__file__).with_name("static")
-COOKIE = "fleet_token"
 HEADER = "x-fleet-token"
 REFUSED = "403: this page needs the token `fleet ui` printed (its URL's ?token=...)\n"
 # The page's own files only: no inline script, nothing from elsewhere.
@@ -57,15 +57,14 @@ class Ui:
         self.lab = live.Lab(self.inventories)
 
 
-def granted(token: str, method: str, query: str | None, header: str | None,
-            cookie: str | None) -> bool:
-    """Whether a request carries the token: any of its three places for a GET, the header
-    for anything else."""
+def granted(token: str, method: str, query: str | None, header: str | None) -> bool:
+    """Whether a request carries the token: in the query or the header for a GET, in the
+    header for anything else."""
     def same(given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
     if method in ("GET", "HEAD"):
-        return same(query) or same(header) or same(cookie)
+        return same(query) or same(header)
     return same(header)
 
 
@@ -81,7 +80,7 @@ class TokenGate:
             return
         request = Request(scope)
         if not granted(self.token, request.method, request.query_params.get("token"),
-                       request.headers.get(HEADER), request.cookies.get(COOKIE)):
+                       request.headers.get(HEADER)):
             await PlainTextResponse(REFUSED, status_code=403, headers=HEADERS)(
                 scope, receive, send)
             return
@@ -107,11 +106,7 @@ def make_app(ui: Ui) -> ASGIApp:
             for mark, value in (("__FLEET_TOKEN__", ui.token), ("__FLEET_PAGE__", name),
                                 ("__FLEET_RUN__", run_id)):
                 text = text.replace(mark, html.escape(value, quote=True))
-            response = Response(text, media_type="text/html; charset=utf-8")
-            if request.query_params.get("token"):
-                response.set_cookie(COOKIE, ui.token, httponly=True, samesite="strict",
-                                    path="/")
-            return response
+            return Response(text, media_type="text/html; charset=utf-8")
         return serve
 
     async def lab(request: Request) -> Response:
@@ -124,27 +119,27 @@ def make_app(ui: Ui) -> ASGIApp:
         return JSONResponse(await run_in_threadpool(data.runs))
 
     async def one_run(request: Request) -> Response:
-        rec = data.load(request.path_params["run_id"])
+        rec = await run_in_threadpool(data.load, request.path_params["run_id"])
         return JSONResponse(await run_in_threadpool(data.run, rec))
 
     async def run_stream(request: Request) -> Response:
-        rec = data.load(request.path_params["run_id"])
+        rec = await run_in_threadpool(data.load, request.path_params["run_id"])
         return StreamingResponse(live.follow(rec.run_id), media_type="text/event-stream")
 
     async def diff(request: Request) -> Response:
         from fleet.lifecycle import answers
 
-        a = data.load(request.path_params["run_id"])
-        b = data.load(request.query_params.get("other", ""))
+        a = await run_in_threadpool(data.load, request.path_params["run_id"])
+        b = await run_in_threadpool(data.load, request.query_params.get("other", ""))
         lines = await run_in_threadpool(answers.diff, a, b)
         return JSONResponse({"a": a.run_id, "b": b.run_id, "lines": lines})
 
     async def stop(request: Request) -> Response:
-        rec = data.load(request.path_params["run_id"])
+        rec = await run_in_threadpool(data.load, request.path_params["run_id"])
         return JSONResponse(await live.act(["stop", rec.run_id], ui.workdir))
 
     async def pull(request: Request) -> Response:
-        rec = data.load(request.path_params["run_id"])
+        rec = await run_in_threadpool(data.load, request.path_params["run_id"])
         asked = await _body(request)
         every = ["--all"] if asked.get("all") is True else []
         return JSONResponse(await live.act(["pull", rec.run_id, *every], ui.workdir))
@@ -184,15 +179,20 @@ def make_app(ui: Ui) -> ASGIApp:
         yield
         await run_in_threadpool(ui.lab.close)  # the lab's connections closed
 
-    app = Starlette(routes=routes, exception_handlers={FleetError: _said}, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={FleetError: _said, Exception: _said})
     return TokenGate(app, ui.token)
 
 
 async def _said(request: Request, exc: Exception) -> Response:
-    """The one handler: a FleetError as JSON with its words and fleet's exit code."""
-    code = getattr(exc, "exit_code", ExitCode.INTERNAL)
+    """The one handler: a FleetError as JSON with its words and fleet's exit code; anything
+    else is a bug, said as the CLI's handler says one (internal error, its type and words)."""
+    if not isinstance(exc, FleetError):
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}",
+                             "exit_code": int(ExitCode.INTERNAL)},
+                            status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
     status = HTTPStatus.NOT_FOUND if isinstance(exc, RunNotFound) else HTTPStatus.BAD_REQUEST
-    return JSONResponse({"error": str(exc), "exit_code": int(code)}, status_code=status)
+    return JSONResponse({"error": str(exc), "exit_code": int(exc.exit_code)}, status_code=status)
 
 
 async def _body(request: Request) -> dict[str, Any]:

@@ -34,14 +34,13 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TestClient:
 
 def test_the_gate_reads_the_token_where_each_request_may_carry_it() -> None:
     g = server.granted
-    assert g(TOKEN, "GET", TOKEN, None, None)
-    assert g(TOKEN, "GET", None, TOKEN, None)
-    assert g(TOKEN, "GET", None, None, TOKEN)
-    assert not g(TOKEN, "GET", None, None, None)
-    assert not g(TOKEN, "GET", "tok-124_abc", "x", "")
-    assert not g(TOKEN, "GET", TOKEN[:-1], None, None)  # a prefix is no token
-    assert g(TOKEN, "POST", None, TOKEN, None)
-    assert not g(TOKEN, "POST", TOKEN, None, TOKEN)  # a form or a link from elsewhere: refused
+    assert g(TOKEN, "GET", TOKEN, None)
+    assert g(TOKEN, "GET", None, TOKEN)
+    assert not g(TOKEN, "GET", None, None)
+    assert not g(TOKEN, "GET", "tok-124_abc", "x")
+    assert not g(TOKEN, "GET", TOKEN[:-1], None)  # a prefix is no token
+    assert g(TOKEN, "POST", None, TOKEN)
+    assert not g(TOKEN, "POST", TOKEN, None)  # a form or a link from elsewhere: refused
 
 
 @pytest.mark.parametrize("path", ["/", "/runs", "/run/x", "/api/runs", "/api/lab",
@@ -54,12 +53,13 @@ def test_every_route_without_the_token_is_refused(client: TestClient, path: str)
         assert "__FLEET" not in r.text and TOKEN not in r.text
 
 
-def test_a_button_needs_the_header_not_the_cookie(client: TestClient) -> None:
+def test_a_button_needs_the_header_and_no_cookie_is_set(client: TestClient) -> None:
     page = client.get(f"/?token={TOKEN}")
-    assert page.status_code == 200 and client.cookies.get(server.COOKIE) == TOKEN
-    assert client.get("/api/runs").status_code == 200  # the cookie serves a GET
-    refused = client.post("/api/run/x/stop", json={})
-    assert refused.status_code == 403  # but never a POST: nothing ran
+    assert page.status_code == 200 and "set-cookie" not in page.headers  # other ports'd get it
+    assert client.get("/api/runs").status_code == 403
+    assert client.get(f"/api/runs?token={TOKEN}").status_code == 200
+    refused = client.post(f"/api/run/x/stop?token={TOKEN}", json={})
+    assert refused.status_code == 403  # a link's or a form's token: never a POST; nothing ran
     through = client.post("/api/run/x/stop", json={}, headers={"X-Fleet-Token": TOKEN})
     assert through.status_code == 404  # past the gate: no such run, said as JSON
     assert "no run" in through.json()["error"]
@@ -78,7 +78,14 @@ def test_the_page_escapes_what_it_is_given(client: TestClient) -> None:
 
 def test_runs_and_a_run_from_the_records_here(client: TestClient) -> None:
     h = {"X-Fleet-Token": TOKEN}
-    assert client.get("/api/runs", headers=h).json() == {"runs": []}
+    assert client.get("/api/runs", headers=h).json() == {"runs": [], "damaged": {}, "more": 0}
+    from fleet.run.record import state_dir
+
+    (state_dir() / "r-broken").mkdir(parents=True)
+    (state_dir() / "r-broken" / "run.json").write_text("{not json")
+    said = client.get("/api/runs", headers=h).json()
+    assert said["runs"] == [] and list(said["damaged"]) == [
+        str(state_dir() / "r-broken" / "run.json")]
     r = client.get("/api/run/nosuch-run", headers=h)
     assert r.status_code == 404 and r.json()["exit_code"] == 2
     bad = client.get("/api/run/..%2F..%2Fetc", headers=h)
@@ -155,11 +162,12 @@ def test_what_fleet_kept_of_a_runs_end_for_the_page(tmp_path: Path) -> None:
     assert data.failure({}, shown) == []
     assert data.metrics(shown) == {"loss": "loss (?P<v>[0-9.]+)"}
     assert data.metrics({"job": {"metrics": "nope"}}) == {} == data.metrics({})
-    assert data.hang(tmp_path) is None
+    assert data.hang([tmp_path]) is None
     (tmp_path / "stacks-20260101-000000.txt").write_text("run r hung: quiet 60s\nrank 0: x\n")
     (tmp_path / "stacks-20260102-000000.txt").write_text("run r hung again\nrank 1: y\n")
-    assert data.hang(tmp_path) == {"verdict": "run r hung again", "stacks": ["rank 1: y"],
-                                   "file": "stacks-20260102-000000.txt"}
+    assert data.hang([tmp_path / "nowhere", tmp_path]) == {
+        "verdict": "run r hung again", "stacks": ["rank 1: y"],
+        "file": "stacks-20260102-000000.txt"}
 
 
 def test_bad_options_are_said_before_anything_is_served(tmp_path: Path) -> None:

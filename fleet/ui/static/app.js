@@ -405,6 +405,7 @@
     const filter = $("runs-filter");
     const stateSel = $("runs-state");
 
+    let older = "";  // the runs the server left out, and the damaged records it skipped
     function apply() {
       const q = filter.value.trim().toLowerCase();
       const st = stateSel.value;
@@ -415,7 +416,7 @@
         tr.hidden = !ok;
         if (ok) shown++;
       }
-      $("runs-count").textContent = `${shown} of ${rows.length} runs`;
+      $("runs-count").textContent = `${shown} of ${rows.length} runs${older}`;
     }
 
     getJson("/api/runs").then((data) => {
@@ -436,6 +437,9 @@
       }
       for (const s of [...states].sort()) stateSel.appendChild(el("option", { value: s }, s));
       if (!(data.runs || []).length) tbody.appendChild(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "no run recorded here yet")));
+      const damaged = Object.keys(data.damaged || {}).length;
+      older = (data.more ? ` (${data.more} older not listed: fleet ps --all)` : "") +
+        (damaged ? `; ${damaged} damaged record(s) skipped: ` + Object.entries(data.damaged).map(([p, why]) => `${p} (${why})`).join("; ") : "");
       apply();
     }).catch(() => {});
     filter.addEventListener("input", apply);
