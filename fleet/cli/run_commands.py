@@ -138,9 +138,9 @@ def logs(run_id: RunArg = None,
          as_json: Annotated[bool, typer.Option(
              "--json", help="Events on stdout, one JSON object a line (docs/EVENTS.md): each "
                             "log line, and with -f the run's verdict.")] = False,
-         forward: Annotated[bool, typer.Option(
-             "--forward/--no-forward", help="With -f: the job's `forward` ports, reachable "
-                                            "here while it follows.")] = True,
+         no_forward: Annotated[bool, typer.Option(
+             "--no-forward", help="With -f: leave the job's `forward` ports alone (not "
+                                  "reachable here while it follows).")] = False,
          ) -> None:
     """Print a run's logs from the nodes.
 
@@ -152,7 +152,7 @@ def logs(run_id: RunArg = None,
         from fleet.cli import run_views
 
         code = run_views.logs(session.console, run_id, follow, node, rank, attempt, merge,
-                              tail, since, forward)
+                              tail, since, not no_forward)
     if code:
         raise typer.Exit(code)
 
