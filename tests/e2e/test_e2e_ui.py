@@ -163,7 +163,7 @@ def test_the_lab_shows_a_gpu_held_by_a_colleagues_process(page: Any, ui: Ui,
 
 
 def test_no_token_no_page_nor_answer(ui: Ui) -> None:
-    refused = "403: this page needs the token fleet ui printed"
+    refused = "403: this page needs the token"
     for url, headers in ((ui.base, {}),  # no token at all
                          (ui.url("/", token="x" + ui.token[1:]), {}),  # a wrong one
                          (ui.base + "runs", {}),
