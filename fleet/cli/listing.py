@@ -58,8 +58,7 @@ def runs(records: list[RunRecord], all_runs: bool) -> None:
     if not [r for r in records if not r.parent]:
         echo(NO_RUN)
         return
-    from fleet.cli import run_answers
-    from fleet.lifecycle import attempts
+    from fleet.lifecycle import answers, attempts
     from fleet.transport.group import each, reason
 
     hosts_of = {r.run_id: [n.host.name for n in attempts.records(r)[-1].nodes]
@@ -70,7 +69,7 @@ def runs(records: list[RunRecord], all_runs: bool) -> None:
     from fleet.console import Console
 
     with waits.shown_by(Console().hosts_waiting):
-        results = each(((r.run_id, r) for r in records), run_answers.ps_word)
+        results = each(((r.run_id, r) for r in records), answers.ps_word)
     states = {k: r if isinstance(r, str) else f"unknown ({reason(r)})"
               for k, r in results.items()}
     show(RUNS, run_rows(records, states, hosts_of))

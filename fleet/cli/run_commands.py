@@ -6,17 +6,13 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from fleet import waits
 from fleet.cli.app import RUN_HELP, RunArg, app, complete_run, echo, inventory_given
 from fleet.errors import FleetError, NotEveryNode
-
-if TYPE_CHECKING:
-    from fleet.run.record import RunRecord
-
 
 
 @app.command()
@@ -25,9 +21,8 @@ def stop(run_id: RunArg = None) -> None:
 
     SIGTERM, then SIGKILL after a grace period."""
     from fleet import backends
-    from fleet.cli import run_answers
     from fleet.console import Console
-    from fleet.lifecycle import attempts
+    from fleet.lifecycle import answers, attempts
     from fleet.run import record as state
 
     run = state.load(run_id)
@@ -42,7 +37,7 @@ def stop(run_id: RunArg = None) -> None:
             if not backend.state(rec).status.is_terminal:
                 backend.cancel(rec, console)
     backends.for_record(every[-1]).cancel(every[-1], console)  # the attempt under way
-    run_answers.keep_seen(every[0], every[-1], "fleet stop")
+    answers.keep_seen(every[0], every[-1], "fleet stop")
 
 
 @app.command()
@@ -170,33 +165,22 @@ def show(run_id: RunArg = None,
     nodes)."""
     from fleet import manifest as fleet_manifest
     from fleet import manifest_view
-    from fleet.lifecycle import attempts
+    from fleet.lifecycle import answers, attempts
     from fleet.run import outcomes, verdict
     from fleet.run import record as state
 
     rec = state.load(run_id)
-    last = attempts.records(rec)[-1]
-    m = _manifest(last)
-    if pulled := fleet_manifest.pulled_of(last.dir):
-        m = {**m, "pulled": pulled}
-    tried = attempts.as_json(rec)
-    if tried:
-        m = {**m, "attempts": tried}
-    seen = outcomes.seen(last.dir)  # how each node ended, as fleet saw it
-    if seen:
-        m = {**m, "outcomes": outcomes.as_json(seen)}
-    kept = verdict.read(rec.dir)  # and the run
-    if kept:
-        m = {**m, "verdict": verdict.as_json(kept)}
+    m = answers.shown(rec)
     if as_json:
         print(fleet_manifest.dumps(m), end="")
         return
     for line in manifest_view.show(m):
         echo(line)
+    seen = outcomes.seen(attempts.records(rec)[-1].dir)
     if seen:
         echo("as fleet saw the nodes:")
         echo("\n".join(outcomes.lines(seen)))
-    if kept:
+    if kept := verdict.read(rec.dir):
         echo(f"as fleet saw the run end: {kept.status.value} (exit {kept.code}), by {kept.by} "
              f"at {kept.when()}")
     found = attempts.load(rec)
@@ -215,28 +199,11 @@ def diff_runs(run_a: Annotated[str, typer.Argument(
     """Show what changed between two runs.
 
     Code, files, hosts, env, commands, versions, setup."""
-    from fleet import manifest_view
-    from fleet.lifecycle import attempts
+    from fleet.lifecycle import answers
     from fleet.run import record as state
 
-    chosen = []
-    for typed in (run_a, run_b):  # a restarted run: its last attempt, and said so
-        every = attempts.records(state.load(typed))
-        if len(every) > 1:
-            echo(f"{every[0].run_id}: comparing its last attempt, {len(every)}/{len(every)} "
-                 f"({every[-1].run_id})")
-        chosen.append(every[-1])
-    a, b = _manifest(chosen[0]), _manifest(chosen[1])
-    changes = manifest_view.diff(a, b)
-    for line in changes or [f"no difference between {a['run_id']} and {b['run_id']}"]:
+    for line in answers.diff(state.load(run_a), state.load(run_b)):
         echo(line)
-
-
-def _manifest(rec: RunRecord) -> dict[str, Any]:
-    from fleet import backends
-    from fleet.console import Console
-
-    return backends.for_record(rec).manifest(rec, Console())
 
 
 @app.command()

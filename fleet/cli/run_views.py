@@ -11,10 +11,8 @@ from fleet.errors import Interrupted, UsageError
 from fleet.states import RunStatus
 
 if TYPE_CHECKING:
-    from fleet.lifecycle.history import Finished
     from fleet.run.logs import View
     from fleet.run.record import RunRecord
-    from fleet.run.straggler_record import Named
 
 
 def logs(console: Console, run_id: str | None, follow: bool, node: str | None,
@@ -98,7 +96,7 @@ def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank
     final, lines = backends.for_record(every[-1]).describe(every[-1])
     said = run_logs.final_line(every[0].run_id, final, lines)
     if final.is_terminal:
-        from fleet.cli.run_answers import keep_seen
+        from fleet.lifecycle.answers import keep_seen
 
         keep_seen(every[0], last, "fleet logs -f", final)
     if console.sink is None:
@@ -112,38 +110,3 @@ def _logs(console: Console, run: RunRecord, follow: bool, node: str | None, rank
 
 _MEANING = {RunStatus.SUCCEEDED: Meaning.OK, RunStatus.FAILED: Meaning.FAIL,
             RunStatus.NEVER_STARTED: Meaning.FAIL}
-
-
-def status_json(rec: RunRecord, last: RunRecord, final: RunStatus, lines: list[str],
-                done: Finished | None = None, named: Named | None = None) -> None:
-    """`status --json`: each node as fleet's record of the last attempt keeps it (what
-    `describe` just asked of the nodes whose end was not kept is kept by now); a finished
-    run's verdict as kept, with its parts never seen to end; the last straggler named."""
-    import json
-
-    from fleet.lifecycle import attempts
-    from fleet.run import outcomes
-    from fleet.run.jsonl import status_json as as_json
-
-    seen = outcomes.seen(last.dir)
-    nodes = [(n.host.name, n.node_rank, seen[n.host.name].outcome if n.host.name in seen
-              else None) for n in last.nodes]
-    out = as_json(rec.run_id, final, nodes, lines)
-    from fleet.run import straggler_record
-
-    out["straggler"] = straggler_record.as_json(named) if named is not None else None
-    tried = attempts.as_json(rec)
-    if tried:
-        out["attempts"] = tried
-    from fleet.run import watched
-
-    if by := watched.watched_by(last, final):  # a run that goes on: who stops it on a failure
-        out["watched_by"] = {"words": by.removeprefix("watched by: "),
-                             "who": watched.who(last, final)}
-    if done is not None:
-        from fleet.run import verdict
-
-        out["verdict"] = {**verdict.as_json(done.verdict),
-                          "not_seen_to_end": [{"attempt": p.attempt, "run_id": p.run_id,
-                                               "node": p.node} for p in done.open]}
-    print(json.dumps(out, ensure_ascii=False))

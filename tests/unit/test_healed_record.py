@@ -115,7 +115,7 @@ def test_an_end_read_before_the_heal_was_taken_in_is_not_kept(
         run: state.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
     """`status` read attempt 1's end, and the nodes' watchers healed the run meanwhile: that
     end is no end of the run (attempt 2 goes on), so no verdict is kept."""
-    from fleet.cli.run_answers import keep_seen
+    from fleet.lifecycle.answers import keep_seen
     from fleet.run import verdict
 
     text = dumps_healed(Healing(2, "r1-a2", "node3", "spare1", "healed: node3 unreachable",

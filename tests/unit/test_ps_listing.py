@@ -72,7 +72,7 @@ def test_ps_lists_finished_runs_under_a_header(tmp_path: Path,
     rec = record("r1", time.time())
     rec.dir.mkdir(parents=True)
     state.write_atomic(rec.dir / "run.json", json.dumps(dataclasses.asdict(rec)) + "\n")
-    monkeypatch.setattr("fleet.cli.run_answers.ps_word", lambda r: LONG)  # no host asked
+    monkeypatch.setattr("fleet.lifecycle.answers.ps_word", lambda r: LONG)  # no host asked
     r = InProcessCLI(tmp_path)("ps")
     lines = r.stdout.splitlines()
     assert r.returncode == 0 and lines[0].split() == list(listing.RUNS), r

@@ -334,7 +334,7 @@ def test_ps_asks_only_the_lost_nodes_whose_end_fleet_has_not_seen(
     """Every `ps` and `status` asks of an earlier attempt only the nodes it lost that fleet has
     not seen end since (its record says which); never the nodes it stopped or saw end, nor any
     node of an attempt that lost none: a host gone from the lab costs nothing after."""
-    from fleet.cli.run_answers import not_over as _not_over
+    from fleet.lifecycle.answers import not_over as _not_over
     backend = Asker()
     monkeypatch.setattr("fleet.backends.for_record", lambda rec: backend)
     every = [SimpleNamespace(run_id=r, dir=tmp_path / r) for r in ("r", "r-a2", "r-a3", "r-a4")]

@@ -256,7 +256,7 @@ def test_a_record_naming_an_unknown_backend_is_damaged(tmp_path: Path,
 
 def test_ps_says_the_typed_state_in_the_words_it_always_had() -> None:
     """The seam answers `ps` with data (Seen); the CLI says it, as before the seam was typed."""
-    from fleet.cli.run_answers import words
+    from fleet.lifecycle.answers import words
 
     assert words(backends.Seen(RunStatus.RUNNING)) == "running"
     assert words(backends.Seen(RunStatus.NEVER_STARTED)) == "never started"

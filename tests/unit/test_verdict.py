@@ -200,7 +200,7 @@ def test_rm_forget_drops_the_record_and_says_what_may_be_left(
 
 def test_stop_and_logs_keep_no_verdict_while_the_up_that_watches_the_run_lives(
         cli: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet.cli.run_answers import keep_seen
+    from fleet.lifecycle.answers import keep_seen
 
     rec = save("r", ("n1",))
     monkeypatch.setattr("fleet.backends.for_record", lambda r: SimpleNamespace(

@@ -234,11 +234,8 @@ def test_status_says_who_watches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_status_json_says_who_watches_a_run_that_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-        ) -> None:
-    import json
-
-    from fleet.cli import run_views
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.lifecycle.answers import Looked, status_object
     from fleet.run import record, watched
     from fleet.states import RunStatus
 
@@ -246,9 +243,8 @@ def test_status_json_says_who_watches_a_run_that_goes_on(
     rec = record.RunRecord("r1", "job", 0.0, (), controller="elsewhere:1:2")
     rec.dir.mkdir(parents=True)
     watched.mark(rec.dir)
-    run_views.status_json(rec, rec, RunStatus.RUNNING, [])
-    out = json.loads(capsys.readouterr().out)
+    out = status_object(Looked(rec, [rec], None, None, RunStatus.RUNNING, [], [], []))
     assert out["watched_by"]["who"] == "nodes"
     assert out["watched_by"]["words"].startswith("the nodes' own watchers")
-    run_views.status_json(rec, rec, RunStatus.SUCCEEDED, [])
-    assert "watched_by" not in json.loads(capsys.readouterr().out)  # over: nobody need watch
+    over = status_object(Looked(rec, [rec], None, None, RunStatus.SUCCEEDED, [], [], []))
+    assert "watched_by" not in over  # over: nobody need watch
