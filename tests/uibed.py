@@ -93,8 +93,8 @@ def children(pid: int) -> list[int]:
 
 
 class Ui:
-    """`fleet ui --port 0 --no-browser -i INV...` in `cwd` with `env` (the run state the test's
-    other fleet commands share), from its start until `stop()`."""
+    """`fleet ui --port 0 -i INV...` (no --open: no browser of its own) in `cwd` with `env`
+    (the run state the test's other fleet commands share), from its start until `stop()`."""
 
     def __init__(self, cwd: Path, env: dict[str, str], *inventories: Path,
                  timeout: float = 60) -> None:
@@ -102,7 +102,7 @@ class Ui:
         args = [a for inv in inventories for a in ("-i", str(inv))]
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fleet", "ui", "--port", "0", "--no-browser", *args],
+                [sys.executable, "-m", "fleet", "ui", "--port", "0", *args],
                 cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
                 stdin=subprocess.DEVNULL)
         try:

@@ -29,11 +29,11 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "utilization
 LIVE_S = 2.0  # the Proof's bound: a node's line on the page, from when the node was told to
 WAIT_S = 60.0  # the bound on anything else the page waits for (a look at the hosts, a stop)
 
-# Node rank argv[1]: says it is up, prints hostile markup as a job may, then a step line every
+# Rank RANK: says it is up, prints hostile markup as a job may, then a step line every
 # 0.5 s until stopped; once ~/ui.go exists (the test writes it on one host), prints the word
 # in it once, as "late line WORD".
 JOB = '''import os, sys, time
-rank = int(sys.argv[1])
+rank = int(os.environ["RANK"])
 print(f"node rank {rank} up", flush=True)
 print("<script>document.title = 'pwned'; window.__pwned = 1</script>", flush=True)
 print('<img src="x" onerror="window.__pwned = 2">', flush=True)
@@ -49,6 +49,7 @@ while True:
     tick += 1
     time.sleep(0.05)
 '''
+METRICS = '[metrics]\nloss = "loss=(?P<v>[0-9.]+)"\nstep_ms = "step_ms=(?P<v>[0-9]+)"\n'
 HELLO = "import socket\nprint('hello from', socket.gethostname(), flush=True)\n"
 
 
@@ -121,7 +122,10 @@ def run(cli: CLI, tb: Testbed) -> Iterator[str]:
     assert done.returncode == 0, done.stdout + done.stderr
     for h in tb.hosts:
         (h.home / "ui.go").unlink(missing_ok=True)
-    job = command_job(cli.cwd, "uijob", JOB, 29842, ', "{node_rank}"')
+    (cli.cwd / "uijob.py").write_text(JOB)  # under torchrun: ranks, as a training job has
+    job = cli.cwd / "uijob.toml"
+    job.write_text('inventory = "inv.toml"\nname = "uijob"\nscript = "uijob.py"\n'
+                   f"[rendezvous]\nport = 29842\n{METRICS}")
     r = cli("up", "--detach", str(job), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = run_id_of(r.stderr)
@@ -158,6 +162,10 @@ def test_the_lab_shows_a_gpu_held_by_a_colleagues_process(page: Any, ui: Ui,
     free = page.locator('#lab tr[data-host="node1"][data-gpu="0"] .holders')
     expect(free).not_to_contain_text("alice")
     expect(page.locator('#lab tr[data-host="node2"][data-gpu="0"]')).to_have_count(1)
+    # The picture once the next look came (the plot of GPU use has two points, a line).
+    at = page.locator("#lab-at")
+    expect(at).not_to_have_text(at.inner_text(), timeout=WAIT_S * 1000)
+    page.wait_for_timeout(500)
     page.screenshot(path=shots() / "lab.png", full_page=True)
     assert page.errors == [], page.errors
 
@@ -228,8 +236,12 @@ def test_a_line_printed_after_the_run_page_opened_shows_within_2_s(
     took = time.monotonic() - told
     print(f"\nthe node's line on the page {took:.2f}s after the node was told to print it")
     expect(line.locator("span.tag")).to_contain_text("node2")
-    page.wait_for_timeout(1500)  # a few more steps in the log (and the plots) for the picture
-    page.screenshot(path=shots() / "run.png", full_page=True)
+    # The picture: a few more steps in the log and the plots; the page's top down to the plots
+    # (the manifest below them is long).
+    expect(page.locator('#plots div.plot[data-metric="step_ms"]')).to_have_count(1)
+    page.wait_for_timeout(1500)
+    page.set_viewport_size({"width": 1280, "height": 1500})
+    page.screenshot(path=shots() / "run.png")
     assert page.errors == [], page.errors
 
 
