@@ -141,7 +141,7 @@ def main() -> None:
     step = 0
     for epoch in range(start_epoch, args.epochs):
         train_sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on all ranks
-        t0 = time.monotonic()
+        t0 = t_step = time.monotonic()
         for batch, (x, y) in enumerate(train_loader):
             if step == args.fail_after and rank == args.fail_rank:
                 raise RuntimeError(f"injected failure on rank {rank} after {step} batches")
@@ -154,6 +154,11 @@ def main() -> None:
             if rank == 0 and batch % args.log_every == 0:
                 print(f"epoch {epoch} batch {batch}/{len(train_loader)} loss {loss.item():.4f}",
                       flush=True)
+            if (batch + 1) % args.log_every == 0:  # every rank: its own step time (fleet ui)
+                now = time.monotonic()
+                print(f"step {step} time {(now - t_step) / args.log_every * 1e3:.1f} ms",
+                      flush=True)
+                t_step = now
         accuracy = evaluate(ddp, test_loader, device)
         if rank == 0:
             print(f"epoch {epoch} done in {time.monotonic() - t0:.1f}s: test accuracy "

@@ -14,11 +14,12 @@ from fleet.cli import (
     pull,
     run_commands,
     top,
+    ui,
 )
 from fleet.cli.app import app
 
 __all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "leases", "pull",
-           "run_commands", "top"]
+           "run_commands", "top", "ui"]
 
 # What goes around a run, after the commands the modules above added.
 app.command("pull")(pull.pull)
@@ -26,6 +27,7 @@ app.command("forward")(forward.forward)
 app.command("exec")(execute.execute)
 app.command("doctor")(doctor.doctor)
 app.command("top")(top.top)
+app.command("ui")(ui.ui)
 # Sharing a lab's GPUs.
 app.command("gpus")(gpus.gpus)
 app.command("reserve")(leases.reserve)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fleet.config.doctor import take_before
+from fleet.config.metrics import take_metrics
 from fleet.config.notify import Notify, job_notify
 from fleet.config.outputs import take_outputs
 from fleet.config.procs import Nproc, nproc_value
@@ -96,6 +97,7 @@ class Job:
     # What `fleet pull` takes by default: paths under the job's directory on the nodes.
     outputs: tuple[str, ...] = ()
     forward: tuple[PortSpec, ...] = ()  # the master's ports reachable here while fleet is attached
+    metrics: dict[str, str] = field(default_factory=dict)  # [metrics]: name -> pattern (fleet ui)
     # Real paths never synced, whatever name or link reaches them: the job file, where it
     # holds a [notify] (its webhook stays on this machine).
     unsent: tuple[str, ...] = ()
@@ -234,6 +236,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
         raise root.error("start_timeout", "must be positive")
     outputs = take_outputs(root)
     forward = take_forwards(root, "forward")
+    metrics = take_metrics(root.table("metrics"))
     root.done()
     return Job(path=path, name=name, inventory=Path(inventory), workdir=workdir.resolve(),
                script=script, args=args, args_at=args_at, launcher=launcher, command=command,
@@ -242,7 +245,8 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                module=module, local_rank_flag=local_rank_flag, launcher_args=launcher_args,
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
                setup_inputs=setup_inputs, python=python, notify=notify,
-               outputs=outputs, forward=forward, unsent=unsent, doctor_before=doctor_before)
+               outputs=outputs, forward=forward, unsent=unsent, doctor_before=doctor_before,
+               metrics=metrics)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
