@@ -1,9 +1,9 @@
-"""The lab's page (`fleet ui`) in a real Chromium, driven by Playwright, against testbed hosts:
-the lab shows a GPU held by a colleague's process (the stand-in nvidia-smi), a detached run's
-page shows its nodes and a line printed after the page opened within 2 s, a node's `<script>`
-shows as text, the stop button stops the run (and nothing of it is left on the hosts), and a
-request without the token is refused (403). A screenshot of each page is kept (tests/uibed.py:
-$FLEET_UI_SHOTS, else artefacts/ui/)."""
+"""The lab's page (`fleet ui`) in a real Chromium, driven by Playwright, against testbed hosts: the
+lab shows a GPU held by a colleague's process (the stand-in nvidia-smi) and follows it live, a
+detached run's page shows its nodes and a line printed after the page opened within 2 s, a
+node's `<script>` shows as text, the stop button stops the run (and nothing of it is left on the
+hosts), and a request without the token is refused (403). A screenshot of each page is kept
+(tests/uibed.py: $FLEET_UI_SHOTS, else artefacts/ui/)."""
 
 from __future__ import annotations
 
@@ -153,18 +153,22 @@ def open_run(page: Any, ui: Ui, run_id: str) -> None:
         expect(log).to_contain_text(f"node rank {rank} up", timeout=WAIT_S * 1000)
 
 
-def test_the_lab_shows_a_gpu_held_by_a_colleagues_process(page: Any, ui: Ui,
+def test_the_lab_shows_a_gpu_held_by_a_colleagues_process(page: Any, ui: Ui, tb: Testbed,
                                                           alice: int) -> None:
     page.goto(ui.url("/"))
-    held = page.locator('#lab tr[data-host="node1"][data-gpu="1"] .holders')
+    row = page.locator('#lab tr[data-host="node1"][data-gpu="1"]')
+    held = row.locator(".holders")
     expect(held).to_contain_text("alice", timeout=WAIT_S * 1000)
     expect(held).to_contain_text(str(alice))
+    expect(row).to_contain_text("35%")
     free = page.locator('#lab tr[data-host="node1"][data-gpu="0"] .holders')
     expect(free).not_to_contain_text("alice")
     expect(page.locator('#lab tr[data-host="node2"][data-gpu="0"]')).to_have_count(1)
-    # The picture once the next look came (the plot of GPU use has two points, a line).
-    at = page.locator("#lab-at")
-    expect(at).not_to_have_text(at.inner_text(), timeout=WAIT_S * 1000)
+    # Live: her job works harder, and the page follows without a reload (and its plot of GPU
+    # use per host has a step to show).
+    tb.fake_gpus("node1", {"gpus": [H100, {**H100, "utilization": 80}],
+                           "apps": [{"gpu": 1, "pid": alice, "used_mib": 18432}]})
+    expect(row).to_contain_text("80%", timeout=WAIT_S * 1000)
     page.wait_for_timeout(500)
     page.screenshot(path=shots() / "lab.png", full_page=True)
     assert page.errors == [], page.errors
