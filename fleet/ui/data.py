@@ -44,13 +44,49 @@ def _summary(rec: RunRecord, every: list[RunRecord]) -> dict[str, Any]:
     from fleet.run import verdict
 
     kept = verdict.read(rec.dir)
-    end = kept.at if kept is not None else time.time()
     last = every[-1]
     return {"run_id": rec.run_id, "job": rec.job, "backend": str(rec.backend),
             "hosts": [n.host.name for n in last.nodes],
-            "user": next((n.host.user for n in last.nodes if n.host.user), ""),
+            "user": next((n.host.user for n in last.nodes if n.host.user), "") or _me(),
+            "inventory": _inventory(rec.dir),
             "attempts": len(every), "started": rec.started,
-            "duration": max(0.0, end - rec.started), "ended": kept is not None}
+            "duration": duration(rec.started, kept.at if kept else None, ends(last.dir)),
+            "ended": kept is not None}
+
+
+def ends(record_dir: Path) -> list[float]:
+    """When fleet saw each node's part end (a later look, `status` a day on, says a late
+    time: the page's duration is then as late)."""
+    from fleet.run import outcomes
+
+    return [s.at for s in outcomes.seen(record_dir).values() if s.final]
+
+
+def _me() -> str:
+    """The login that ran fleet here (a host with no `user` is reached as it)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return ""
+
+
+def _inventory(record_dir: Path) -> str:
+    """The inventory the run's manifest names ("" where none is kept)."""
+    import json
+
+    try:
+        return str(json.loads((record_dir / "manifest.json").read_text())["inventory"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def duration(started: float, kept: float | None, seen: list[float]) -> float | None:
+    """How long a run ran: to the last node's end fleet saw, else to its kept end, else (it
+    goes on) to now; None where that would run backwards."""
+    end = max(seen) if seen else kept if kept is not None else time.time()
+    return end - started if end >= started else None
 
 
 def run(rec: RunRecord) -> dict[str, Any]:
@@ -124,18 +160,12 @@ def lab(results: dict[str, Any], now: float) -> dict[str, Any]:
 def recorded_inventories(most: int = 50) -> list[Path]:
     """The inventories the newest runs recorded here ran on (those still there), newest
     first: the lab `fleet ui` shows when given none."""
-    import json
-
     from fleet.run import record as state
 
     records, _ = state.all_runs()
     found: list[Path] = []
     for r in reversed(records[-most:]):
-        try:
-            named = json.loads((r.dir / "manifest.json").read_text())["inventory"]["path"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        path = Path(str(named))
+        path = Path(_inventory(r.dir))
         if path.is_absolute() and path.is_file() and path not in found:
             found.append(path)
     return found

@@ -184,3 +184,10 @@ def test_bad_options_are_said_before_anything_is_served(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot serve on 127.0.0.1:" in r.stderr and \
         "--port 0 takes a free port" in r.stderr
     assert r.stdout == ""  # no URL: nothing was served
+
+
+def test_a_runs_duration_ends_with_the_last_end_fleet_saw() -> None:
+    assert data.duration(100.0, 5000.0, [130.0, 160.0]) == 60.0  # kept late by `status`
+    assert data.duration(100.0, 190.0, []) == 90.0
+    assert data.duration(100.0, None, [])  # goes on: to now
+    assert data.duration(100.0, 50.0, []) is None  # a clock that ran backwards: not said
