@@ -201,6 +201,8 @@ async def act(args: list[str], cwd: Path) -> dict[str, Any]:
         out, _ = await asyncio.wait_for(proc.communicate(), ACTION_S)
     except TimeoutError:
         _end(proc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
         return {"ok": False, "exit_code": -1,
                 "words": f"fleet {args[0]} did not end within {ACTION_S:g}s: ended"}
     finally:
