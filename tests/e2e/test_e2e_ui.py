@@ -101,7 +101,7 @@ def chromium() -> Iterator[Any]:
 
 @pytest.fixture
 def page(chromium: Any) -> Iterator[Any]:
-    """A fresh page (a context of its own: no cookie from another test), 1280 wide."""
+    """A fresh page (a context of its own: nothing left from another test), 1280 wide."""
     context = chromium.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     errors: list[str] = []
@@ -186,21 +186,19 @@ def test_no_token_no_page_nor_answer(ui: Ui) -> None:
         assert (status, body[:len(refused)]) == (403, refused), (url, status, body[:300])
     status, body, _ = request(ui.base + "api/runs", headers={"X-Fleet-Token": ui.token})
     assert status == 200 and "runs" in json.loads(body), (status, body[:300])
-    # An action: a wrong header is refused, and so is the cookie alone (what a page of another
-    # site could make this browser send), while the header is accepted.
+    # An action: a wrong header is refused, and so is the token in the URL (what a link or a
+    # form of another site could send), while the header is accepted. No cookie is set: a
+    # browser would send 127.0.0.1's cookies to every other server on this machine.
     stop = ui.base + "api/run/20261126-000000-nosuch-0000/stop"
     status, _, _ = request(stop, "POST", {"X-Fleet-Token": "wrong",
                                           "Content-Type": "application/json"}, b"{}")
     assert status == 403
     status, _, headers = request(ui.url("/"))
     assert status == 200
-    cookie = next((v for k, v in headers.items() if k.lower() == "set-cookie"), "")
-    assert cookie.startswith(f"fleet_token={ui.token}") and "httponly" in cookie.lower(), cookie
-    status, body, _ = request(stop, "POST", {"Cookie": f"fleet_token={ui.token}",
-                                             "Content-Type": "application/json"}, b"{}")
+    assert not [k for k in headers if k.lower() == "set-cookie"], headers
+    status, body, _ = request(f"{stop}?token={ui.token}", "POST",
+                              {"Content-Type": "application/json"}, b"{}")
     assert status == 403, (status, body[:300])
-    status, body, _ = request(ui.base + "api/runs", headers={"Cookie": f"fleet_token={ui.token}"})
-    assert status == 200, (status, body[:300])  # a GET: the cookie is enough
     status, body, _ = request(stop, "POST", {"X-Fleet-Token": ui.token,
                                              "Content-Type": "application/json"}, b"{}")
     assert status != 403, (status, body[:300])

@@ -92,7 +92,7 @@
     return r.json();
   }
 
-  // An action: POST with the token in its header (a cookie alone is refused), then its words.
+  // An action: POST with the token in its header (a token in the URL is refused there), then its words.
   async function post(path, payload) {
     showDone("");
     let r;
