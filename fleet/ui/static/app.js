@@ -604,24 +604,26 @@
     }
 
     function measure(ev) {
-      if (ev.rank === null || ev.rank === undefined) return;
+      // One series a rank; a line no rank claims (a job without torchrun) counts for its host.
+      const who = ev.rank === null || ev.rank === undefined ? String(ev.host || "") : `rank ${ev.rank}`;
+      if (!who) return;
       for (const p of plots.values()) {
         if (!p.re) continue;
         const m = p.re.exec(ev.text || "");
         const v = m && m.groups && m.groups.v !== undefined ? parseFloat(m.groups.v) : NaN;
         if (!isFinite(v)) continue;
-        if (!p.byRank.has(ev.rank)) p.byRank.set(ev.rank, []);
-        p.byRank.get(ev.rank).push(v);
+        if (!p.byRank.has(who)) p.byRank.set(who, []);
+        p.byRank.get(who).push(v);
         p.chart.show(() => series(p.byRank), false);
       }
     }
 
     function series(byRank) {
-      const ranks = [...byRank.keys()].sort((a, b) => a - b);
+      const ranks = [...byRank.keys()].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
       const n = Math.max(...ranks.map((r) => byRank.get(r).length));
       const xs = Array.from({ length: n }, (_, i) => i + 1);
       return {
-        names: ranks.map((r) => `rank ${r}`),
+        names: ranks,
         data: [xs, ...ranks.map((r) => {
           const vals = byRank.get(r);
           return vals.length === n ? vals.slice() : vals.concat(new Array(n - vals.length).fill(null));
