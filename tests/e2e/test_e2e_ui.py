@@ -174,6 +174,24 @@ def test_the_lab_shows_a_gpu_held_by_a_colleagues_process(page: Any, ui: Ui, tb:
     assert page.errors == [], page.errors
 
 
+def test_a_lease_notes_markup_shows_as_text(page: Any, ui: Ui, cli: CLI) -> None:
+    """What a colleague wrote in a lease (the file on the host) is the page's text too."""
+    note = '<img src="x" onerror="window.__pwned = 3"><b>mine</b>'
+    took = cli("reserve", "node2:0", "-i", "inv.toml", "--for", "10m", f"--note={note}",
+               timeout=120)
+    assert took.returncode == 0, took.stdout + took.stderr
+    try:
+        page.goto(ui.url("/"))
+        row = page.locator('#lab tr[data-host="node2"][data-gpu="0"]')
+        expect(row).to_contain_text(note, timeout=WAIT_S * 1000)
+        assert page.locator("#lab img, #lab b").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        assert page.errors == [], page.errors
+    finally:
+        gone = cli("release", "node2:0", "-i", "inv.toml", timeout=120)
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+
+
 def test_no_token_no_page_nor_answer(ui: Ui) -> None:
     refused = "403: this page needs the token"
     for url, headers in ((ui.base, {}),  # no token at all
