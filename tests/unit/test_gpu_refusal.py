@@ -106,3 +106,10 @@ def test_the_gate_refuses_before_anything_else_and_force_says_each_blocker() -> 
     assert facts["node1"].apps[0].pid == 4242
     assert err.getvalue() == ("fleet: --force: starting although node1 GPU1: 18432 MiB in use by "
                               "user alice (pid 4242)\n")
+    # --force with her lease still there: refused for the lease, and nothing said as started.
+    quiet = io.StringIO()
+    with pytest.raises(GpusTaken) as e:
+        gate({"node1": Node(node(ALICE, LEASE))}, [Host("node1", "10.0.0.1", gpus=(0, 1))],
+             None, False, Console(io.StringIO(), quiet, color=False), force=True)
+    assert "(--ignore-leases)" in e.value.failures["node1"]
+    assert "pid 4242" not in e.value.failures["node1"] and quiet.getvalue() == ""

@@ -107,12 +107,12 @@ def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None
         for b in _blocking(hosts, facts, lease_blockers):
             console.info(f"--ignore-leases: starting although {b.line()}", Meaning.WARN)
     if wait is None:
-        if force:
-            for b in _blocking(hosts, facts, process_blockers):
-                console.info(f"--force: starting although {b.line()}", Meaning.WARN)
         what, why = refused(hosts, facts, time.time(), ignore_leases, force)
         if why:
             raise GpusTaken(what, why)
+        if force:
+            for b in _blocking(hosts, facts, process_blockers):
+                console.info(f"--force: starting although {b.line()}", Meaning.WARN)
         return facts
 
     def check(host: str, chosen: tuple[int, ...] | None, f: GpuFacts,
