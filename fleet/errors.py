@@ -153,8 +153,9 @@ def _unnamed(host: str, words: str) -> tuple[bool, str]:
 
 
 class GpusTaken(HostError):
-    """GPUs (or whole hosts) a job would use are leased to another user, or `fleet up --wait`
-    ran out of time with them still in use; nothing was started."""
+    """GPUs (or whole hosts) a job would use are leased to another user or hold another user's
+    process, or `fleet up --wait` ran out of time with them still in use; nothing was
+    started."""
 
     exit_code = ExitCode.BUSY
 

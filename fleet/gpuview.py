@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.console import Meaning
-from fleet.facts.gpus import GpuApp, GpuFacts
+from fleet.facts.gpus import GpuApp, GpuFacts, others, owner
 from fleet.facts.leases import Lease
 
 IDLE_AFTER_S = 3600.0  # a process holding GPU memory this long with the GPU at 0% is flagged
@@ -115,6 +115,14 @@ def lease_blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts,
         key = f"lease {lease.owner} {lease.since} {lease.until}"
         out += [Blocker(host, g, words, key) for g in where] or [Blocker(host, None, words, key)]
     return out
+
+
+def process_blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts,
+                     now: float) -> list[Blocker]:
+    """Other users' processes (and processes this node cannot see) on the GPUs the job would
+    use: what plain `fleet up` refuses unless --force. The login's own never block it."""
+    return [Blocker(host, g.index, f"{a.used_mib} MiB in use by {owner(a)} (pid {a.pid})",
+                    f"pid {a.pid}") for g, a in others(wanted(chosen, facts) or (), facts)]
 
 
 def blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts, now: float,

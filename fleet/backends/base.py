@@ -48,7 +48,8 @@ class Options:
 
     detach: bool = False
     checks: bool = True  # the preflight's port checks (--skip-checks)
-    force: bool = False  # start although another run holds the hosts
+    force: bool = False  # start although another run holds the hosts, or another user's
+    # process is on their GPUs
     allow_mismatch: bool = False  # nodes with different python/torch versions
     force_setup: bool = False  # the job's setup again, changed or not
     wait: float | None = None  # --wait: seconds to wait for free GPUs (math.inf: no end)

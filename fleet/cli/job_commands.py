@@ -36,7 +36,8 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
        skip_checks: Annotated[bool, typer.Option(
            "--skip-checks", help="Start even if the preflight port checks fail.")] = False,
        force: Annotated[bool, typer.Option(
-           "--force", help="Start even if another fleet run still holds these hosts.")] = False,
+           "--force", help="Start even if another fleet run still holds these hosts, or another "
+                          "user's process is on the GPUs the job uses (each one said).")] = False,
        allow_mismatch: Annotated[bool, typer.Option(
            "--allow-version-mismatch",
            help="Start (with a warning) although nodes have different python/torch versions.")
@@ -53,7 +54,8 @@ def up(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                 "free of anyone's process and of other users' leases, at most DURATION (30m, "
                 "4h) if given.")] = None,
        ignore_leases: Annotated[bool, typer.Option(
-           "--ignore-leases", help="Start on GPUs other users leased (fleet reserve).")] = False,
+           "--ignore-leases", help="Start on GPUs other users leased (fleet reserve); their "
+                                   "processes still need --force.")] = False,
        as_json: Annotated[bool, typer.Option(
            "--json", help="The run's events on stdout, one JSON object a line (docs/EVENTS.md),"
                           " instead of words and log lines.")] = False,

@@ -255,15 +255,21 @@ def absent(chosen: tuple[int, ...], facts: GpuFacts) -> str | None:
     return None
 
 
+def others(chosen: tuple[int, ...], facts: GpuFacts) -> list[tuple[Gpu, GpuApp]]:
+    """The processes on the chosen GPUs that are another user's (or that this node cannot see,
+    which are another container's): never the login's own."""
+    by_uuid = {g.uuid: g for g in facts.gpus if g.index in chosen}
+    return [(g, a) for a in facts.apps if (g := by_uuid.get(a.gpu_uuid)) is not None
+            and not (a.user and a.user == facts.me)]
+
+
+def owner(app: GpuApp) -> str:
+    """`user alice`, or `a process not visible here`."""
+    return f"user {app.user}" if app.user else "a process not visible here"
+
+
 def busy(chosen: tuple[int, ...], facts: GpuFacts) -> list[str]:
     """The chosen GPUs that hold memory of another user's process (or of a process this node
     cannot see, which is another container's)."""
-    by_uuid = {g.uuid: g for g in facts.gpus if g.index in chosen}
-    out = []
-    for a in facts.apps:
-        g = by_uuid.get(a.gpu_uuid)
-        if g is None or (a.user and a.user == facts.me):
-            continue
-        owner = f"user {a.user}" if a.user else "a process not visible here"
-        out.append(f"GPU {g.index} has {a.used_mib} MiB in use by {owner} (pid {a.pid})")
-    return out
+    return [f"GPU {g.index} has {a.used_mib} MiB in use by {owner(a)} (pid {a.pid})"
+            for g, a in others(chosen, facts)]

@@ -5,7 +5,8 @@ node2 none; a GPU's process is a real process (alice's `sleep`), so ending it fr
 
 `fleet gpus` (a busy host, one without nvidia-smi, one whose NVML fails), `fleet up --wait`
 (starts when alice's process ends, names it while waiting, times out and is interrupted naming
-it), two users reserving one GPU at once (exactly one wins, every round), `fleet up` refusing
+it), `fleet up` refusing another user's process (nothing written on any host) unless --force,
+two users reserving one GPU at once (exactly one wins, every round), `fleet up` refusing
 another user's lease (a GPU, a whole host) with its owner and end, and an expired lease
 ignored."""
 
@@ -194,6 +195,37 @@ def test_up_wait_times_out_or_is_interrupted_naming_the_blocker(
                      r"node1 GPU1: 18 GiB, alice, \d+ s; nothing had been started on any node",
                      err.text()), err.text()
     assert tb.alive("node1", alice_on_gpu1)  # waiting never touches anyone's process
+
+
+def homes(tb: Testbed) -> dict[str, list[str]]:
+    """Every path under each host's home, as this machine sees it."""
+    return {h.name: sorted(str(p) for p in h.home.rglob("*")) for h in tb.hosts}
+
+
+def test_up_refuses_a_colleagues_process_unless_forced_and_never_touches_it(
+        cli: CLI, tb: Testbed, tmp_path: Path, alice_on_gpu1: int) -> None:
+    tb.inventory(tmp_path / "inv.toml", hosts=["node1", "node2"],
+                 per_host={"node1": {"gpus": "1"}})
+    path = job(tmp_path, 29716)
+    before = homes(tb)
+    r = cli("up", str(path))
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert ("checking who uses the GPUs failed on 1 host(s); nothing was started:\n"
+            f"  node1: GPU1: 18432 MiB in use by user alice (pid {alice_on_gpu1}) (wait for it "
+            "(fleet up --wait) or start anyway (--force))\n") in r.stderr, r.stderr
+    assert "node2:" not in r.stderr  # no nvidia-smi there: nothing of anyone's in the way
+    assert "node rank" not in r.stderr and "hello from" not in r.stdout
+    assert homes(tb) == before  # refused before any claim: nothing written on any host
+    assert_nothing_left(tb, run_id_of(r.stderr))
+    forced = cli("up", "--force", str(path))
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert forced.stderr.count("--force: starting although") == 1, forced.stderr
+    assert (f"fleet: --force: starting although node1 GPU1: 18432 MiB in use by user alice "
+            f"(pid {alice_on_gpu1})\n") in forced.stderr, forced.stderr
+    assert "node1 r0 | hello from node1" in forced.stdout and \
+        "node2 r1 | hello from node2" in forced.stdout, forced.stdout
+    assert_nothing_left(tb, run_id_of(forced.stderr))
+    assert tb.alive("node1", alice_on_gpu1)  # refused or forced, her process is never touched
 
 
 def test_two_users_reserving_one_gpu_at_once_exactly_one_wins(cli: CLI, tb: Testbed,

@@ -248,26 +248,33 @@ esac
 
 def test_chosen_gpus_that_do_not_exist_stop_the_launch_and_busy_ones_are_named(
         cli: CLI, tb2: Testbed, tmp_path: Path) -> None:
-    """node2 lists GPUs 0-1 (a fake nvidia-smi on its PATH only; it stays there for the rest
-    of this module, which is why this test comes last)."""
+    """Busy ones refuse the launch unless --force. node2 lists GPUs 0-1 (a fake nvidia-smi on
+    its PATH only; it stays there for the rest of this module, which is why this test comes
+    last)."""
     tb2.put_on_path("node2", "nvidia-smi", FAKE_SMI)
-    inv = tb2.inventory(tmp_path / "inv.toml", per_host={"node2": {"gpus": "1-2"}})
+    inv = tb2.inventory(tmp_path / "inv.toml", per_host={"node2": {"gpus": "0,2"}})
     job = job_file(tmp_path, 'script = "ranks.py"\n[rendezvous]\nport = 29549\n',
                    ("ranks.py", RANKS))
     r = cli("up", str(job))
     assert r.returncode == 5, r.stdout + r.stderr  # a node not ready for the job
-    assert ("choosing GPUs failed on 1 host(s); nothing was started:\n  node2: gpus = 1,2 in "
+    assert ("choosing GPUs failed on 1 host(s); nothing was started:\n  node2: gpus = 0,2 in "
             "the inventory, but GPU(s) 2 do not exist here (this node has GPUs 0-1)") \
         in r.stderr, r.stderr
     assert "started master" not in r.stderr
-    # GPU 1 alone: it exists, and the node says whose memory is on it; the run goes ahead.
-    inv.write_text(inv.read_text().replace('gpus = "1-2"', 'gpus = "1"'))
+    # GPU 1 alone: it exists, and the node says whose memory is on it: refused, unless forced.
+    inv.write_text(inv.read_text().replace('gpus = "0,2"', 'gpus = "1"'))
     r = cli("up", str(job))
+    assert r.returncode == 6, r.stdout + r.stderr  # busy
+    assert ("node2: GPU1: 29990 MiB in use by a process not visible here (pid 4242) (wait for "
+            "it (fleet up --wait) or start anyway (--force))") in r.stderr, r.stderr
+    assert "started master" not in r.stderr
+    r = cli("up", "--force", str(job))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert ("node2  warning: GPU 1 has 29990 MiB in use by a process not visible here "
-            "(pid 4242)") in r.stderr, r.stderr
+    assert ("--force: starting although node2 GPU1: 29990 MiB in use by a process not visible "
+            "here (pid 4242)") in r.stderr, r.stderr
     assert re.search(r"^node2 r1 \| rank 1/2 local 0 on node2 gpus=1: 2$", r.stdout, re.M)
     check = cli("check", str(job))
     assert re.search(r"node2\s+chosen gpus\s+WARN\s+gpus = 1: GPU 1 has 29990 MiB in use by "
                      r"a process not visible here \(pid 4242\)", check.stdout), check.stdout
+    assert "fleet up refuses them" in check.stdout, check.stdout
     assert_nothing_left(tb2, run_id_of(r.stderr))

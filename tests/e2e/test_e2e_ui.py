@@ -116,9 +116,10 @@ def page(chromium: Any) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def run(cli: CLI, tb: Testbed) -> Iterator[str]:
     """A finished run (for the runs page to show more than one), then a detached run of JOB on
-    both hosts, running until a test stops it (else stopped at the end)."""
+    both hosts, running until a test stops it (else stopped at the end). --force: alice's
+    process may be on node1's GPU 1 (the lab's test), which would refuse them."""
     hello = command_job(cli.cwd, "hello", HELLO, 29841)
-    done = cli("up", str(hello), timeout=240)
+    done = cli("up", "--force", str(hello), timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     for h in tb.hosts:
         (h.home / "ui.go").unlink(missing_ok=True)
@@ -126,7 +127,7 @@ def run(cli: CLI, tb: Testbed) -> Iterator[str]:
     job = cli.cwd / "uijob.toml"
     job.write_text('inventory = "inv.toml"\nname = "uijob"\nscript = "uijob.py"\n'
                    f"[rendezvous]\nport = 29842\n{METRICS}")
-    r = cli("up", "--detach", str(job), timeout=240)
+    r = cli("up", "--detach", "--force", str(job), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     run_id = run_id_of(r.stderr)
     try:

@@ -259,7 +259,7 @@ def _lease_check(host: Host, g: GpuFacts) -> Check:
 
 def _chosen_gpu_check(host: Host, g: GpuFacts | Exception) -> Check:
     """The GPUs the inventory chose for this node: there, and not busy with another user's
-    work (a warning: sharing may be agreed; torch would fail or crawl otherwise)."""
+    work (a warning: `fleet up` refuses them unless --force, sharing may be agreed)."""
     chosen = ",".join(map(str, host.gpus or ()))
     if isinstance(g, Exception):
         return Check(host.name, "chosen gpus", Status.WARN, f"could not list GPUs: {reason(g)}")
@@ -271,7 +271,9 @@ def _chosen_gpu_check(host: Host, g: GpuFacts | Exception) -> Check:
     if taken:
         return Check(host.name, "chosen gpus", Status.WARN,
                      f"gpus = {chosen}: " + "; ".join(taken),
-                     "agree with that user, or choose free GPUs (nvidia-smi shows which)")
+                     "fleet up refuses them: wait (fleet up --wait), choose free GPUs "
+                     "(fleet gpus shows which), or agree with that user and start anyway "
+                     "(--force)")
     return Check(host.name, "chosen gpus", Status.PASS,
                  f"gpus = {chosen}: present, no other user's process on them")
 

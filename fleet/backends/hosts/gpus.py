@@ -1,7 +1,7 @@
 """Shared GPUs on hosts: every host's GPUs and leases asked at once (`fleet gpus`, its --watch
 over connections kept open), leases taken and given back (`fleet reserve`, `fleet release`), and
-the gate `fleet up` passes before it claims any host: other users' leases refuse it, `--wait`
-polls until nothing stands in the way."""
+the gate `fleet up` passes before it claims any host: other users' leases and processes refuse
+it, `--wait` polls until nothing stands in the way."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fleet.console import Console, Meaning
 from fleet.errors import GpusTaken, Interrupted
 from fleet.facts.gpus import GpuFacts, gpu_facts
 from fleet.facts.leases import LEASE_DIR, LeaseOrder, Taken, parse_answer
-from fleet.gpuview import Blocker, blockers, lease_blockers, span
+from fleet.gpuview import Blocker, blockers, lease_blockers, process_blockers, span
 from fleet.nodeside import python_program
 from fleet.shell import home_word
 from fleet.transport import Transport, open_transport
@@ -97,20 +97,22 @@ def hosts_state(transports: dict[str, Transport]) -> dict[str, GpuFacts]:
 
 
 def gate(transports: dict[str, Transport], hosts: list[Host], wait: float | None,
-         ignore_leases: bool, console: Console) -> dict[str, GpuFacts]:
-    """Before `fleet up` claims anything: other users' leases on what the job would use refuse
-    it (unless ignored); with `wait` (seconds, math.inf for no end) it waits instead until those
+         ignore_leases: bool, console: Console, force: bool = False) -> dict[str, GpuFacts]:
+    """Before `fleet up` claims anything: other users' leases (unless `ignore_leases`) and
+    other users' processes (unless `force`) on what the job would use refuse it, each let
+    through said once; with `wait` (seconds, math.inf for no end) it waits instead until those
     leases and anyone's processes on those GPUs are gone. What was last learnt per host."""
     facts = hosts_state(transports)
     if ignore_leases:
         for b in _blocking(hosts, facts, lease_blockers):
             console.info(f"--ignore-leases: starting although {b.line()}", Meaning.WARN)
     if wait is None:
-        if not ignore_leases:
-            found = _blocking(hosts, facts, lease_blockers)
-            if found:
-                raise GpusTaken("checking GPU leases", _by_host(
-                    found, "wait for it (fleet up --wait) or start anyway (--ignore-leases)"))
+        what, why = refused(hosts, facts, time.time(), ignore_leases, force)
+        if why:
+            raise GpusTaken(what, why)
+        if force:
+            for b in _blocking(hosts, facts, process_blockers):
+                console.info(f"--force: starting although {b.line()}", Meaning.WARN)
         return facts
 
     def check(host: str, chosen: tuple[int, ...] | None, f: GpuFacts,
@@ -166,6 +168,24 @@ def _blocking(hosts: list[Host], facts: dict[str, GpuFacts],
               ) -> list[Blocker]:
     now = time.time()
     return [b for h in hosts for b in check(h.name, h.gpus, facts[h.name], now)]
+
+
+def refused(hosts: list[Host], facts: dict[str, GpuFacts], now: float, ignore_leases: bool,
+            force: bool) -> tuple[str, dict[str, str]]:
+    """Plain `fleet up`'s decision (pure): per host in the way, what is there and its fix, and
+    what was being checked; an empty dict lets it start."""
+    def found(check: Callable[[str, tuple[int, ...] | None, GpuFacts, float], list[Blocker]],
+              advice: str) -> dict[str, str]:
+        return _by_host([b for h in hosts for b in check(h.name, h.gpus, facts[h.name], now)],
+                        advice)
+
+    leases = {} if ignore_leases else found(
+        lease_blockers, "wait for it (fleet up --wait) or start anyway (--ignore-leases)")
+    procs = {} if force else found(
+        process_blockers, "wait for it (fleet up --wait) or start anyway (--force)")
+    why = {h.name: "; ".join(x for x in (leases.get(h.name), procs.get(h.name)) if x)
+           for h in hosts if h.name in leases or h.name in procs}
+    return ("checking GPU leases" if not procs else "checking who uses the GPUs"), why
 
 
 def _by_host(found: list[Blocker], advice: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
-from fleet.facts.gpus import GpuFacts, absent, busy, gpu_facts
+from fleet.facts.gpus import GpuFacts, absent, gpu_facts
 from fleet.facts.probe import (
     Facts,
     literal_address,
@@ -176,9 +176,9 @@ def check_job_python(session: Session, plan: Plan, console: Console,
 def gpu_plan(session: Session, inventory: Inventory, job: Job,
                console: Console) -> dict[str, bool] | None:
     """Where GPUs matter (GPUs chosen per host, or accelerate, whose mode follows them), ask
-    nvidia-smi on every node: chosen GPUs that do not exist stop the launch, busy ones and a
-    node without nvidia-smi are warned about. Per node whether it has GPUs, or None when not
-    asked."""
+    nvidia-smi on every node: chosen GPUs that do not exist stop the launch, a node without
+    nvidia-smi is warned about (another user's process on them was the gate's: refused, or said
+    once under --force). Per node whether it has GPUs, or None when not asked."""
     if job.launcher != Launcher.ACCELERATE and not any(h.gpus for h in inventory.hosts):
         return None
     facts = session.gpus
@@ -198,8 +198,6 @@ def gpu_plan(session: Session, inventory: Inventory, job: Job,
             problems[h.name] = f"gpus = {chosen} in the inventory, but {why}"
         elif why:
             warned[h.name] = [f"gpus = {chosen}, but {why}: its processes run without GPUs"]
-        if taken := busy(h.gpus, f):
-            warned.setdefault(h.name, []).extend(taken)
     console.phases({name: "warning: " + "; ".join(w) for name, w in warned.items()})
     if problems:
         raise HostError("choosing GPUs", problems)

@@ -61,7 +61,7 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
     try:
         # Before any claim: a launch waiting for GPUs keeps no other launch off these hosts.
         session.gpus = gate(session.transports, list(inventory.hosts), options.wait,
-                            options.ignore_leases, console)
+                            options.ignore_leases, console, options.force)
         # Before anything is written: another launch preparing these hosts stops this one.
         # The probe runs in the claim's round trip, once it holds each host.
         held = options.checks and not options.force
