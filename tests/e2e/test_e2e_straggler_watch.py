@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -102,11 +103,17 @@ def test_up_names_the_slow_rank_once_and_status_keeps_it(cli: CLI, tb3: Testbed,
                                                          tmp_path: Path) -> None:
     home = tb3.host("node1").home
     stops = (home / f"stop-{tmp_path.name}-json", home / f"stop-{tmp_path.name}-text")
-    # Two runs of the job side by side on the two hosts (--force on both: whichever claims
-    # them first holds them), to keep the test short: one with --json, one with the words.
+    # Two runs of the job side by side on the two hosts (--force on both: the second starts
+    # beside the first), to keep the test short: one with --json, one with the words. The
+    # second is started once the first runs: two launches preparing a host at the same moment
+    # refuse each other (fleet's claim), --force or not.
     as_json = Followed(cli.popen("up", "--json", "--force", str(slow_job(tmp_path / "j", tb3, 29571,
                                                               stops[0]))),
                        lambda line: '"event": "straggler"' in line, stops[0])
+    deadline = time.monotonic() + 120
+    while not any('"step": "running"' in line for line in list(as_json.lines["out"])):
+        assert as_json.p.poll() is None and time.monotonic() < deadline, as_json.lines
+        time.sleep(0.5)
     as_text = Followed(cli.popen("up", "--force", str(slow_job(tmp_path / "t", tb3, 29572,
                                                                stops[1]))),
                        lambda line: line.startswith("fleet: straggler: "), stops[1])
