@@ -16,6 +16,7 @@ from fleet.config.doctor import take_before
 from fleet.config.metrics import take_metrics
 from fleet.config.notify import Notify, job_notify
 from fleet.config.outputs import take_outputs
+from fleet.config.placement import Placement, take_placement
 from fleet.config.procs import Nproc, nproc_value
 from fleet.config.restart import Restart, take_restart
 from fleet.config.schema import PortSpec, Table, load_toml, take_forwards
@@ -102,6 +103,7 @@ class Job:
     # holds a [notify] (its webhook stays on this machine).
     unsent: tuple[str, ...] = ()
     selection: Selection = Selection()  # --node/--exclude: the inventory's hosts it runs on
+    placement: Placement = Placement()  # `nodes`, `gpus_per_node`: part of the lab (placement.py)
 
     @property
     def slot(self) -> str:
@@ -179,7 +181,10 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
     if root.has("local_rank_flag") and launcher is not Launcher.LEGACY:
         raise root.error("local_rank_flag", 'only used with launcher = "legacy" (torchrun '
                                             "passes LOCAL_RANK in the environment)")
-    nproc = _nproc(root)
+    placement = take_placement(root)
+    nproc: Nproc = _nproc(root)
+    if placement.gpus_per_node is not None and not root.has("nproc_per_node"):
+        nproc = placement.gpus_per_node  # one process a GPU, unless the job says otherwise
     if launcher in (Launcher.ACCELERATE, Launcher.COMMAND) and not isinstance(nproc, int):
         raise root.error("nproc_per_node", f"must be a number with launcher = "
                                            f"{launcher.value!r}")
@@ -246,7 +251,7 @@ def load_job(path: Path, inventory: Path | None = None) -> Job:
                watchdog=watchdog, restart=restart, debug=debug, setup=setup,
                setup_inputs=setup_inputs, python=python, notify=notify,
                outputs=outputs, forward=forward, unsent=unsent, doctor_before=doctor_before,
-               metrics=metrics)
+               metrics=metrics, placement=placement)
 
 
 def with_extra_args(job: Job, extra: list[str]) -> Job:
