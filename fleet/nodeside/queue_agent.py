@@ -1,0 +1,276 @@
+"""A host's queue agent: one per user and host, started by `fleet submit` / `fleet sweep`. It
+holds a signed link to the queue's runner (fleet/nodeside/queue_runner.py), says which of this
+host's GPUs are free (no process on them, no lease in the way), and starts only runs the laptop
+staged here (runs/<run>/<host>/queue-start.sh), on the GPUs the runner named, under a run
+lease taken for all of them at once (fleet/nodeside/lease.py: another user's lease or another
+run's refuses it); when a run ends it gives the lease back and says how it ended. It ends once
+the runner said goodbye (or is gone for ALONE_S) and nothing of its own runs. Standard
+library only.
+
+argv: QUEUE_DIR HOST WORKDIR LEASE_DIR (the runner's address is in QUEUE_DIR/runner.addr)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import select
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from fleet.nodeside.shared.nodemap import EXIT_CODE, NODE_LOG, run_dir
+from fleet.nodeside.shared.queue_link import QueueLink
+from fleet.nodeside.shared.queue_rules import (
+    FROM_RUNNER,
+    BadMessage,
+    gpu_list,
+    last_metrics,
+    parse_smi,
+    parse_spec,
+    run_id,
+)
+from fleet.nodeside.shared.watch_link import part_ended
+
+BEAT_S = 2.0  # how often the runner hears this host's GPUs
+ALONE_S = 120.0  # no runner this long, nothing running here: the agent ends
+LEASE_S = 7 * 86400  # a run lease's bound (given back when the run ends)
+START = "queue-start.sh"  # the run's start, staged by the laptop in its directory here
+CLEARED = ("exit_code", "exit_code.tmp", "started", "pid", "stopped", "locked", "machine")
+
+
+class Agent:
+    def __init__(self, qdir: str, host: str, workdir: str, lease_dir: str) -> None:
+        self.qdir, self.host, self.workdir, self.lease_dir = qdir, host, workdir, lease_dir
+        self.running: dict[str, tuple[int, ...]] = {}
+        self.ends: dict[str, dict[str, Any]] = {}  # said, not acknowledged yet
+        self.leases: dict[str, str] = {}  # run -> its lease's file name
+        self.refused: dict[int, tuple[float, str]] = {}  # GPU -> (until, why), from a refusal
+        self.lock = threading.Lock()
+        self.bye = False
+        self.me = pwd.getpwuid(os.geteuid()).pw_name
+
+    # ---- this host's GPUs -----------------------------------------------------------------
+    def look(self) -> tuple[tuple[int, ...], list[int], dict[str, str]]:
+        """(every GPU, the free ones, why each other one is not)."""
+        try:
+            g = _run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"])
+            a = _run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"])
+        except (OSError, subprocess.SubprocessError):
+            return (), [], {}
+        gpus, by_uuid, apps = parse_smi(g, a)
+        now = time.time()
+        with self.lock:
+            ours = {x for gs in self.running.values() for x in gs}
+            held = {str(i): why for i, (until, why) in self.refused.items() if until > now}
+        for uuid, pid in apps:
+            i = by_uuid.get(uuid)
+            if i is not None and i not in ours:
+                held.setdefault(str(i), f"process {pid} of {_owner(pid)}")
+        free = [i for i in gpus if i not in ours and str(i) not in held]
+        return gpus, free, held
+
+    # ---- runs -----------------------------------------------------------------------------
+    def start(self, run: str, gpus: tuple[int, ...], everything: tuple[int, ...]) -> str:
+        """Start a staged run on these GPUs; "" once started, else why not."""
+        d = run_dir(self.workdir, run, self.host)
+        spec_path = os.path.join(self.qdir, "runs", f"{run}.json")
+        try:
+            with open(spec_path, encoding="utf-8") as f:
+                spec = parse_spec(f.read(65536))
+            st = os.lstat(os.path.join(d, START))
+        except (OSError, ValueError) as e:
+            return f"not staged on {self.host}: {e}"
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+            return f"its start on {self.host} is not this user's file"
+        if spec.gpus and len(gpus) != spec.gpus:
+            return "the runner named other GPUs than it needs"
+        if everything:
+            said = self.lease("take", ",".join(map(str, gpus)) if spec.gpus else "all",
+                              str(LEASE_S), f"fleet queue: {run}", f"{self.me}@{self.host}", run)
+            if not said.get("ok"):
+                why = _conflict(said)
+                with self.lock:
+                    for g in gpus:
+                        self.refused[g] = (time.time() + 30, why)
+                return why
+            self.leases[run] = str(said.get("name", ""))
+        for name in CLEARED:  # an earlier attempt's, here
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(d, name))
+        env = dict(os.environ)
+        if everything:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        t0 = time.time()
+        r = subprocess.run(["sh", START], cwd=d, env=env, capture_output=True, text=True,
+                           timeout=60, check=False)
+        words = r.stdout.split()
+        if r.returncode != 0 or len(words) != 2 or not all(w.isdigit() for w in words):
+            self.give(run)
+            return f"its start failed on {self.host} (exit {r.returncode})"
+        with self.lock:
+            self.running[run] = gpus
+        threading.Thread(target=self.wait, args=(run, d, int(words[0]), int(words[1]), t0,
+                                                 spec.metrics), daemon=True).start()
+        return ""
+
+    def wait(self, run: str, d: str, pid: int, start: int, t0: float,
+             metrics: dict[str, str]) -> None:
+        """Until the run's wrapper ends (its lock let go, else looked at twice a second)."""
+        try:
+            fd = os.open(os.path.join(d, "lock"), os.O_RDONLY)
+            if os.path.exists(os.path.join(d, "locked")):
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            os.close(fd)
+        except OSError:
+            pass
+        while True:
+            ended, code = part_ended(d, pid, start)
+            if ended:
+                break
+            time.sleep(0.5)
+        t1 = time.time()
+        if code is None:
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(d, EXIT_CODE)) as f:
+                code = int(f.read(8).strip())
+        self.give(run)
+        with self.lock:
+            self.running.pop(run, None)
+            self.ends[run] = {"run": run, "code": code, "started": t0, "ended": t1,
+                              "metrics": last_metrics(_tail(os.path.join(d, NODE_LOG)), metrics)}
+
+    def stop(self, run: str) -> None:
+        d = run_dir(self.workdir, run, self.host)
+        if run in self.running and os.path.isfile(os.path.join(d, "stop.sh")):
+            subprocess.run(["sh", os.path.join(d, "stop.sh"), "fleet sweep stop"], input="\n",
+                           text=True, capture_output=True, timeout=60, check=False)
+
+    def lease(self, *args: str) -> dict[str, Any]:
+        try:
+            r = _run([sys.executable, "-I", "-S", os.path.join(self.qdir, "lease.py"),
+                      self.lease_dir, *args])
+            said = json.loads(r.strip().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return {"ok": False, "error": "the lease program failed"}
+        return said if isinstance(said, dict) else {"ok": False}
+
+    def give(self, run: str) -> None:
+        name = self.leases.pop(run, "")
+        if name:
+            self.lease("drop", name)
+
+
+def _conflict(said: dict[str, Any]) -> str:
+    for c in said.get("conflicts") or []:
+        if isinstance(c, dict):
+            return f"a lease of {str(c.get('owner'))[:32]} until {c.get('until')}"[:200]
+    return str(said.get("error") or "its lease was refused")[:200]
+
+
+def _owner(pid: int) -> str:
+    try:
+        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError):
+        return "another user"
+
+
+def _run(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False).stdout
+
+
+def _tail(path: str, size: int = 262144) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def connect(qdir: str, token: bytes) -> QueueLink | None:
+    try:
+        with open(os.path.join(qdir, "runner.addr"), encoding="ascii") as f:
+            addr, port = f.read(200).split()
+        sock = socket.create_connection((addr, int(port)), timeout=5)
+    except (OSError, ValueError):
+        return None
+    return QueueLink(sock, token, FROM_RUNNER)
+
+
+def main() -> None:
+    qdir, host, workdir, lease_dir = sys.argv[1:5]
+    one = os.open(os.path.join(qdir, "agent.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(one, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # this host's agent runs already
+    with open(os.path.join(qdir, "key"), encoding="ascii") as f:
+        token = f.read().strip().encode()
+    agent = Agent(qdir, host, workdir, lease_dir)
+    link, alone_since, beat = None, time.time(), 0.0
+    while True:
+        now = time.time()
+        with agent.lock:
+            busy = bool(agent.running)
+        if link is None:
+            if (agent.bye or now - alone_since > ALONE_S) and not busy:
+                return
+            link = connect(qdir, token)
+            if link is None:
+                time.sleep(1)
+                continue
+            gpus, free, held = agent.look()
+            with agent.lock:
+                running = {r: list(g) for r, g in agent.running.items()}
+            link.send("hello", host=host, gpus=list(gpus), free=free, held=held, running=running)
+            beat = now
+        if agent.bye and not busy:
+            return
+        ready, _, _ = select.select([link.sock], [], [], 0.2)
+        try:
+            if ready:
+                for kind, f in link.receive():
+                    if kind == "start":
+                        run = run_id(f["run"])
+                        gpus_now = agent.look()[0]
+                        why = agent.start(run, gpu_list(f["gpus"], gpus_now), gpus_now)
+                        if why:
+                            link.send("refused", run=run, why=why)
+                        else:
+                            link.send("started", run=run, gpus=list(f["gpus"]), at=time.time())
+                    elif kind == "stop":
+                        agent.stop(run_id(f["run"]))
+                    elif kind == "ack":
+                        with agent.lock:
+                            agent.ends.pop(str(f["run"]), None)
+                    elif kind == "bye":
+                        agent.bye = True
+            with agent.lock:
+                ends = list(agent.ends.values())
+            for end in ends:
+                if not end.get("said"):
+                    link.send("ended", **{k: v for k, v in end.items() if k != "said"})
+                    end["said"] = True
+            if time.time() - beat >= BEAT_S:
+                gpus, free, held = agent.look()
+                with agent.lock:
+                    running = {r: list(g) for r, g in agent.running.items()}
+                link.send("beat", free=free, held=held, running=running)
+                beat = time.time()
+        except (OSError, BadMessage, KeyError):
+            link.close()
+            link, alone_since = None, time.time()
+            with agent.lock:
+                for end in agent.ends.values():
+                    end.pop("said", None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""The queue's runner: one per user and queue host, started by `fleet submit` / `fleet sweep`
+and alive for as long as something is queued or running. It reads the runs the laptop queued
+(jobs/<run>.json), hears each host's agent (fleet/nodeside/queue_agent.py) over signed TCP
+links, tells them what to start where (all or nothing, by priority, longest expected first),
+and writes what it knows in state.json for the laptop to read. It holds no secret but the
+queue's key, which the laptop wrote here; it starts nothing itself. Standard library only.
+
+argv: QUEUE_DIR ADDR (the address the other hosts reach this one by)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import sys
+import time
+from typing import Any
+
+from fleet.nodeside.shared.queue_link import QueueLink
+from fleet.nodeside.shared.queue_rules import (
+    ENDED,
+    FAILED,
+    FROM_AGENT,
+    HOST,
+    LOST,
+    QUEUED,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    BadMessage,
+    Slots,
+    Spec,
+    exit_code,
+    gpu_list,
+    held_gpus,
+    metric_values,
+    parse_spec,
+    place,
+    run_id,
+    running_runs,
+    waiting_why,
+    when,
+    words,
+)
+from fleet.nodeside.shared.watch_link import listen
+
+IDLE_S = 15.0  # nothing queued or running this long: the runner ends
+LOST_S = 20.0  # an agent silent this long is lost, and the runs it ran with it
+TICK_S = 0.5  # how often the queue's directory is read again
+KEEP_S = 30 * 86400  # an ended run stays in state.json this long
+
+
+class Runner:
+    def __init__(self, qdir: str, token: bytes) -> None:
+        self.qdir, self.token = qdir, token
+        self.specs: dict[str, Spec] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.links: list[QueueLink] = []
+        self.agents: dict[str, dict[str, Any]] = {}  # host -> link, slots, seen
+        self.cancelled: set[str] = set()
+        self.hosts: list[str] = []  # the inventory's order, from the specs
+        self.busy_since = self.born = time.time()
+        self.changed = True
+        try:
+            with open(os.path.join(qdir, "state.json"), encoding="utf-8") as f:
+                runs = json.load(f).get("runs", {})
+            self.runs = {k: v for k, v in runs.items() if isinstance(v, dict)}
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    # ---- the queue's directory ------------------------------------------------------------
+    def scan(self) -> None:
+        for name in _names(os.path.join(self.qdir, "jobs")):
+            run = name[:-5]
+            if not name.endswith(".json") or run in self.specs:
+                continue
+            try:
+                with open(os.path.join(self.qdir, "jobs", name), encoding="utf-8") as f:
+                    spec = parse_spec(f.read(65536))
+            except (OSError, ValueError):
+                continue
+            if spec.run != run:
+                continue
+            self.specs[run] = spec
+            self.hosts += [h for h in spec.hosts if h not in self.hosts]
+            if run not in self.runs:
+                self.runs[run] = {"sweep": spec.sweep, "state": QUEUED, "host": "", "gpus": [],
+                                  "attempt": 1, "started": None, "ended": None, "code": None,
+                                  "metrics": {}, "why": "", "lost": []}
+                self.changed = True
+        for name in _names(os.path.join(self.qdir, "cancel")):
+            if name not in self.cancelled and run_ok(name):
+                self.cancelled.add(name)
+                self.cancel(name)
+
+    def cancel(self, name: str) -> None:
+        """Stop a sweep (or one run): what waits never starts, what runs is told to stop."""
+        for run, r in self.runs.items():
+            if name not in (run, r.get("sweep")) or r["state"] in ENDED:
+                continue
+            if r["state"] == QUEUED:
+                self.end(run, STOPPED, "stopped before it started")
+            elif r["host"] in self.agents:
+                self.agents[r["host"]]["link"].send("stop", run=run, why="fleet sweep stop")
+        self.changed = True
+
+    def end(self, run: str, state: str, why: str, **facts: Any) -> None:
+        r = self.runs[run]
+        r.update(state=state, why=why, ended=facts.pop("ended", None) or time.time(), **facts)
+        self.changed = True
+
+    # ---- the agents -----------------------------------------------------------------------
+    def heard(self, link: QueueLink, kind: str, f: dict[str, Any]) -> None:
+        now = time.time()
+        if kind == "hello":
+            host = f["host"]
+            if not isinstance(host, str) or not HOST.match(host):
+                raise BadMessage("not a host")
+            gpus = gpu_list(f["gpus"])
+            old = self.agents.get(host)
+            if old is not None and old["link"] is not link:
+                old["link"].close()
+                with contextlib.suppress(ValueError):
+                    self.links.remove(old["link"])
+            link.host = host
+            self.agents[host] = {"link": link, "slots": Slots(gpus, set()), "seen": now}
+        if not link.host:
+            raise BadMessage("no hello")
+        agent = self.agents[link.host]
+        agent["seen"] = now
+        slots: Slots = agent["slots"]
+        if kind in ("hello", "beat"):
+            slots.free = set(gpu_list(f["free"], slots.gpus))
+            slots.held = held_gpus(f["held"], slots.gpus)
+            running = running_runs(f["running"], slots.gpus)
+            slots.whole = any(self.specs.get(r) is not None and self.specs[r].gpus == 0
+                              for r in running)
+        elif kind in ("started", "refused", "ended"):
+            run = run_id(f["run"])
+            r = self.runs.get(run)
+            if r is None or r["host"] != link.host or r["state"] != RUNNING:
+                return  # not what this runner told that host to run (an older word)
+            if kind == "started":
+                r["started"] = when(f["at"])
+                r["gpus"] = list(gpu_list(f["gpus"], slots.gpus))
+                r["why"] = ""
+            elif kind == "refused":
+                r.update(state=QUEUED, host="", gpus=[], why=words(f["why"]))
+            else:
+                code = exit_code(f["code"])
+                state = STOPPED if self.stopped(run) else SUCCEEDED if code == 0 else FAILED
+                self.end(run, state, "" if state == SUCCEEDED else (
+                    f"exit code {code}" if code is not None else "ended without an exit code"),
+                    code=code, started=when(f["started"]), ended=when(f["ended"]),
+                    metrics=metric_values(f["metrics"]))
+                link.send("ack", run=run)
+            self.changed = True
+
+    def stopped(self, run: str) -> bool:
+        return bool({run, self.runs[run].get("sweep")} & self.cancelled)
+
+    def lose(self, now: float) -> None:
+        """Agents silent for LOST_S are gone, and with them the runs they ran (started again
+        where their job allows another attempt); so are runs on a host whose agent never came
+        back to this runner."""
+        for host, agent in list(self.agents.items()):
+            if now - agent["seen"] >= LOST_S:
+                agent["link"].close()
+                del self.agents[host]
+        if now - self.born < LOST_S:
+            return
+        for run, r in self.runs.items():
+            if r["state"] != RUNNING or r["host"] in self.agents:
+                continue
+            spec, host = self.specs.get(run), r["host"]
+            r["lost"] = [*r.get("lost", []), host]
+            why = f"{host} was lost (its agent silent {LOST_S:.0f} s)"
+            if spec is not None and r["attempt"] < spec.attempts and not self.stopped(run):
+                r.update(state=QUEUED, host="", gpus=[], started=None,
+                         attempt=r["attempt"] + 1, why=f"attempt {r['attempt'] + 1}: {why}")
+            else:
+                self.end(run, LOST, why)
+            self.changed = True
+
+    def schedule(self) -> None:
+        waiting = [self.specs[r] for r, v in self.runs.items()
+                   if v["state"] == QUEUED and r in self.specs and not self.stopped(r)]
+        if not waiting:
+            return
+        views = {}
+        for host, agent in self.agents.items():
+            s: Slots = agent["slots"]
+            taken = {g for r in self.runs.values() if r["host"] == host and r["state"] == RUNNING
+                     for g in r["gpus"]}
+            whole = s.whole or any(
+                r["host"] == host and r["state"] == RUNNING and run in self.specs
+                and self.specs[run].gpus == 0 for run, r in self.runs.items())
+            views[host] = Slots(s.gpus, s.free - taken, s.held, whole)
+        for spec, host, gpus in place(waiting, views, self.hosts):
+            self.runs[spec.run].update(state=RUNNING, host=host, gpus=list(gpus), why="starting")
+            self.agents[host]["link"].send("start", run=spec.run, gpus=list(gpus))
+            self.changed = True
+        for spec in waiting:
+            r = self.runs[spec.run]
+            if r["state"] == QUEUED:
+                why = waiting_why(spec, views)
+                lead = r["why"].split(": ", 1)[0] + ": " if r["why"].startswith("attempt") else ""
+                if r["why"] != lead + why:
+                    r["why"] = lead + why
+                    self.changed = True
+
+    def write(self, port: int) -> None:
+        now = time.time()
+        self.runs = {k: v for k, v in self.runs.items()
+                     if v["state"] not in ENDED or (v.get("ended") or now) > now - KEEP_S}
+        agents = {h: {"seen": a["seen"], "gpus": list(a["slots"].gpus),
+                      "free": sorted(a["slots"].free),
+                      "held": {str(g): w for g, w in a["slots"].held.items()}}
+                  for h, a in self.agents.items()}
+        _write(os.path.join(self.qdir, "state.json"), {
+            "v": 1, "pid": os.getpid(), "port": port, "now": now, "agents": agents,
+            "runs": self.runs})
+        self.changed = False
+
+    def active(self) -> bool:
+        return any(r["state"] in (QUEUED, RUNNING) for r in self.runs.values())
+
+
+def run_ok(name: str) -> bool:
+    try:
+        run_id(name)
+    except BadMessage:
+        return False
+    return True
+
+
+def _names(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_file(follow_symlinks=False)][:100000]
+    except OSError:
+        return []
+
+
+def _write(path: str, said: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(said, f)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    qdir, addr = sys.argv[1], sys.argv[2]
+    with open(os.path.join(qdir, "key"), encoding="ascii") as f:
+        token = f.read().strip().encode()
+    server = listen(addr, 0)
+    server.listen(64)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    runner = Runner(qdir, token)
+    _write(os.path.join(qdir, "runner.json"), {"pid": os.getpid(), "port": port,
+                                              "addr": addr, "started": time.time()})
+    last_scan = 0.0
+    while True:
+        socks = [server] + [link.sock for link in runner.links]
+        ready, _, _ = select.select(socks, [], [], TICK_S)
+        for sock in ready:
+            if sock is server:
+                with contextlib.suppress(OSError):
+                    conn, _ = server.accept()
+                    runner.links.append(QueueLink(conn, token, FROM_AGENT))
+                continue
+            link = next(k for k in runner.links if k.sock is sock)
+            try:
+                for kind, fields in link.receive():
+                    runner.heard(link, kind, fields)
+            except (OSError, BadMessage, KeyError):
+                link.close()
+                runner.links.remove(link)
+        now = time.time()
+        if now - last_scan >= TICK_S:
+            last_scan = now
+            runner.scan()
+            runner.lose(now)
+        runner.schedule()
+        if runner.changed:
+            runner.write(port)
+        if runner.active():
+            runner.busy_since = now
+        elif now - runner.busy_since > IDLE_S and done(runner, qdir, port):
+            return
+
+
+def done(runner: Runner, qdir: str, port: int) -> bool:
+    """Whether the runner ends now: under the queue's lock (a submit holds it while it adds
+    runs and looks for a live runner), nothing new came; then its agents are told."""
+    fd = os.open(os.path.join(qdir, "lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        runner.scan()
+        if runner.active():
+            return False
+        for link in runner.links:
+            link.send("bye")
+        runner.write(port)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(qdir, "runner.json"))
+        return True
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    main()
