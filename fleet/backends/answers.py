@@ -49,7 +49,8 @@ VERBS = {"prepare": "fleet up", "checks": "fleet check", "preview": "fleet plan"
          "asking one node's part of a run", "survey": "fleet gpus", "lease":
          "fleet reserve and release", "execute": "fleet exec", "trust_inventory": "fleet trust",
          "pin_keys": "fleet trust --to inventory", "replicas": "[restart] checkpoints",
-         "doctor": "fleet doctor", "top": "fleet top"}
+         "doctor": "fleet doctor", "top": "fleet top",
+         "queue": "queued runs (fleet submit, fleet sweep, fleet queue)"}
 
 
 class Preview(Protocol):

@@ -2,10 +2,9 @@
 cluster): the verbs in which backends really differ, and nothing that is the same for all.
 
 A backend prepares a run (connect, probe, plan, preflight, record: nothing runs yet), schedules
-it, reports what happens as a stream of events, stops it, and answers for a recorded run
-(describe, list, cancel, logs, dump, delete). The runner owns the rest: the guard and its
-teardown, the monitor (fail-fast, the hang watchdog), the report's verdict and the exit code.
-(torchx's `Scheduler` and torch elastic's agent draw the same line.)"""
+it, reports what happens as events, stops it, and answers for a recorded run (describe, list,
+cancel, logs, dump, delete). The runner owns the rest: the guard, its teardown, the monitor,
+the verdict and the exit code (torchx's `Scheduler` and torch elastic's agent draw that line)."""
 
 from __future__ import annotations
 
@@ -39,6 +38,7 @@ from fleet.trust import KeyStatus
 from fleet.waits import Words
 
 if TYPE_CHECKING:  # the transfer machinery is loaded by what pulls, not by every command
+    from fleet.backends.queueing import Queue
     from fleet.transport.transfer.pull import Pulled
 
 
@@ -197,6 +197,9 @@ class Backend(ABC):
     def collective(self, job: Job) -> Job:
         """`fleet check --collective`: the bandwidth test as a job on `job`'s nodes."""
         raise self.refuse("collective")
+
+    def queue(self, inventory: Path) -> Queue:  # fleet submit, sweep, queue
+        raise self.refuse("queue")
 
     def export(self, job: Job, settings: dict[str, Any]) -> str:
         """`fleet export`: the job as a script the scheduler runs without fleet, with

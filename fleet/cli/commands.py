@@ -12,6 +12,7 @@ from fleet.cli import (
     job_commands,
     leases,
     pull,
+    queue,
     run_commands,
     top,
     ui,
@@ -19,7 +20,7 @@ from fleet.cli import (
 from fleet.cli.app import app
 
 __all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "leases", "pull",
-           "run_commands", "top", "ui"]
+           "queue", "run_commands", "top", "ui"]
 
 # What goes around a run, after the commands the modules above added.
 app.command("pull")(pull.pull)
@@ -32,3 +33,7 @@ app.command("ui")(ui.ui)
 app.command("gpus")(gpus.gpus)
 app.command("reserve")(leases.reserve)
 app.command("release")(leases.release)
+# Queued runs, placed on free GPUs by the hosts themselves.
+app.command("submit")(queue.submit)
+app.command("sweep")(queue.sweep)
+app.command("queue")(queue.queue)

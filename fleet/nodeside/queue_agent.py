@@ -7,7 +7,8 @@ run's refuses it); when a run ends it gives the lease back and says how it ended
 the runner said goodbye (or is gone for ALONE_S) and nothing of its own runs. Standard
 library only.
 
-argv: QUEUE_DIR HOST WORKDIR LEASE_DIR (the runner's address is in QUEUE_DIR/runner.addr)."""
+argv: QUEUE_DIR HOST WORKDIR LEASE_DIR GPUS (the GPUs the queue may use here: "all" or
+"0,2"; the runner's address is in QUEUE_DIR/runner.addr)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from fleet.nodeside.shared.nodemap import EXIT_CODE, NODE_LOG, run_dir
 from fleet.nodeside.shared.queue_link import QueueLink
 from fleet.nodeside.shared.queue_rules import (
     FROM_RUNNER,
-    BadMessage,
+    BadWord,
     gpu_list,
     last_metrics,
     parse_smi,
@@ -46,8 +47,11 @@ CLEARED = ("exit_code", "exit_code.tmp", "started", "pid", "stopped", "locked", 
 
 
 class Agent:
-    def __init__(self, qdir: str, host: str, workdir: str, lease_dir: str) -> None:
+    def __init__(self, qdir: str, host: str, workdir: str, lease_dir: str,
+                 allowed: set[int] | None) -> None:
         self.qdir, self.host, self.workdir, self.lease_dir = qdir, host, workdir, lease_dir
+        self.allowed = allowed
+        self.gpus: tuple[int, ...] = ()  # as the last look saw them
         self.running: dict[str, tuple[int, ...]] = {}
         self.ends: dict[str, dict[str, Any]] = {}  # said, not acknowledged yet
         self.leases: dict[str, str] = {}  # run -> its lease's file name
@@ -65,6 +69,9 @@ class Agent:
         except (OSError, subprocess.SubprocessError):
             return (), [], {}
         gpus, by_uuid, apps = parse_smi(g, a)
+        if self.allowed is not None:
+            gpus = tuple(i for i in gpus if i in self.allowed)
+        self.gpus = gpus
         now = time.time()
         with self.lock:
             ours = {x for gs in self.running.values() for x in gs}
@@ -205,7 +212,7 @@ def connect(qdir: str, token: bytes) -> QueueLink | None:
 
 
 def main() -> None:
-    qdir, host, workdir, lease_dir = sys.argv[1:5]
+    qdir, host, workdir, lease_dir, given = sys.argv[1:6]
     one = os.open(os.path.join(qdir, "agent.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(one, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -213,7 +220,8 @@ def main() -> None:
         return  # this host's agent runs already
     with open(os.path.join(qdir, "key"), encoding="ascii") as f:
         token = f.read().strip().encode()
-    agent = Agent(qdir, host, workdir, lease_dir)
+    allowed = None if given == "all" else {int(g) for g in given.split(",") if g.isdigit()}
+    agent = Agent(qdir, host, workdir, lease_dir, allowed)
     link, alone_since, beat = None, time.time(), 0.0
     while True:
         now = time.time()
@@ -236,20 +244,20 @@ def main() -> None:
         ready, _, _ = select.select([link.sock], [], [], 0.2)
         try:
             if ready:
-                for kind, f in link.receive():
+                for kind, said in link.receive():
                     if kind == "start":
-                        run = run_id(f["run"])
-                        gpus_now = agent.look()[0]
-                        why = agent.start(run, gpu_list(f["gpus"], gpus_now), gpus_now)
+                        run = run_id(said["run"])
+                        gpus_now = agent.gpus or agent.look()[0]
+                        why = agent.start(run, gpu_list(said["gpus"], gpus_now), gpus_now)
                         if why:
                             link.send("refused", run=run, why=why)
                         else:
-                            link.send("started", run=run, gpus=list(f["gpus"]), at=time.time())
+                            link.send("started", run=run, gpus=said["gpus"], at=time.time())
                     elif kind == "stop":
-                        agent.stop(run_id(f["run"]))
+                        agent.stop(run_id(said["run"]))
                     elif kind == "ack":
                         with agent.lock:
-                            agent.ends.pop(str(f["run"]), None)
+                            agent.ends.pop(str(said["run"]), None)
                     elif kind == "bye":
                         agent.bye = True
             with agent.lock:
@@ -264,7 +272,7 @@ def main() -> None:
                     running = {r: list(g) for r, g in agent.running.items()}
                 link.send("beat", free=free, held=held, running=running)
                 beat = time.time()
-        except (OSError, BadMessage, KeyError):
+        except (OSError, BadWord, KeyError):
             link.close()
             link, alone_since = None, time.time()
             with agent.lock:

@@ -25,11 +25,11 @@ from fleet.nodeside.shared.queue_rules import (
     FROM_AGENT,
     HOST,
     LOST,
+    Q_STOPPED,
     QUEUED,
     RUNNING,
-    STOPPED,
     SUCCEEDED,
-    BadMessage,
+    BadWord,
     Slots,
     Spec,
     exit_code,
@@ -101,7 +101,7 @@ class Runner:
             if name not in (run, r.get("sweep")) or r["state"] in ENDED:
                 continue
             if r["state"] == QUEUED:
-                self.end(run, STOPPED, "stopped before it started")
+                self.end(run, Q_STOPPED, "stopped before it started")
             elif r["host"] in self.agents:
                 self.agents[r["host"]]["link"].send("stop", run=run, why="fleet sweep stop")
         self.changed = True
@@ -117,7 +117,7 @@ class Runner:
         if kind == "hello":
             host = f["host"]
             if not isinstance(host, str) or not HOST.match(host):
-                raise BadMessage("not a host")
+                raise BadWord("not a host")
             gpus = gpu_list(f["gpus"])
             old = self.agents.get(host)
             if old is not None and old["link"] is not link:
@@ -127,7 +127,7 @@ class Runner:
             link.host = host
             self.agents[host] = {"link": link, "slots": Slots(gpus, set()), "seen": now}
         if not link.host:
-            raise BadMessage("no hello")
+            raise BadWord("no hello")
         agent = self.agents[link.host]
         agent["seen"] = now
         slots: Slots = agent["slots"]
@@ -150,7 +150,7 @@ class Runner:
                 r.update(state=QUEUED, host="", gpus=[], why=words(f["why"]))
             else:
                 code = exit_code(f["code"])
-                state = STOPPED if self.stopped(run) else SUCCEEDED if code == 0 else FAILED
+                state = Q_STOPPED if self.stopped(run) else SUCCEEDED if code == 0 else FAILED
                 self.end(run, state, "" if state == SUCCEEDED else (
                     f"exit code {code}" if code is not None else "ended without an exit code"),
                     code=code, started=when(f["started"]), ended=when(f["ended"]),
@@ -231,7 +231,7 @@ class Runner:
 def run_ok(name: str) -> bool:
     try:
         run_id(name)
-    except BadMessage:
+    except BadWord:
         return False
     return True
 
@@ -276,7 +276,7 @@ def main() -> None:
             try:
                 for kind, fields in link.receive():
                     runner.heard(link, kind, fields)
-            except (OSError, BadMessage, KeyError):
+            except (OSError, BadWord, KeyError):
                 link.close()
                 runner.links.remove(link)
         now = time.time()

@@ -8,48 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.errors import RunNotFound, UsageError
-from fleet.nodeside.shared.queue_rules import ENDED, QUEUED, STATES
+from fleet.facts.queue import QueuedRun
+from fleet.nodeside.shared.queue_rules import STATES
 from fleet.run.record import state_dir, write_atomic
-
-
-@dataclass(frozen=True)
-class QueuedRun:
-    """One run of a sweep: its parameters, what it needs, and its state as fleet last saw it
-    (host, GPUs, times on the host's clock, exit code, the last value of each [metrics])."""
-
-    run_id: str
-    params: dict[str, str] = field(default_factory=dict)
-    gpus: int = 1  # GPUs it needs on one host; 0: a whole host
-    priority: int = 0
-    expect_s: float | None = None
-    state: str = QUEUED
-    host: str = ""
-    gpu_ids: tuple[int, ...] = ()
-    user: str = ""  # the account it ran as on the host
-    started: float | None = None
-    ended: float | None = None
-    exit_code: int | None = None
-    attempt: int = 1
-    metrics: dict[str, float] = field(default_factory=dict)
-    why: str = ""
-    seen: float = 0.0  # when fleet last saw its state
-
-    @property
-    def ended_state(self) -> bool:
-        return self.state in ENDED
-
-    @property
-    def gpu_hours(self) -> float:
-        """GPU-hours it held (whole-host runs count the GPUs they were given, at least 1)."""
-        if self.started is None:
-            return 0.0
-        end = self.ended if self.ended is not None else self.seen or time.time()
-        return max(0.0, end - self.started) * max(1, len(self.gpu_ids)) / 3600
 
 
 @dataclass(frozen=True)

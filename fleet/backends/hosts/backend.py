@@ -16,6 +16,7 @@ from fleet.backends.checks import Check
 from fleet.backends.hosts import gpus, healed, recorded
 from fleet.backends.hosts import logs as fleet_logs
 from fleet.backends.hosts import node as remote
+from fleet.backends.hosts.queue import HostsQueue
 from fleet.backends.hosts.top import RecordTop
 from fleet.config import select
 from fleet.config.inventory import BackendKind, Inventory, load_inventory
@@ -85,6 +86,9 @@ class HostsBackend(Launch, Recorded, LabTools):
     def collective(self, job: Job) -> Job:
         from fleet.backends.hosts import check as fleet_check
         return fleet_check.collective_job(job)
+
+    def queue(self, inventory: Path) -> HostsQueue:
+        return HostsQueue(inventory)
 
     def spares(self, inventory: Path) -> list[str]:
         return [h.name for h in load_inventory(inventory).spares]

@@ -8,7 +8,7 @@ import contextlib
 import os
 import socket
 
-from fleet.nodeside.shared.queue_rules import MAX_LINE, BadMessage, decode, encode
+from fleet.nodeside.shared.queue_rules import QUEUE_LINE, BadWord, decode_word, encode_word
 from fleet.nodeside.shared.watch_rules import NONCE_BYTES, parse_nonce
 
 
@@ -37,7 +37,7 @@ class QueueLink:
         try:
             self.sock.setblocking(True)
             self.sock.settimeout(10)
-            self.sock.sendall(encode(self.token, self.theirs, kind, self.seq_out, fields))
+            self.sock.sendall(encode_word(self.token, self.theirs, kind, self.seq_out, fields))
         except OSError:
             return False
         finally:
@@ -46,7 +46,7 @@ class QueueLink:
         return True
 
     def receive(self) -> list[tuple[str, dict[str, object]]]:
-        """What has come, checked; BadMessage or OSError end the link (EOF: OSError)."""
+        """What has come, checked; BadWord or OSError end the link (EOF: OSError)."""
         chunk = self.sock.recv(65536)
         if not chunk:
             raise OSError("closed")
@@ -60,11 +60,11 @@ class QueueLink:
                 for kind, fields in waiting:
                     self.send(kind, **fields)
                 continue
-            kind, self.seq_in, fields = decode(line + b"\n", self.token, self.mine, self.seq_in,
-                                               self.kinds)
+            kind, self.seq_in, fields = decode_word(line + b"\n", self.token, self.mine,
+                                                    self.seq_in, self.kinds)
             out.append((kind, fields))
-        if len(self.buf) > MAX_LINE:
-            raise BadMessage("a line too long")
+        if len(self.buf) > QUEUE_LINE:
+            raise BadWord("a line too long")
         return out
 
     def close(self) -> None:

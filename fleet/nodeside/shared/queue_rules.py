@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 
 from fleet.nodeside.shared.watch_rules import sign
 
-MAX_LINE = 16384  # bytes of one message, its newline included: a longer line ends the link
+QUEUE_LINE = 16384  # bytes of one message, its newline included: a longer line ends the link
 MAX_GPUS = 256  # GPUs of one host the queue places on
-MAX_WHY = 300  # characters of a reason
+QUEUE_WHY = 300  # characters of a reason
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
 # The words of a queued run's state, as the runner writes them and the laptop reads them.
-QUEUED, RUNNING, SUCCEEDED, FAILED, LOST, STOPPED = (
+QUEUED, RUNNING, SUCCEEDED, FAILED, LOST, Q_STOPPED = (
     "queued", "running", "succeeded", "failed", "lost", "stopped")
-STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, LOST, STOPPED)
-ENDED = (SUCCEEDED, FAILED, LOST, STOPPED)
+STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, LOST, Q_STOPPED)
+ENDED = (SUCCEEDED, FAILED, LOST, Q_STOPPED)
 # What each side may say, and the fields each kind carries.
 FROM_AGENT = {"hello": {"host", "gpus", "free", "held", "running"},
               "beat": {"free", "held", "running"},
@@ -34,68 +34,68 @@ FROM_AGENT = {"hello": {"host", "gpus", "free", "held", "running"},
 FROM_RUNNER = {"start": {"run", "gpus"}, "stop": {"run", "why"}, "ack": {"run"}, "bye": set()}
 
 
-class BadMessage(ValueError):
+class BadWord(ValueError):
     """A line that is no message of this queue: the link it came on is dropped."""
 
 
-def encode(token: bytes, nonce: str, kind: str, seq: int, fields: dict[str, object]) -> bytes:
+def encode_word(token: bytes, nonce: str, kind: str, seq: int, fields: dict[str, object]) -> bytes:
     """One line: `<hmac> <json>`, the hmac over the receiver's nonce and the json."""
     body = json.dumps({"k": kind, "s": seq, **fields}, separators=(",", ":"), sort_keys=True)
     line = f"{sign(token, nonce, body)} {body}\n".encode()
-    if len(line) > MAX_LINE:
-        raise ValueError("a queue message longer than MAX_LINE")
+    if len(line) > QUEUE_LINE:
+        raise ValueError("a queue message longer than QUEUE_LINE")
     return line
 
 
-def decode(line: bytes, token: bytes, nonce: str, after: int,
+def decode_word(line: bytes, token: bytes, nonce: str, after: int,
            kinds: dict[str, set[str]]) -> tuple[str, int, dict[str, object]]:
-    """(kind, number, fields) of a signed line, checked: at most MAX_LINE bytes, signed over
+    """(kind, number, fields) of a signed line, checked: at most QUEUE_LINE bytes, signed over
     this side's `nonce`, a JSON object of exactly its kind's fields, numbered above `after` (no
     replay within a link). The fields' values are checked by the `*_fields` functions below.
-    BadMessage otherwise."""
-    if len(line) > MAX_LINE or not line.endswith(b"\n"):
-        raise BadMessage("a line too long or cut short")
+    BadWord otherwise."""
+    if len(line) > QUEUE_LINE or not line.endswith(b"\n"):
+        raise BadWord("a line too long or cut short")
     try:
         text = line[:-1].decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BadMessage("not UTF-8") from e
+        raise BadWord("not UTF-8") from e
     mac, sep, body = text.partition(" ")
     if not sep or not hmac.compare_digest(mac.encode(), sign(token, nonce, body).encode()):
-        raise BadMessage("a bad signature")
+        raise BadWord("a bad signature")
     try:
         got = json.loads(body)
     except ValueError as e:
-        raise BadMessage("not JSON") from e
+        raise BadWord("not JSON") from e
     if not isinstance(got, dict):
-        raise BadMessage("not an object")
+        raise BadWord("not an object")
     kind, seq = got.pop("k", None), got.pop("s", None)
     if not isinstance(kind, str) or kind not in kinds or set(got) != kinds[kind]:
-        raise BadMessage("not a message's fields")
+        raise BadWord("not a message's fields")
     if type(seq) is not int or seq <= after or seq >= 1 << 53:
-        raise BadMessage("out of order")
+        raise BadWord("out of order")
     return kind, seq, got
 
 
 def gpu_list(value: object, within: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """GPU indices, sorted, once each (and among `within`); BadMessage otherwise."""
+    """GPU indices, sorted, once each (and among `within`); BadWord otherwise."""
     if not isinstance(value, list) or len(value) > MAX_GPUS or not all(
             type(v) is int and 0 <= v < 1 << 16 for v in value) or len(set(value)) != len(value):
-        raise BadMessage("not a list of GPUs")
+        raise BadWord("not a list of GPUs")
     if within is not None and not set(value) <= set(within):
-        raise BadMessage("a GPU the host does not have")
+        raise BadWord("a GPU the host does not have")
     return tuple(sorted(value))
 
 
-def words(value: object, most: int = MAX_WHY) -> str:
-    """Printable text of at most `most` characters; BadMessage otherwise."""
+def words(value: object, most: int = QUEUE_WHY) -> str:
+    """Printable text of at most `most` characters; BadWord otherwise."""
     if not isinstance(value, str) or len(value) > most or not all(c.isprintable() for c in value):
-        raise BadMessage("not printable words")
+        raise BadWord("not printable words")
     return value
 
 
 def run_id(value: object) -> str:
     if not isinstance(value, str) or not RUN_ID.match(value):
-        raise BadMessage("not a run id")
+        raise BadWord("not a run id")
     return value
 
 
@@ -103,7 +103,7 @@ def when(value: object) -> float:
     """A time (seconds since the epoch, the host's clock)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and 0 <= value < 1e11):
-        raise BadMessage("not a time")
+        raise BadWord("not a time")
     return float(value)
 
 
@@ -111,18 +111,18 @@ def exit_code(value: object) -> int | None:
     if value is None:
         return None
     if type(value) is not int or not 0 <= value < 256:
-        raise BadMessage("not an exit code")
+        raise BadWord("not an exit code")
     return value
 
 
 def metric_values(value: object) -> dict[str, float]:
     if not isinstance(value, dict) or len(value) > 16:
-        raise BadMessage("not metrics")
+        raise BadWord("not metrics")
     out = {}
     for k, v in value.items():
         if not isinstance(k, str) or not METRIC.match(k) or isinstance(v, bool) or not isinstance(
                 v, (int, float)) or not math.isfinite(v):
-            raise BadMessage("not a metric's value")
+            raise BadWord("not a metric's value")
         out[k] = float(v)
     return out
 
@@ -130,18 +130,18 @@ def metric_values(value: object) -> dict[str, float]:
 def held_gpus(value: object, within: tuple[int, ...]) -> dict[int, str]:
     """Why a host's GPUs are not free (its agent's words), by GPU."""
     if not isinstance(value, dict) or len(value) > MAX_GPUS:
-        raise BadMessage("not the GPUs held")
+        raise BadWord("not the GPUs held")
     out = {}
     for k, v in value.items():
         if not isinstance(k, str) or not k.isdigit() or int(k) not in within:
-            raise BadMessage("a GPU the host does not have")
+            raise BadWord("a GPU the host does not have")
         out[int(k)] = words(v)
     return out
 
 
 def running_runs(value: object, within: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
     if not isinstance(value, dict) or len(value) > MAX_GPUS + 1:
-        raise BadMessage("not the runs running")
+        raise BadWord("not the runs running")
     return {run_id(k): gpu_list(v, within) for k, v in value.items()}
 
 
@@ -180,7 +180,7 @@ def parse_spec(text: str) -> Spec:
             raise ValueError("bad gpus")
         if type(priority) is not int or abs(priority) > 1000:
             raise ValueError("bad priority")
-        if type(attempts) is not int or not 1 <= attempts <= 100:
+        if type(attempts) is not int or not 1 <= attempts <= 101:
             raise ValueError("bad attempts")
         expect = got["expect"]
         metrics = got["metrics"]
@@ -192,7 +192,7 @@ def parse_spec(text: str) -> Spec:
                     priority=priority, expect=None if expect is None else when(expect),
                     submitted=when(got["submitted"]), attempts=attempts, hosts=tuple(hosts),
                     metrics=dict(metrics))
-    except (KeyError, BadMessage) as e:
+    except (KeyError, BadWord) as e:
         raise ValueError(f"not a queued run: {e}") from e
 
 
