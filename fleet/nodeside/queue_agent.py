@@ -189,7 +189,7 @@ def _owner(pid: int) -> str:
 
 
 def _run(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False).stdout
+    return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
 
 
 def _tail(path: str, size: int = 262144) -> str:

@@ -36,6 +36,7 @@ from fleet.nodeside.shared.queue_rules import (
     gpu_list,
     held_gpus,
     metric_values,
+    order,
     parse_spec,
     place,
     run_id,
@@ -47,7 +48,7 @@ from fleet.nodeside.shared.queue_rules import (
 from fleet.nodeside.shared.watch_link import listen
 
 IDLE_S = 15.0  # nothing queued or running this long: the runner ends
-LOST_S = 20.0  # an agent silent this long is lost, and the runs it ran with it
+LOST_S = 30.0  # an agent silent this long is lost, and the runs it ran with it
 TICK_S = 0.5  # how often the queue's directory is read again
 KEEP_S = 30 * 86400  # an ended run stays in state.json this long
 
@@ -202,10 +203,13 @@ class Runner:
             self.runs[spec.run].update(state=RUNNING, host=host, gpus=list(gpus), why="starting")
             self.agents[host]["link"].send("start", run=spec.run, gpus=list(gpus))
             self.changed = True
-        for spec in waiting:
+        ahead = 0
+        for spec in order(waiting):
             r = self.runs[spec.run]
             if r["state"] == QUEUED:
-                why = waiting_why(spec, views)
+                why = waiting_why(spec, views) + (f"; behind {ahead} queued run(s)" if ahead
+                                                  else "")
+                ahead += 1
                 lead = r["why"].split(": ", 1)[0] + ": " if r["why"].startswith("attempt") else ""
                 if r["why"] != lead + why:
                     r["why"] = lead + why
