@@ -21,11 +21,13 @@ from fleet.backends.base import (
 from fleet.backends.checks import Check, Status, differ
 from fleet.backends.checks import summary as check_summary
 from fleet.backends.checks import view as check_view
+from fleet.backends.queueing import Queue, Queued
 from fleet.config.inventory import BackendKind, backend_kind
 from fleet.run.record import RunRecord
 
 __all__ = ["BACKENDS", "ROLES", "Backend", "BackendKind", "Check", "GpuSurvey", "LabTools",
-           "Launch", "NodeLook", "Options", "Preview", "RankLooks", "Recorded", "Seen", "Status",
+           "Launch", "NodeLook", "Options", "Preview", "Queue", "Queued", "RankLooks", "Recorded",
+           "Seen", "Status",
            "check_summary", "check_view", "differ", "for_inventory", "for_record", "named"]
 
 # Each backend by kind: its module and class, loaded when a run needs it.

@@ -16,7 +16,7 @@ from fleet.cli.app import ExcludeOpt, ExtraArgs, InvOpt, JobArg, NodeOpt, echo, 
 from fleet.errors import ExitCode, Interrupted, UsageError
 
 if TYPE_CHECKING:
-    from fleet.backends.queueing import Queue
+    from fleet.backends import Queue
     from fleet.config.job import Job
     from fleet.console import Console
     from fleet.run.sweeps import SweepRecord
@@ -48,7 +48,7 @@ def submit(job_path: JobArg, extra: ExtraArgs = None, inventory: InvOpt = None,
                "--expect", metavar="DURATION",
                help="How long it should take (40m): the queue starts longer runs first.")
            ] = None) -> None:
-    """Queue one run of the job on the inventory's free GPUs; it starts without you."""
+    """Queue one run of the job; it starts on free GPUs without you."""
     from fleet.config.job import load_job, with_extra_args
     from fleet.console import Console
     from fleet.lifecycle import sweep
@@ -79,7 +79,7 @@ def sweep(what: Annotated[list[str], typer.Argument(
                    "starts longer runs first.")] = None,
           as_json: Annotated[bool, typer.Option("--json", help="status: as JSON.")] = False,
           ) -> None:
-    """Run every combination of a grid, packed on free GPUs; or see or stop a sweep."""
+    """Queue a grid's every combination; or see or stop a sweep."""
     from fleet.console import Console
 
     if what[0] in ("status", "stop"):

@@ -47,24 +47,23 @@ class QueueLink:
 
     def receive(self) -> list[tuple[str, dict[str, object]]]:
         """What has come, checked; BadWord or OSError end the link (EOF: OSError)."""
-        chunk = self.sock.recv(65536)
-        if not chunk:
+        data = self.sock.recv(65536)
+        if not data:
             raise OSError("closed")
-        self.buf += chunk
-        out = []
-        while b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            if not self.theirs:
-                self.theirs = parse_nonce(line + b"\n")
-                waiting, self.pending = self.pending, []
-                for kind, fields in waiting:
-                    self.send(kind, **fields)
-                continue
-            kind, self.seq_in, fields = decode_word(line + b"\n", self.token, self.mine,
-                                                    self.seq_in, self.kinds)
-            out.append((kind, fields))
+        *whole, self.buf = (self.buf + data).split(b"\n")
         if len(self.buf) > QUEUE_LINE:
             raise BadWord("a line too long")
+        out = []
+        for raw in whole:
+            if self.theirs:
+                kind, self.seq_in, fields = decode_word(raw + b"\n", self.token, self.mine,
+                                                        self.seq_in, self.kinds)
+                out.append((kind, fields))
+                continue
+            self.theirs = parse_nonce(raw + b"\n")
+            waiting, self.pending = self.pending, []
+            for kind, fields in waiting:
+                self.send(kind, **fields)
         return out
 
     def close(self) -> None:
