@@ -15,11 +15,12 @@ from fleet.cli import (
     run_commands,
     top,
     ui,
+    usage,
 )
 from fleet.cli.app import app
 
 __all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "leases", "pull",
-           "run_commands", "top", "ui"]
+           "run_commands", "top", "ui", "usage"]
 
 # What goes around a run, after the commands the modules above added.
 app.command("pull")(pull.pull)
@@ -30,5 +31,6 @@ app.command("top")(top.top)
 app.command("ui")(ui.ui)
 # Sharing a lab's GPUs.
 app.command("gpus")(gpus.gpus)
+app.command("usage")(usage.usage)
 app.command("reserve")(leases.reserve)
 app.command("release")(leases.release)
