@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +16,8 @@ from fleet.errors import UsageError
 if TYPE_CHECKING:
     from fleet.run.usage import Row, Usage
 
-NAME_MAX = 32  # a name's column (the JSON has it whole): the table stays within 80 columns
+WIDTH = 80
+NAME_MAX = 28  # a name's column (the JSON has it whole): the table stays within 80 columns
 
 
 def usage(since: Annotated[str, typer.Option(
@@ -23,7 +25,7 @@ def usage(since: Annotated[str, typer.Option(
               help="The window, back from now: 30d, 12h, 90m.")] = "30d",
           as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
                              ] = False) -> None:
-    """Show GPU-hours per user, host and job, from this machine's records.
+    """Show GPU-hours by user, host and job, from this machine's records.
 
     A run's part on a node counts its GPUs (the inventory's `gpus` for that host, kept in the
     run's record) from the run's start to its end as fleet saw it; only the part inside the
@@ -48,15 +50,16 @@ def usage(since: Annotated[str, typer.Option(
 def lines(u: Usage, since: str) -> list[str]:
     """The three tables (by user, host and job), the total and the footnotes."""
     from fleet.console import Console
+    from fleet.run.record import state_dir
 
     def when(t: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
-    out = [f"GPU-hours from {when(u.since)} to {when(u.until)} (the last {since}), from this "
-           "machine's records"]
+    out = textwrap.wrap(f"GPU-hours, last {since}: {when(u.since)} to {when(u.until)}, "
+                        "from records here", WIDTH)
     if not u.total.runs:
         out.append("no run recorded here ran in that window")
-    console = Console()
+    console, state = Console(), str(state_dir().parent)
     for title, rows in (("USER", u.users), ("HOST", u.hosts), ("JOB", u.jobs)):
         if rows:
             out += ["", console.table((title, "GPU-HOURS", "RUNS", "NOTE"),
@@ -65,22 +68,30 @@ def lines(u: Usage, since: str) -> list[str]:
     if t.runs:
         running = f", {len(t.running)} still running (counted to now)" if t.running else ""
         out += ["", f"total: {t.gpu_hours:.2f} GPU-hours in {_runs(len(t.runs))}{running}"]
+    notes = []
     if t.unknown:
-        out.append(f"unknown GPUs: {_runs(len(t.unknown))} ran {t.unknown_node_hours:.2f} "
+        notes.append(f"unknown GPUs: {_runs(len(t.unknown))} ran {t.unknown_node_hours:.2f} "
                    "node-hours on hosts whose GPUs the inventory did not choose, not counted "
                    "(set `gpus` for those hosts to count them)")
     if u.not_counted:
-        out.append(f"not counted: {_runs(len(u.not_counted))} on Slurm, whose GPUs fleet does "
+        notes.append(f"not counted: {_runs(len(u.not_counted))} on Slurm, whose GPUs fleet does "
                    f"not record ({', '.join(u.not_counted)})")
-    if u.damaged:
-        out.append(f"damaged records skipped: {', '.join(sorted(u.damaged))}")
+    out += [line for n in notes for line in textwrap.wrap(
+        n, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)]
+    if u.damaged:  # one line, whatever its length: paths are not broken
+        out.append(f"damaged records skipped (under {state}): "
+                   f"{', '.join(sorted(_under(p, state) for p in u.damaged))}")
     return out
+
+
+def _under(path: str, root: str) -> str:
+    return path[len(root) + 1:] if path.startswith(root + "/") else path
 
 
 def _row(r: Row) -> list[str]:
     name = r.name if len(r.name) <= NAME_MAX else r.name[:NAME_MAX - 3] + "..."
     notes = ([f"{len(r.running)} running"] if r.running else []) + (
-        [f"{len(r.unknown)} GPUs unknown"] if r.unknown else [])
+        [f"{len(r.unknown)} GPU count unknown"] if r.unknown else [])
     return [name or "?", f"{r.gpu_hours:.2f}", str(len(r.runs)), ", ".join(notes)]
 
 
