@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from fleet.cli import commands  # noqa: F401  (every command on the app)
 from fleet.cli.app import app
-from fleet.cli.usage import lines
 from fleet.config.inventory import BackendKind, Host
 from fleet.nodeside.shared.queue_rules import FAILED, LOST, QUEUED, RUNNING, SUCCEEDED
 from fleet.run import outcomes, sweeps, usage, verdict
