@@ -177,6 +177,7 @@ def gather(now: float, since: float) -> tuple[list[Span], list[str], dict[str, s
             if top.started >= since:
                 unknown.append(run_id)
             continue
+        parts: list[Span] = []
         try:
             kept = verdict.read(top.dir)
             for i, rec in enumerate(every):
@@ -185,9 +186,11 @@ def gather(now: float, since: float) -> tuple[list[Span], list[str], dict[str, s
                 closed = every[i + 1].started if i + 1 < len(every) else \
                     kept.at if kept is not None else None
                 ends = {name: s.at for name, s in outcomes.seen(rec.dir).items() if s.final}
-                spans += run_spans(rec, ends, closed, now, who, run_id, job_name(run_id))
-        except (FleetError, OSError) as e:
+                parts += run_spans(rec, ends, closed, now, who, run_id, job_name(run_id))
+        except (FleetError, OSError) as e:  # the whole run skipped, named
             damaged[str(top.dir)] = str(e)
+            continue
+        spans += parts
     found, bad = sweeps.all_sweeps()
     damaged.update({str(sweeps.sweeps_dir() / name): why for name, why in bad.items()})
     for s in found:

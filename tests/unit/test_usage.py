@@ -192,3 +192,12 @@ def test_nothing_recorded_and_a_bad_window(tmp_path: Path, fleet_cli: object) ->
     assert r.returncode == 0 and "no run recorded here ran in that window" in r.stdout, r
     bad = fleet_cli("usage", "--since", "30")
     assert bad.returncode == 2 and "--since '30': a duration" in bad.stderr, bad
+
+
+def test_a_run_with_a_damaged_end_is_named_and_skipped_whole(lab: float) -> None:
+    broken = state_dir() / "mnist-20261126-100000-aaaa"
+    (broken / outcomes.FILE).write_text("{")
+    u = usage.usage(DAY, lab)
+    assert str(broken) in u.damaged and "damaged" in u.damaged[str(broken)], u.damaged
+    assert "mnist-20261126-100000-aaaa" not in u.total.runs
+    assert round(u.total.gpu_hours, 3) == 17.5 - 10.0
