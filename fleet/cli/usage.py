@@ -27,11 +27,12 @@ def usage(since: Annotated[str, typer.Option(
                              ] = False) -> None:
     """Show GPU-hours by user, host and job, from this machine's records.
 
-    A run's part on a node counts its GPUs (the inventory's `gpus` for that host, kept in the
-    run's record) from the run's start to its end as fleet saw it; only the part inside the
-    window counts. A run still running counts to now, and is said to. Where the inventory chose
-    no GPUs, fleet never recorded how many the run used: that part is named as unknown, never
-    guessed. Queued runs (fleet sweep, fleet submit) count as their sweep's record has them."""
+    A run's part on a node counts its GPUs (the inventory's `gpus` for that host, else a
+    CUDA_VISIBLE_DEVICES in its env, as the run's record keeps them) from the run's start to
+    its end as fleet saw it; only the part inside the window counts. A run still running counts
+    to now, and is said to. Where neither names the GPUs, fleet never recorded how many the run
+    used: that part is named as unknown, never guessed. Queued runs (fleet sweep, fleet
+    submit) count as their sweep's record has them."""
     from fleet.run.usage import as_json as usage_json
     from fleet.run.usage import usage as measure
     from fleet.timespan import parse_duration
@@ -71,11 +72,11 @@ def lines(u: Usage, since: str) -> list[str]:
     notes = []
     if t.unknown:
         notes.append(f"unknown GPUs: {_runs(len(t.unknown))} ran {t.unknown_node_hours:.2f} "
-                   "node-hours on hosts whose GPUs the inventory did not choose, not counted "
-                   "(set `gpus` for those hosts to count them)")
+                     "node-hours on hosts where fleet recorded no GPU count (no `gpus` chosen "
+                     "there), not counted: set `gpus` for those hosts to count them")
     if u.not_counted:
         notes.append(f"not counted: {_runs(len(u.not_counted))} on Slurm, whose GPUs fleet does "
-                   f"not record ({', '.join(u.not_counted)})")
+                     f"not record ({', '.join(u.not_counted)})")
     out += [line for n in notes for line in textwrap.wrap(
         n, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)]
     if u.damaged:  # one line, whatever its length: paths are not broken

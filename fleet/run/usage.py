@@ -4,17 +4,21 @@ alone (the runs' records and the sweeps'), never a host asked. Reading the recor
 inside the window, times its GPUs, summed by user, by host and by job.
 
 A `fleet up` node's GPUs are the ones the inventory chose for it (`gpus`, kept in the run's
-record); where none were chosen fleet never recorded how many the run used there, and the span
-counts as unknown (its node-hours said, never turned into GPU-hours). A node's part runs from
-the run's start (its record's, as `fleet status` says it) to its end as fleet saw it (kept in
-outcomes.json), else to the end of its attempt (the next attempt's start, or the run's kept
-verdict), else to now: still running, and said so."""
+record), else those its env in the run's manifest made visible (a CUDA_VISIBLE_DEVICES of the
+job's or the inventory's own); where neither says, fleet never recorded how many the run used
+there, and the span counts as unknown (its node-hours said, never turned into GPU-hours). A
+node's part runs from the run's start (its record's, as `fleet status` says it) to its end as
+fleet saw it (kept in outcomes.json), else to the end of its attempt (the next attempt's start,
+or the run's kept verdict), else to now: still running, and said so."""
 
 from __future__ import annotations
 
 import getpass
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fleet.config.inventory import BackendKind
@@ -123,18 +127,55 @@ def job_name(run_id: str) -> str:
 
 
 def run_spans(rec: RunRecord, ends: dict[str, float], closed: float | None, now: float,
-              me: str, run: str = "", job: str = "") -> list[Span]:
+              me: str, run: str = "", job: str = "",
+              visible: dict[str, int] | None = None) -> list[Span]:
     """Each node's part of one launched run (or attempt): `ends` when fleet saw each node's
     part end, `closed` when the attempt was over without that (the next attempt's start, the
-    run's kept verdict; None: nothing says so, it runs on, to `now`)."""
+    run's kept verdict; None: nothing says so, it runs on, to `now`). A node's GPUs: those
+    the inventory chose, else `visible`'s count for it (the manifest's), else unknown."""
     out = []
     for n in rec.nodes:
         end, running = ends.get(n.host.name), False
         if end is None:
             end, running = (closed, False) if closed is not None else (now, True)
+        gpus = len(n.host.gpus) if n.host.gpus else (visible or {}).get(n.host.name)
         out.append(Span(run or rec.run_id, n.host.user or me, n.host.name,
-                        job or job_name(rec.run_id), len(n.host.gpus) if n.host.gpus else None,
-                        rec.started, max(end, rec.started), running))
+                        job or job_name(rec.run_id), gpus, rec.started,
+                        max(end, rec.started), running))
+    return out
+
+
+_DEVICE = re.compile(r"\d{1,4}|(GPU|MIG)-[0-9A-Za-z/-]{1,80}")
+
+
+def visible_count(value: object) -> int | None:
+    """How many GPUs a CUDA_VISIBLE_DEVICES the run was given names (`0,1`: 2; a UUID list
+    too); None where it is no plain list of them (empty, `-1`, anything CUDA reads otherwise:
+    never a guess)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    names = [v.strip() for v in value.split(",")]
+    if not all(_DEVICE.fullmatch(v) for v in names) or len(set(names)) != len(names):
+        return None
+    return len(names)
+
+
+def manifest_gpus(record_dir: Path) -> dict[str, int]:
+    """Per node, the GPUs its env in the run's manifest made visible (the job's or the
+    inventory's own CUDA_VISIBLE_DEVICES), where it names a plain list; none without a
+    manifest (a run that ended before one was kept)."""
+    try:
+        nodes = json.loads((record_dir / "manifest.json").read_text())["nodes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(nodes, dict):
+        return {}
+    out = {}
+    for name, n in nodes.items():
+        env = n.get("env") if isinstance(n, dict) else None
+        count = visible_count(env.get("CUDA_VISIBLE_DEVICES")) if isinstance(env, dict) else None
+        if count is not None:
+            out[str(name)] = count
     return out
 
 
@@ -186,7 +227,8 @@ def gather(now: float, since: float) -> tuple[list[Span], list[str], dict[str, s
                 closed = every[i + 1].started if i + 1 < len(every) else \
                     kept.at if kept is not None else None
                 ends = {name: s.at for name, s in outcomes.seen(rec.dir).items() if s.final}
-                parts += run_spans(rec, ends, closed, now, who, run_id, job_name(run_id))
+                parts += run_spans(rec, ends, closed, now, who, run_id, job_name(run_id),
+                                   manifest_gpus(rec.dir))
         except (FleetError, OSError) as e:  # the whole run skipped, named
             damaged[str(top.dir)] = str(e)
             continue

@@ -201,3 +201,31 @@ def test_a_run_with_a_damaged_end_is_named_and_skipped_whole(lab: float) -> None
     assert str(broken) in u.damaged and "damaged" in u.damaged[str(broken)], u.damaged
     assert "mnist-20261126-100000-aaaa" not in u.total.runs
     assert round(u.total.gpu_hours, 3) == 17.5 - 10.0
+
+
+@pytest.mark.parametrize("value, count", [
+    ("0,1", 2), ("3", 1), (" 0, 2 ,5", 3), ("GPU-8f2e1c7a-1b2c-4d5e-9f00-0123456789ab", 1),
+    ("MIG-GPU-8f2e1c7a/1/0,MIG-GPU-8f2e1c7a/2/0", 2),
+    ("", None), ("-1", None), ("0,,1", None), ("0,0", None), ("all", None), (None, None),
+    (3, None), ("0;rm -rf /", None)])
+def test_a_visible_devices_list_is_counted_only_where_plain(value: object,
+                                                            count: int | None) -> None:
+    assert usage.visible_count(value) == count
+
+
+def test_gpus_the_manifest_made_visible_count_where_the_inventory_chose_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's own CUDA_VISIBLE_DEVICES, as the run's manifest keeps each node's env: counted;
+    a node whose env names none stays unknown, as does a run without a manifest."""
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / "state"))
+    now = time.time()
+    rec = record("env-20261126-100000-aaaa", now - 2 * H, [node("a", None), node("b", None)],
+                 {"a": now - H, "b": now - H}, kept=now - H)
+    (rec.dir / "manifest.json").write_text(json.dumps({"nodes": {
+        "a": {"env": {"CUDA_VISIBLE_DEVICES": "4,5,6"}}, "b": {"env": {}}}}))
+    record("bare-20261126-100000-bbbb", now - 2 * H, [node("a", None)], {"a": now - H},
+           kept=now - H)
+    u = usage.usage(DAY, now)
+    assert by(u.hosts) == {"a": (3.0, 2), "b": (0.0, 1)}
+    assert u.total.unknown == {"env-20261126-100000-aaaa", "bare-20261126-100000-bbbb"}
+    assert round(u.total.unknown_node_hours, 3) == 2.0
