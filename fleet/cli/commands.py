@@ -16,11 +16,12 @@ from fleet.cli import (
     run_commands,
     top,
     ui,
+    usage,
 )
 from fleet.cli.app import app
 
 __all__ = ["app", "doctor", "execute", "forward", "gpus", "job_commands", "leases", "pull",
-           "queue", "run_commands", "top", "ui"]
+           "queue", "run_commands", "top", "ui", "usage"]
 
 # What goes around a run, after the commands the modules above added.
 app.command("pull")(pull.pull)
@@ -31,6 +32,7 @@ app.command("top")(top.top)
 app.command("ui")(ui.ui)
 # Sharing a lab's GPUs.
 app.command("gpus")(gpus.gpus)
+app.command("usage")(usage.usage)
 app.command("reserve")(leases.reserve)
 app.command("release")(leases.release)
 # Queued runs, placed on free GPUs by the hosts themselves.

@@ -1,7 +1,8 @@
 """What fleet saw is history, end to end through the real CLI on real sshd hosts: a job that
 fails, but leaves behind a process (out of the run's environment) that later writes `0` into its
 run directory's exit_code, stays failed in `status`, `ps` and `show`, whether fleet watched its
-end or a later `status` was the first to see it."""
+end or a later `status` was the first to see it; and `fleet usage` counts a run's GPU-hours
+from its record alone."""
 
 from __future__ import annotations
 
@@ -161,3 +162,44 @@ def test_a_job_cannot_write_its_own_success(cli: CLI, tb2: Testbed, tmp_path: Pa
                  (run_dir(tb2, h.name, run_id) / "exit_code").read_text() == "1\n", 60,
                  f"the job's end on {h.name}")
     assert_failed(cli, run_id)
+
+
+def test_usage_counts_a_runs_gpu_hours_from_its_record(cli: CLI, tb2: Testbed,
+                                                       tmp_path: Path) -> None:
+    """`fleet usage` after a real run on two hosts that each chose 2 (stand-in) GPUs: each
+    host's 2 GPUs times its part as the record keeps it (the run's start to the end fleet saw
+    there), under the inventory's user, each host and the job's name; no host asked."""
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "utilization": 0}
+    for h in tb2.hosts:
+        tb2.fake_gpus(h.name, {"gpus": [gpu, gpu], "apps": []})
+    tb2.inventory(tmp_path / "inv.toml", per_host={h.name: {"gpus": [0, 1]} for h in tb2.hosts})
+    (tmp_path / "code").mkdir()
+    (tmp_path / "job.toml").write_text(
+        'name = "gpuhours"\ninventory = "inv.toml"\nworkdir = "code"\nlauncher = "command"\n'
+        'command = ["sleep", "2"]\n[rendezvous]\nport = 29944\n')
+    r = cli("up", str(tmp_path / "job.toml"), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id = run_id_of(r.stderr)
+    record = tmp_path / ".fleet" / "runs" / run_id
+    started = json.loads((record / "run.json").read_text())["started"]
+    ends = {name: seen["at"] for name, seen in
+            json.loads((record / "outcomes.json").read_text()).items()}
+    assert set(ends) == {h.name for h in tb2.hosts}, ends
+    want = {name: 2 * (at - started) / 3600 for name, at in ends.items()}
+    assert all(h >= 2 * 2 / 3600 for h in want.values()), want  # the job slept 2 s on each
+    for h in tb2.hosts:  # what a later look would say cannot change the history
+        tb2.fake_gpus(h.name, {"gpus": [], "apps": []})
+    u = cli("usage", "--since", "1h", "--json", timeout=60)
+    assert u.returncode == 0, u.stdout + u.stderr
+    got = json.loads(u.stdout)
+    total = sum(want.values())
+    assert got["total"]["gpu_hours"] == pytest.approx(total, abs=1e-5), got
+    assert (got["total"]["runs"], got["total"]["running"], got["total"]["unknown_gpus"]) == \
+        (1, 0, 0), got
+    assert [(x["user"], x["runs"]) for x in got["by_user"]] == [(tb2.user, 1)], got
+    assert got["by_user"][0]["gpu_hours"] == pytest.approx(total, abs=1e-5), got
+    assert {x["host"]: x["gpu_hours"] for x in got["by_host"]} == {
+        name: pytest.approx(h, abs=1e-5) for name, h in want.items()}, got
+    assert [(x["job"], x["runs"]) for x in got["by_job"]] == [("gpuhours", 1)], got
+    text = cli("usage", timeout=60).stdout
+    assert re.search(rf"^{re.escape(tb2.user)} +{total:.2f} +1$", text, re.M), text

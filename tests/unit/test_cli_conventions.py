@@ -29,9 +29,8 @@ from tests.conftest import InProcessCLI
 
 FLEET = Path(sys.executable).with_name("fleet")  # the installed console script
 COMMANDS = ["up", "plan", "check", "trust", "stop", "rm", "status", "ps", "logs", "show", "diff",
-            "dump", "pull", "forward", "exec", "doctor", "top", "ui", "gpus", "reserve", "release",
-            "submit", "sweep", "queue",
-            "export", "export slurm"]
+            "dump", "pull", "forward", "exec", "doctor", "top", "ui", "gpus", "usage", "reserve",
+            "release", "submit", "sweep", "queue", "export", "export slurm"]
 RUNS = {"mnist-20250101-120000-49b0": 1.0, "mnist-20250102-120000-4a11": 2.0,
         "ddp-20250103-120000-77aa": 3.0}
 
