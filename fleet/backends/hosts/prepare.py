@@ -8,12 +8,14 @@ import time
 
 from fleet.backends.checks import Status
 from fleet.backends.hosts.claim import Claims, claim_all
+from fleet.backends.hosts.gpus import lease_on
 from fleet.backends.hosts.ports import Listeners, port_checks
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
 from fleet.facts.gpus import GpuFacts, absent, gpu_facts
+from fleet.facts.leases import LeaseOrder
 from fleet.facts.probe import (
     Facts,
     literal_address,
@@ -39,6 +41,10 @@ class Session:
         self.facts: dict[str, Facts] = {}  # what the probe learnt, once prepare_plan ran
         self.claims: Claims | None = None  # held from before the first write to the start
         self.gpus: dict[str, GpuFacts] = {}  # what the GPU gate learnt (fleet.backends.hosts.gpus)
+        self.unreachable: dict[str, str] = {}  # a placement's hosts that did not answer, why
+        # Per host the run lease's file a placement took (fleet.backends.hosts.placing): given
+        # back when the session closes, unless emptied first (a run that goes on detached).
+        self.leases: dict[str, str] = {}
 
     def release(self) -> None:
         """Let other launches prepare these hosts (this one's nodes run, or it gave up)."""
@@ -46,8 +52,15 @@ class Session:
             self.claims.release()
             self.claims = None
 
+    def give_back(self) -> None:
+        """Drop the run leases taken (best effort: one not dropped ends by its time)."""
+        leases, self.leases = dict(self.leases), {}
+        each(((n, n) for n in leases if n in self.transports), lambda n: lease_on(
+            self.transports[n], self.transports[n].host, LeaseOrder.drop((leases[n],))))
+
     def close(self) -> None:
         self.release()
+        self.give_back()
         each(self.transports.items(), lambda t: t.close())
 
 
@@ -132,7 +145,8 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
                      storage=storage_groups(facts), has_gpus=has_gpus, run=run)
     plan = dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()},
-                               packages={n: f.packages for n, f in facts.items()})
+                               packages={n: f.packages for n, f in facts.items()},
+                               leases=dict(session.leases))
     for node in plan.nodes:
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
