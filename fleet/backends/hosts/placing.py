@@ -39,6 +39,19 @@ def needs(placement: Placement, inventory: Inventory) -> str:
         else f"{n} host(s)"
 
 
+def planned(job: Job, inventory: Inventory) -> tuple[Inventory, tuple[str, ...]]:
+    """What `fleet plan` shows of a placement, which it cannot choose (that is `fleet up`'s, at
+    launch): the inventory's first hosts, and a note saying so."""
+    if not job.placement.partial:
+        return inventory, ()
+    check(job, inventory)
+    n = job.placement.nodes or len(inventory.hosts)
+    return dataclasses.replace(inventory, hosts=inventory.hosts[:n]), (
+        f"the hosts and GPUs are chosen at launch: fleet up takes "
+        f"{wanted(job.placement, len(inventory.hosts))} (the first that have them, in the "
+        f"inventory's order); shown here: the inventory's first {n}",)
+
+
 def connect_and_gate(inventory: Inventory, job: Job, run_id: str, options: Options,
                      console: Console) -> tuple[Session, Inventory]:
     """The session and the hosts the run uses (each with its GPUs, for a placement)."""
