@@ -97,7 +97,7 @@ def choose(placement: Placement, hosts: list[Host], facts: dict[str, GpuFacts | 
         if g is not None and free is not None and len(free) >= g:
             chosen.append((h.name, free[:g]))
         elif g is not None:
-            have = f"{len(free or ())} free" if counted else ""
+            have = f"{len(free)} free" if counted and free is not None else ""
             why_not[h.name] = ": ".join(x for x in (have, busy) if x)
         elif free is None or (counted and not busy):
             chosen.append((h.name, free))  # without GPUs (a CPU host fits), or all free
