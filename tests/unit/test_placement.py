@@ -16,6 +16,8 @@ import pytest
 
 from fleet import nodeside
 from fleet.backends.hosts.placing import check, planned
+from fleet.backends.slurm.cluster import cluster_for, placed
+from fleet.backends.slurm.script import export_script
 from fleet.config.inventory import Host
 from fleet.config.job import load_job
 from fleet.config.placement import Placement
@@ -27,6 +29,7 @@ from fleet.gpuview import lease_blockers, lease_words
 from fleet.placing import choose, needs
 from fleet.plan import make_plan
 from fleet.render import render_node
+from tests.builders import write_cluster, write_job
 from tests.unit.test_plan import NETS, inventory, job
 
 NOW = 1_795_534_438.0
@@ -220,3 +223,16 @@ def test_run_sh_and_stop_sh_remove_the_nodes_run_lease(tmp_path: Path) -> None:
     assert "run_lease" not in plain["run.sh"][0] and "fleet-leases" not in plain["stop.sh"][0]
     for name in ("run.sh", "stop.sh"):
         assert subprocess.run(["sh", "-n"], input=files[name][0], text=True).returncode == 0
+
+
+# ---- Slurm: sbatch's own words ------------------------------------------------------------------
+def test_slurm_takes_nodes_and_gpus_per_node_as_sbatchs(tmp_path: Path) -> None:
+    write_cluster(tmp_path / "cluster.toml", nodes=8, gpus_per_node="8", nproc_per_node=8)
+    job_ = load_job(write_job(tmp_path, inventory="cluster.toml", nodes=2, gpus_per_node=4))
+    text = export_script(job_, placed(cluster_for(job_.inventory), job_))
+    for line in ("--nodes=2", "--gpus-per-node=4"):
+        assert f"#SBATCH {line}\n" in text, text
+    assert "--nproc-per-node 4" in text and "--nproc-per-node 8" not in text
+    plain = load_job(write_job(tmp_path, inventory="cluster.toml", name="plain.toml"))
+    text = export_script(plain, placed(cluster_for(plain.inventory), plain))
+    assert "#SBATCH --nodes=8\n" in text and "#SBATCH --gpus-per-node=8\n" in text
