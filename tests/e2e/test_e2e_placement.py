@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, _need_testbed
+from tests.e2e.test_e2e_gpus import Lines
 from tests.e2e.test_e2e_up import assert_nothing_left, run_id_of
 from tests.testbed import Testbed
 
@@ -97,6 +99,22 @@ def test_a_placed_job_runs_on_the_free_gpus_and_gives_its_lease_back(
     assert [n["host"] for n in json.loads(status.stdout)["nodes"]] == ["node1"], status.stdout
     assert run_leases(tb) == {"node1": [], "node2": []}
     assert_nothing_left(tb, run_id_of(r.stderr))
+    # Interrupted while it runs: the teardown gives its run lease back too.
+    p = cli.popen("up", str(job(tmp_path, "long", 29746, nodes=1, gpus=2, nap=120)))
+    err = Lines(p)
+    try:
+        err.wait(r"started master", timeout=60)
+        [taken] = run_leases(tb)["node1"]
+        assert taken["gpus"] == [2, 3], taken
+        p.send_signal(signal.SIGINT)
+        out = err.finish(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err.thread.join(timeout=10)
+    assert p.returncode == 130, out + err.text()
+    assert run_leases(tb) == {"node1": [], "node2": []}, err.text()
+    assert_nothing_left(tb, str(taken["run"]))
 
 
 def test_two_placed_runs_at_once_take_disjoint_gpus_and_their_leases_go_with_them(
