@@ -173,3 +173,27 @@ def test_not_enough_free_gpus_is_refused_with_nothing_left(
     more = cli("up", str(job(tmp_path, "more", 29745, nodes=3, gpus=1)))
     assert more.returncode == 2 and "more.toml: nodes: asks for 3 hosts, but the inventory " \
         in more.stderr, more.stderr
+
+
+def test_wait_starts_once_a_runs_lease_goes_with_it(cli: CLI, tb: Testbed, tmp_path: Path,
+                                                     alices_lease: None) -> None:
+    tb.inventory(tmp_path / "inv.toml")
+    short = cli("up", "--detach", str(job(tmp_path, "short", 29747, nodes=1, gpus=2, nap=8)))
+    assert short.returncode == 0, short.stderr
+    assert "node1  chosen, GPUs 2,3" in short.stderr, short.stderr
+    p = cli.popen("up", "--wait=2m", str(job(tmp_path, "both", 29748, nodes=2, gpus=2)))
+    err = Lines(p)
+    try:
+        err.wait(rf"waiting for 2 hosts with 2 free GPUs each \(at most 2 min\): node1: 0 free: "
+                 rf"GPU0: 18432 MiB in use by user alice \(pid \d+\); GPU1: leased by alice; "
+                 rf"GPU2: leased by run {run_id_of(short.stderr)} of root; GPU3: leased by run ")
+        out = err.finish(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err.thread.join(timeout=10)
+    assert p.returncode == 0, out + err.text()
+    assert "node1 r0 | on node1 CVD 2,3 PCI_BUS_ID" in out and \
+        "node2 r2 | on node2 CVD 0,1 PCI_BUS_ID" in out, out
+    assert run_leases(tb) == {"node1": [], "node2": []}
+    assert_nothing_left(tb, run_id_of(short.stderr))

@@ -138,17 +138,17 @@ def place(session: Session, inventory: Inventory, job: Job, run_id: str, options
                     if not refused:
                         break
                     races += 1
-                    if races >= RACES and wait is None:
-                        raise GpusTaken(f"taking run leases for {choice.needs}", refused)
-                    continue  # another launch took them since the look: look again
+                    if races < RACES:
+                        continue  # another launch took them since the look: look again
+                    races, action, why = 0, f"taking run leases for {choice.needs}", refused
+                else:
+                    action, why = f"choosing {choice.needs}", refusal(choice)
                 if wait is None:
-                    raise GpusTaken(f"choosing {choice.needs} (fleet up --wait waits for them)",
-                                    refusal(choice))
+                    raise GpusTaken(f"{action} (fleet up --wait waits for them)", why)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise GpusTaken(f"waiting {span(wait)} for {choice.needs}",
-                                    refusal(choice))
-                words = "; ".join(f"{h}: {why}" for h, why in choice.why_not.items())
+                    raise GpusTaken(f"waiting {span(wait)} for {choice.needs}", why)
+                words = "; ".join(f"{h}: {x}" for h, x in why.items())
                 if words != said:
                     limit = "" if math.isinf(wait) else f" (at most {span(wait)})"
                     console.info(f"waiting for {choice.needs}{limit}: {words}", Meaning.WARN)
