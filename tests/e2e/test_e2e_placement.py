@@ -1,10 +1,11 @@
 """A job that asks for part of the lab (`nodes`, `gpus_per_node`), end to end on two real sshd
 hosts of four stand-in GPUs each (tests/fake_nvidia_smi.py) with a colleague, alice: on node1
 her process holds GPU 0 and her lease GPU 1. A `nodes = 1, gpus_per_node = 2` job runs on
-node1's GPUs 2 and 3 (CUDA_VISIBLE_DEVICES as its ranks see it), two such runs started at once
-(detached) take disjoint GPUs under their run leases, a job that asks more than is free is
-refused with every host's word and nothing left anywhere, and the run leases go with their
-runs (its end, `fleet stop`)."""
+node1's GPUs 2 and 3 (CUDA_VISIBLE_DEVICES as its ranks see it) and gives its run lease back
+(its end, Ctrl-C); two such runs started at once (detached) take disjoint GPUs under their run
+leases, and a third job shares a host with one of them on the GPUs left; `fleet stop` takes a
+run's lease away; a job that asks more than is free is refused with every host's word and
+nothing left anywhere, and `--wait` starts once a run's lease went with its end."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def test_two_placed_runs_at_once_take_disjoint_gpus_and_their_leases_go_with_the
         cli: CLI, tb: Testbed, tmp_path: Path, alices_lease: None) -> None:
     tb.inventory(tmp_path / "inv.toml")
     first = job(tmp_path, "first", 29742, nodes=1, gpus=2, nap=60)
-    second = job(tmp_path, "second", 29743, nodes=1, gpus=2, nap=4)
+    second = job(tmp_path, "second", 29743, nodes=1, gpus=2, nap=60)
     ps = [cli.popen("up", "--detach", str(p)) for p in (first, second)]
     said = [(p.communicate(timeout=120), p.returncode) for p in ps]
     ids = []
@@ -131,17 +132,20 @@ def test_two_placed_runs_at_once_take_disjoint_gpus_and_their_leases_go_with_the
     try:
         held = run_leases(tb)
         gpus = {(h, g) for h, xs in held.items() for x in xs for g in x["gpus"]}  # type: ignore
-        assert len(gpus) == 4, held  # two runs, two GPUs each, none shared
+        assert gpus == {("node1", 2), ("node1", 3), ("node2", 0), ("node2", 1)}, held
         assert {x["run"] for xs in held.values() for x in xs} == set(ids), held
-        assert not gpus & {("node1", 0), ("node1", 1)}, held  # alice's process and lease
         shown = cli("gpus", str(tmp_path / "inv.toml"))
         for run_id in ids:
             assert f"leased by root for run {run_id} until" in shown.stdout, shown.stdout
-        # The second ends by itself: its run lease goes with it; the first is stopped.
-        wait_gone(tb, ids[1], timeout=60)
-        stop = cli("stop", ids[0])
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        wait_gone(tb, ids[0])
+        # Another job shares node2 with the run there, on the GPUs its run lease left free.
+        third = cli("up", "--node", "node2", str(job(tmp_path, "third", 29749, nodes=1, gpus=2)))
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert "node2 r1 | on node2 CVD 2,3 PCI_BUS_ID" in third.stdout, third.stdout
+        # A detached run stopped: its run lease goes with it.
+        for run_id in ids:
+            stop = cli("stop", run_id)
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+            wait_gone(tb, run_id)
     finally:
         for run_id in ids:
             cli("stop", run_id)

@@ -16,15 +16,17 @@ import pytest
 
 from fleet import nodeside
 from fleet.backends.hosts.placing import check, planned
+from fleet.backends.hosts.prepare import Session, refuse_held
 from fleet.backends.slurm.cluster import cluster_for, placed
 from fleet.backends.slurm.script import export_script
 from fleet.config.inventory import Host
 from fleet.config.job import load_job
 from fleet.config.placement import Placement
 from fleet.config.restart import Restart
-from fleet.errors import ConfigError, Unsupported
+from fleet.errors import ConfigError, HostsBusy, Unsupported
 from fleet.facts.gpus import Gpu, GpuApp, GpuFacts
 from fleet.facts.leases import Lease, LeaseOrder, parse_answer, parse_lease
+from fleet.facts.probe import Facts, PythonState
 from fleet.gpuview import lease_blockers, lease_words
 from fleet.placing import choose, needs
 from fleet.plan import make_plan
@@ -236,3 +238,14 @@ def test_slurm_takes_nodes_and_gpus_per_node_as_sbatchs(tmp_path: Path) -> None:
     plain = load_job(write_job(tmp_path, inventory="cluster.toml", name="plain.toml"))
     text = export_script(plain, placed(cluster_for(plain.inventory), plain))
     assert "#SBATCH --nodes=8\n" in text and "#SBATCH --gpus-per-node=8\n" in text
+
+
+def test_a_placed_run_shares_a_host_with_another_jobs_run_only() -> None:
+    s = Session({})
+    s.facts = {"a": Facts("a", None, (), PythonState.OK,
+                          held=("other-20260101-000000-abcd/a",))}
+    refuse_held(s, "j")  # another job's run: its run lease keeps the GPUs apart
+    with pytest.raises(HostsBusy, match=r"a: held by run other-20260101-000000-abcd \(still "):
+        refuse_held(s)  # a job that takes the whole host
+    with pytest.raises(HostsBusy, match="held by run other-20260101"):
+        refuse_held(s, "other")  # its own code directory

@@ -233,12 +233,18 @@ def version_problems(facts: dict[str, Facts], master: str) -> dict[str, str]:
     return out
 
 
-def refuse_held(session: Session) -> None:
+def refuse_held(session: Session, placed: str = "") -> None:
     """No other run of fleet may still hold a node (what the probe listed, prepare_plan's
-    `held`): its code directory would change under it."""
-    busy = {name: f"held by run {f.held[0].split('/')[0]} (still running); stop it (`fleet "
-                  f"stop {f.held[0].split('/')[0]}`) or pass --force"
-            for name, f in session.facts.items() if f.held}
+    `held`): its code directory would change under it. A placed run (`placed`: its job's
+    name) shares a host with another job's run, whose GPUs its run lease keeps apart: only
+    runs of a job of that name (its code directory's) refuse it."""
+    def ids(f: Facts) -> list[str]:
+        runs = [h.split("/")[0] for h in f.held]
+        return [r for r in runs if r.startswith(f"{placed}-")] if placed else runs
+
+    busy = {name: f"held by run {held[0]} (still running); stop it (`fleet stop {held[0]}`) "
+                  "or pass --force"
+            for name, f in session.facts.items() if (held := ids(f))}
     if busy:
         raise HostsBusy("preflight", busy)
 

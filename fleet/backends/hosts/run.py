@@ -67,7 +67,7 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
                             run=options.parent)
         faults.point(Phase.PREFLIGHT.value)
         if held:
-            refuse_held(session)
+            refuse_held(session, job.name if job.placement.partial else "")
         # Before anything is on a node: `fleet stop RUN` finds it.
         record = state.save(plan, parent=options.parent)
     except BaseException:
