@@ -50,10 +50,12 @@ def clock(when: float, now: float) -> str:
 
 
 def lease_words(lease: Lease, facts_now: float, now: float) -> str:
-    """`alice until 17:30 (3 h left): "paper deadline"`."""
+    """`alice until 17:30 (3 h left): "paper deadline"`; a run lease's `alice for run RUN until
+    ...`."""
     end = local_until(lease, facts_now, now)
     note = f': "{lease.note}"' if lease.note else ""
-    return f"{lease.owner} until {clock(end, now)} ({span(end - now)} left){note}"
+    run = f" for run {lease.run}" if lease.run else ""
+    return f"{lease.owner}{run} until {clock(end, now)} ({span(end - now)} left){note}"
 
 
 def idle(app: GpuApp, util: int | None) -> bool:
@@ -100,15 +102,16 @@ def wanted(chosen: tuple[int, ...] | None, facts: GpuFacts) -> tuple[int, ...] |
 
 def lease_blockers(host: str, chosen: tuple[int, ...] | None, facts: GpuFacts,
                    now: float) -> list[Blocker]:
-    """Other users' active leases on what the job would use (no GPU chosen: the whole host);
-    leases not all read are in the way of all of it (one unread may be a colleague's)."""
+    """Other users' active leases on what the job would use (no GPU chosen: the whole host), and
+    anyone's run leases (the GPUs of a run that runs); leases not all read are in the way of all
+    of it (one unread may be a colleague's)."""
     gpus = chosen or None
     out = []
     if facts.unknown:
         out.append(Blocker(host, None, f"its leases are unknown: {facts.unknown}",
                            "lease unknown"))
     for lease in facts.active_leases():
-        if lease.owner == facts.me or not lease.overlaps(gpus):
+        if (lease.owner == facts.me and not lease.run) or not lease.overlaps(gpus):
             continue
         words = f"leased by {lease_words(lease, facts.now, now)}"
         where = [g for g in (lease.gpus or ()) if gpus is None or g in gpus]
@@ -225,7 +228,8 @@ def as_json(results: dict[str, GpuFacts | str], now: float) -> dict[str, Any]:
 
         def lease(x: Lease, f: GpuFacts = f) -> dict[str, Any]:
             return {"owner": x.owner, "gpus": list(x.gpus) if x.gpus is not None else None,
-                    "until": round(local_until(x, f.now, now), 1), "note": x.note}
+                    "until": round(local_until(x, f.now, now), 1), "note": x.note,
+                    "run": x.run or None}
 
         hosts.append({
             "host": host, "error": f.error or None, "nvidia_smi": f.smi, "user": f.me,

@@ -64,6 +64,9 @@ class Plan:
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
     # Per node what that interpreter has installed (name==version, as the probe said it).
     packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Per node its run lease's file (a placement's: fleet.backends.hosts.placing), which its
+    # run.sh and stop.sh remove once the run's processes there ended.
+    leases: dict[str, str] = field(default_factory=dict)
 
     @property
     def master(self) -> NodePlan:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import fleet.nodeside
 import fleet.templates
+from fleet.facts.leases import LEASE_DIR
 from fleet.nodeside.shared import nodemap
 from fleet.plan import SITE, NodePlan, Plan
 from fleet.shell import MACHINE_ID, join, quote
@@ -61,7 +62,9 @@ def render_node(plan: Plan, node: NodePlan, grace: int = STOP_GRACE_S) -> NodeFi
     env = environment(plan.job.templates)
     ctx = {"run_id": plan.run_id, "job": plan.job, "node": node, "grace": grace,
            "machine_id": MACHINE_ID, "run_pids": fleet.nodeside.text("run_pids.sh"),
-           "map": nodemap}  # where things live on a node, and its variables' names
+           "map": nodemap,  # where things live on a node, and its variables' names
+           # the node's run lease (a placement's), removed once the run's processes ended
+           "run_lease": f"{LEASE_DIR}/{name}" if (name := plan.leases.get(node.host.name)) else ""}
     with _LOADING:  # every node's thread at once would each compile them: one does, once
         env_sh, run_sh, stop_sh = (env.get_template(f"{name}.j2")
                                    for name in ("env.sh", "run.sh", "stop.sh"))

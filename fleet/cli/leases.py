@@ -200,7 +200,8 @@ def _list(console: Console, backend: Backend, inventory: Path) -> None:
             table.append([host, "all", "?", "", "", f"leases unknown: {f.unknown}"])
         for x in sorted(f.active_leases(), key=lambda x: x.until):
             end = local_until(x, f.now, now)
-            table.append([host, _gpus(x), x.owner, clock(end, now), span(end - now), x.note])
+            note = "; ".join(w for w in (f"run {x.run}" if x.run else "", x.note) if w)
+            table.append([host, _gpus(x), x.owner, clock(end, now), span(end - now), note])
     if not table:
         console.info("no active lease on any host")
         return

@@ -19,6 +19,7 @@ from fleet.nodeside.shared.lease_rules import (
     LEASE_FILE,
     lease_end,
     lease_gpus,
+    lease_run,
     lease_time,
 )
 from fleet.nodeside.shared.lease_rules import MAX_LEASE_S as MAX_LEASE_S  # fleet.cli.leases
@@ -44,6 +45,7 @@ class Lease:
     since: float = 0.0
     note: str = ""
     origin: str = ""  # where it was taken from (user@machine), as its writer said
+    run: str = ""  # a run lease's run (a run id's shape, else ""): held while that run runs
 
     def active(self, now: float) -> bool:
         return self.until > now
@@ -78,7 +80,8 @@ def parse_lease(owner: str, text: str, changed: float | None = None) -> Lease | 
     return Lease(owner, gpus if isinstance(gpus, tuple) else None, until,
                  lease_time(said.get("since")) or 0.0,
                  masked(note)[:NOTE_MAX] if isinstance(note, str) else "",
-                 masked(origin)[:100] if isinstance(origin, str) else "")
+                 masked(origin)[:100] if isinstance(origin, str) else "",
+                 lease_run(said.get("run")))
 
 
 def others(leases: list[Lease], me: str, gpus: tuple[int, ...] | None) -> list[Lease]:
@@ -97,17 +100,19 @@ class LeaseAction(Enum):
 @dataclass(frozen=True)
 class LeaseOrder:
     """What fleet/nodeside/lease.py is asked: take `gpus` (None: the whole host) for `seconds`,
-    give them back, or drop the caller's leases named."""
+    give them back, or drop the caller's leases named. A take with `run` is a run lease."""
 
     action: LeaseAction
     gpus: tuple[int, ...] | None = None
     seconds: float = 0.0
     note: str = ""
     names: tuple[str, ...] = ()
+    run: str = ""
 
     @classmethod
-    def take(cls, gpus: tuple[int, ...] | None, seconds: float, note: str = "") -> LeaseOrder:
-        return cls(LeaseAction.TAKE, gpus, seconds, note)
+    def take(cls, gpus: tuple[int, ...] | None, seconds: float, note: str = "",
+             run: str = "") -> LeaseOrder:
+        return cls(LeaseAction.TAKE, gpus, seconds, note, run=run)
 
     @classmethod
     def give(cls, gpus: tuple[int, ...] | None) -> LeaseOrder:
@@ -121,7 +126,8 @@ class LeaseOrder:
     def argv(self, origin: str) -> list[str]:
         which = "all" if self.gpus is None else ",".join(map(str, self.gpus))
         if self.action is LeaseAction.TAKE:
-            return [self.action.value, which, f"{self.seconds:.0f}", self.note, origin]
+            return [self.action.value, which, f"{self.seconds:.0f}", self.note, origin,
+                    *([self.run] if self.run else [])]
         if self.action is LeaseAction.GIVE:
             return [self.action.value, which]
         return [self.action.value, *self.names]

@@ -3,10 +3,13 @@ flock of the lease directory itself, read every lease, refuse one that another u
 lease overlaps, else write it (a temporary file renamed into place: readers never see half of
 one). Prints one JSON line, whatever happens. Standard library only, Python 3.8+.
 
-argv: DIR take GPUS SECONDS NOTE ORIGIN | DIR give GPUS | DIR drop NAME... -- GPUS "all" (the
-whole host) or "0,2"; take answers the new lease's file name and the names of the caller's
+argv: DIR take GPUS SECONDS NOTE ORIGIN [RUN] | DIR give GPUS | DIR drop NAME... -- GPUS "all"
+(the whole host) or "0,2"; take answers the new lease's file name and the names of the caller's
 leases it would replace, which the caller drops once every host took its lease (so a refusal
-elsewhere, undone by dropping the new one, loses nothing held before)."""
+elsewhere, undone by dropping the new one, loses nothing held before). With RUN (a run id), a
+run lease: held for that run while it runs (`fleet up`'s placement, a queue's agent), refused
+where any active run lease (the caller's too) or another user's active lease overlaps it, and
+never replaced by a take."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from fleet.nodeside.shared.lease_rules import (
     MAX_RECORDS,
     lease_end,
     lease_gpus,
+    lease_run,
     lease_time,
 )
 
@@ -203,7 +207,10 @@ def write(path: str, record: dict[str, Any]) -> str:
 
 
 def public(said: dict[str, Any]) -> dict[str, Any]:
-    return {k: said.get(k) for k in ("owner", "gpus", "until", "since", "note", "origin")}
+    """A lease as the answer shows it; "run" only where it is a run lease."""
+    run = lease_run(said.get("run"))
+    return dict({k: said.get(k) for k in ("owner", "gpus", "until", "since", "note", "origin")},
+                **({"run": run} if run else {}))
 
 
 def tidy(path: str, every: list[tuple[str, int, dict[str, Any]]], now: float) -> None:
@@ -244,14 +251,21 @@ def main() -> None:
     gpus = None if args[0] == "all" else sorted({int(x) for x in args[0].split(",")})
     if action == "take":
         seconds, note, origin = float(args[1]), args[2], args[3]
-        theirs = [s for _, u, s in live if u != me and covers(s, gpus)]
+        run = args[4] if len(args) > 4 else ""
+        if run and not lease_run(run):
+            answer(ok=False, now=now, error=f"{run[:60]!r} is not a run id")
+        theirs = [s for _, u, s in live if (u != me or (run and lease_run(s.get("run"))))
+                  and covers(s, gpus)]
         if theirs:
             answer(ok=False, now=now, conflicts=[public(s) for s in theirs])
         record = {"gpus": gpus, "since": now, "until": now + min(seconds, MAX_LEASE_S),
-                  "note": note, "origin": origin}
+                  "note": note, "origin": origin, **({"run": run} if run else {})}
         name = write(path, record)
-        replaces = [n for n, u, s in live if u == me and (s["gpus"] == gpus or (
-            gpus is not None and s["gpus"] is not None and set(s["gpus"]) <= set(gpus)))]
+        # A run lease replaces nothing, and nothing replaces one: it goes with its run.
+        replaces = [] if run else [
+            n for n, u, s in live if u == me and not lease_run(s.get("run")) and (
+                s["gpus"] == gpus or (gpus is not None and s["gpus"] is not None
+                                      and set(s["gpus"]) <= set(gpus)))]
         record["owner"] = owner_name(me)
         answer(ok=True, now=now, lease=[public(record)], name=name, replaces=replaces)
     released = []

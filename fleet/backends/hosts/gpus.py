@@ -80,11 +80,16 @@ def lease(host: Host, order: LeaseOrder) -> Taken:
         t = open_transport(host)
         try:
             wait.start(host.name, "its lease file")
-            script = python_program(home_word(host.python), "lease.py", LEASE_DIR,
-                                    *order.argv(origin()), flags=("-I", "-S"))
-            r = t.run(script, timeout=30, what="lease.py (GPU leases)")
+            return lease_on(t, host, order)
         finally:
             t.close()
+
+
+def lease_on(t: Transport, host: Host, order: LeaseOrder) -> Taken:
+    """A lease order carried out over a connection open to `host`."""
+    script = python_program(home_word(host.python), "lease.py", LEASE_DIR,
+                            *order.argv(origin()), flags=("-I", "-S"))
+    r = t.run(script, timeout=30, what="lease.py (GPU leases)")
     said = parse_answer(r.out)
     if not said.ok and not said.conflicts and r.code and said.error.endswith("no answer"):
         return Taken(ok=False, error=f"{host.python} exited with {r.code}: "

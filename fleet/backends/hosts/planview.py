@@ -3,10 +3,12 @@ would move; with `probe`, as the nodes answer (read-only: nothing is created on 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
 from fleet import preview
+from fleet.backends.hosts import placing
 from fleet.backends.hosts import prepare as launch
 from fleet.backends.hosts import setup as fleet_setup
 from fleet.backends.hosts.setup import Decision
@@ -90,11 +92,12 @@ def spares(inv: Inventory, probe: bool) -> tuple[Spare, ...]:
 
 def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves, tuple[Spare, ...]]:
     """The plan, each node's setup decision, what would be sent, and the spares."""
-    inv = load_selected(job.inventory, job.selection)
+    inv, notes = placing.planned(job, load_selected(job.inventory, job.selection))
     console = Console(out=sys.stderr)
     sources = scan_sources(job, console)  # as `up` does, before any host is touched
     if not probe:
         p = make_plan(inv, job, new_run_id(job.name))
+        p = dataclasses.replace(p, notes=p.notes + notes)
         return p, fleet_setup.decide(p, None), Moves(
             sources.code, preview.preview(p, sources.code, sources.data)), spares(inv, False)
     console.hosts([h.name for h in inv.hosts])
@@ -103,6 +106,7 @@ def survey(job: Job, probe: bool) -> tuple[Plan, dict[str, Decision], Moves, tup
     try:
         p = launch.prepare_plan(session, inv, job, new_run_id(job.name), console,
                                 create=False, allow_mismatch=True)
+        p = dataclasses.replace(p, notes=p.notes + notes)
         marks = fleet_setup.recorded(session.transports, p) if job.setup else {}
         setups = fleet_setup.decide(p, marks)
         moves = preview.preview(p, sources.code, sources.data,

@@ -8,12 +8,14 @@ import time
 
 from fleet.backends.checks import Status
 from fleet.backends.hosts.claim import Claims, claim_all
+from fleet.backends.hosts.gpus import lease_on
 from fleet.backends.hosts.ports import Listeners, port_checks
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job, Launcher
 from fleet.console import Console
 from fleet.errors import HostError, HostsBusy, host_error
 from fleet.facts.gpus import GpuFacts, absent, gpu_facts
+from fleet.facts.leases import LeaseOrder
 from fleet.facts.probe import (
     Facts,
     literal_address,
@@ -39,6 +41,10 @@ class Session:
         self.facts: dict[str, Facts] = {}  # what the probe learnt, once prepare_plan ran
         self.claims: Claims | None = None  # held from before the first write to the start
         self.gpus: dict[str, GpuFacts] = {}  # what the GPU gate learnt (fleet.backends.hosts.gpus)
+        self.unreachable: dict[str, str] = {}  # a placement's hosts that did not answer, why
+        # Per host the run lease's file a placement took (fleet.backends.hosts.placing): given
+        # back when the session closes, unless emptied first (a run that goes on detached).
+        self.leases: dict[str, str] = {}
 
     def release(self) -> None:
         """Let other launches prepare these hosts (this one's nodes run, or it gave up)."""
@@ -46,8 +52,15 @@ class Session:
             self.claims.release()
             self.claims = None
 
+    def give_back(self) -> None:
+        """Drop the run leases taken (best effort: one not dropped ends by its time)."""
+        leases, self.leases = dict(self.leases), {}
+        each(((n, n) for n in leases if n in self.transports), lambda n: lease_on(
+            self.transports[n], self.transports[n].host, LeaseOrder.drop((leases[n],))))
+
     def close(self) -> None:
         self.release()
+        self.give_back()
         each(self.transports.items(), lambda t: t.close())
 
 
@@ -132,7 +145,8 @@ def prepare_plan(session: Session, inventory: Inventory, job: Job, run_id: str,
     plan = make_plan(inventory, job, run_id, master_addr=master_ip, nets=nets, homes=homes,
                      storage=storage_groups(facts), has_gpus=has_gpus, run=run)
     plan = dataclasses.replace(plan, versions={n: f.versions() for n, f in facts.items()},
-                               packages={n: f.packages for n, f in facts.items()})
+                               packages={n: f.packages for n, f in facts.items()},
+                               leases=dict(session.leases))
     for node in plan.nodes:
         console.phase(node.host.name, f"node rank {node.node_rank}, interface "
                       f"{node.net.interface or '-'} ({node.net.reason})")
@@ -219,12 +233,18 @@ def version_problems(facts: dict[str, Facts], master: str) -> dict[str, str]:
     return out
 
 
-def refuse_held(session: Session) -> None:
+def refuse_held(session: Session, placed: str = "") -> None:
     """No other run of fleet may still hold a node (what the probe listed, prepare_plan's
-    `held`): its code directory would change under it."""
-    busy = {name: f"held by run {f.held[0].split('/')[0]} (still running); stop it (`fleet "
-                  f"stop {f.held[0].split('/')[0]}`) or pass --force"
-            for name, f in session.facts.items() if f.held}
+    `held`): its code directory would change under it. A placed run (`placed`: its job's
+    name) shares a host with another job's run, whose GPUs its run lease keeps apart: only
+    runs of a job of that name (its code directory's) refuse it."""
+    def ids(f: Facts) -> list[str]:
+        runs = [h.split("/")[0] for h in f.held]
+        return [r for r in runs if r.startswith(f"{placed}-")] if placed else runs
+
+    busy = {name: f"held by run {held[0]} (still running); stop it (`fleet stop {held[0]}`) "
+                  "or pass --force"
+            for name, f in session.facts.items() if (held := ids(f))}
     if busy:
         raise HostsBusy("preflight", busy)
 

@@ -12,16 +12,14 @@ from pathlib import Path
 from fleet import events, manifest
 from fleet.backends.answers import NodeLook
 from fleet.backends.base import Event, Final, Options, Run
-from fleet.backends.hosts import heal, setup, top, tracker, watchers
+from fleet.backends.hosts import heal, placing, setup, top, tracker, watchers
 from fleet.backends.hosts import node as remote
 from fleet.backends.hosts.events import follow_events
-from fleet.backends.hosts.gpus import gate
 from fleet.backends.hosts.notifier import start_watch
 from fleet.backends.hosts.prepare import (
     Session,
     check_job_python,
     claim_and_probe,
-    connect,
     prepare_plan,
     refuse_held,
 )
@@ -54,14 +52,11 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
     inventory = with_spares(load_selected(job.inventory, job.selection), dict(options.replace))
     run_id = options.run_id or new_run_id(job.name)
     console.hosts([h.name for h in inventory.hosts])
-    console.info(f"run {run_id}: {job.name} on {len(inventory.hosts)} host(s)")
+    console.info(f"run {run_id}: {job.name} on {placing.needs(job.placement, inventory)}")
     sources = scan_sources(job, console)  # an unreadable file stops it before any connection
     faults.point(Phase.CONNECT.value)
-    session = connect(inventory, console)
+    session, inventory = placing.connect_and_gate(inventory, job, run_id, options, console)
     try:
-        # Before any claim: a launch waiting for GPUs keeps no other launch off these hosts.
-        session.gpus = gate(session.transports, list(inventory.hosts), options.wait,
-                            options.ignore_leases, console, options.force)
         # Before anything is written: another launch preparing these hosts stops this one.
         # The probe runs in the claim's round trip, once it holds each host.
         held = options.checks and not options.force
@@ -72,7 +67,7 @@ def prepare(job: Job, console: Console, options: Options) -> HostsRun:
                             run=options.parent)
         faults.point(Phase.PREFLIGHT.value)
         if held:
-            refuse_held(session)
+            refuse_held(session, job.name if job.placement.partial else "")
         # Before anything is on a node: `fleet stop RUN` finds it.
         record = state.save(plan, parent=options.parent)
     except BaseException:
@@ -212,6 +207,7 @@ class HostsRun(Run):
         return self.progressed_at
 
     def detached(self) -> Detached:
+        self.session.leases = {}  # they go with the run (its nodes' run.sh and stop.sh)
         return Detached(self.run_id, len(self.pids), len(self.plan.nodes))
 
     def watch_end(self, notify: Notify) -> str:

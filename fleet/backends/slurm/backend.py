@@ -13,7 +13,13 @@ from typing import Any
 from fleet.backends.answers import Seen
 from fleet.backends.base import Launch, Options, Recorded
 from fleet.backends.checks import Check, Status, connection_checks, ssh_failed
-from fleet.backends.slurm.cluster import Cluster, cluster_for, load_cluster, with_options
+from fleet.backends.slurm.cluster import (
+    Cluster,
+    cluster_for,
+    load_cluster,
+    placed,
+    with_options,
+)
 from fleet.backends.slurm.jobs import (
     SlurmRecord,
     cancel,
@@ -242,7 +248,7 @@ class SlurmBackend(Launch, Recorded):
         "preview": "`fleet export slurm` writes the script a Slurm run submits"}
 
     def prepare(self, job: Job, console: Console, options: Options) -> SlurmRun:
-        cluster = load_cluster(job.inventory)
+        cluster = placed(load_cluster(job.inventory), job)
         if job.restart.max:
             raise ConfigError(job.path, "restart", "fleet restarts runs on host lists only; on "
                               "Slurm, leave [restart] out and ask the cluster to requeue the "
@@ -260,7 +266,7 @@ class SlurmBackend(Launch, Recorded):
         if collective:
             raise self.refuse("collective")
         progress("checking the login node and what Slurm would say")
-        return checks(load_cluster(job.inventory), job, trust)
+        return checks(placed(load_cluster(job.inventory), job), job, trust)
 
     def trust_inventory(self, path: Path) -> Inventory | None:
         """The login node, the one host fleet connects to; None where it is this machine."""
@@ -329,4 +335,5 @@ class SlurmBackend(Launch, Recorded):
         return m
 
     def export(self, job: Job, settings: dict[str, Any]) -> str:
-        return export_script(job, with_options(cluster_for(job.inventory), **settings))
+        return export_script(job, with_options(placed(cluster_for(job.inventory), job),
+                                               **settings))

@@ -19,7 +19,7 @@ from fleet.config.inventory import (
     load_inventory,
     take_host_key,
 )
-from fleet.config.job import Launcher
+from fleet.config.job import Job, Launcher
 from fleet.config.procs import Nproc, nproc_value
 from fleet.config.schema import Table, load_toml
 from fleet.errors import ConfigError
@@ -177,6 +177,17 @@ def from_hosts(path: Path) -> Cluster:
 
 def cluster_for(path: Path) -> Cluster:
     return load_cluster(path) if is_cluster(path) else from_hosts(path)
+
+
+def placed(c: Cluster, job: Job) -> Cluster:
+    """The cluster's settings with the job's placement instead, where it has one: `nodes` as
+    sbatch's node count, `gpus_per_node` as its --gpus-per-node (and, unless the job says
+    `nproc_per_node`, one process a GPU: the job's count, over the cluster's)."""
+    p = job.placement
+    return dataclasses.replace(
+        c, nodes=p.nodes if p.nodes is not None else c.nodes,
+        gpus_per_node=str(p.gpus_per_node) if p.gpus_per_node is not None else c.gpus_per_node,
+        nproc_per_node=None if p.gpus_per_node is not None else c.nproc_per_node)
 
 
 def with_options(c: Cluster, **options: object) -> Cluster:

@@ -44,3 +44,13 @@ def lease_end(until: float, changed: float) -> float:
     """When a lease that says `until` ends: at most MAX_LEASE_S after its file's last status
     change (`changed`, its ctime): one written by hand with a far end still ends."""
     return min(until, changed + MAX_LEASE_S)
+
+
+# A run lease's run (fleet up's placement, a queue's agent): a run id's shape, as fleet makes
+# them (fleet.plan.new_run_id); anything else is no run.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def lease_run(value: object) -> str:
+    """The run a lease is held for, "" where it names none (or names it in any other shape)."""
+    return value if isinstance(value, str) and RUN_ID.fullmatch(value) else ""
