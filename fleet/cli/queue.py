@@ -114,7 +114,7 @@ def _submitted(rec: SweepRecord, runs: list, console: Console) -> None:  # type:
 
     sweeps.save(rec)  # before any host: what was asked is history even if queueing fails
     with waits.shown_by(console.hosts_waiting):
-        _queue(Path(rec.inventory)).submit(rec, runs, console)
+        sweeps.save(_queue(Path(rec.inventory)).submit(rec, runs, console))
 
 
 def _follow(rec: SweepRecord, console: Console) -> None:

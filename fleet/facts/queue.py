@@ -52,15 +52,16 @@ class QueuedRun:
 
 
 def look_script(qdir: str) -> str:
-    """sh text: `alive` or `gone` (the runner's pid from runner.json is a queue runner
-    alive), then `===`, then state.json (at most MAX_STATE bytes)."""
+    """sh text: `alive` or `gone` (the runner's pid from runner.json is this user's runner of
+    this queue, alive), then `===`, then state.json (at most MAX_STATE bytes)."""
     from fleet.shell import quote
 
     q = quote(qdir)
     return "\n".join([
         f"pid=$(sed -n 's/.*\"pid\": *\\([0-9]*\\).*/\\1/p' {q}/runner.json 2>/dev/null)",
-        'if [ -n "$pid" ] && tr "\\0" " " < "/proc/$pid/cmdline" 2>/dev/null '
-        '| grep -q queue_runner; then echo alive; else echo gone; fi',
+        'if [ -n "$pid" ] && [ -O "/proc/$pid" ] && tr "\\0" " " < "/proc/$pid/cmdline" '
+        f'2>/dev/null | grep -qF {quote(qdir + "/queue_runner.py")}; then echo alive; '
+        "else echo gone; fi",
         "echo ===",
         f"head -c {MAX_STATE} {q}/state.json 2>/dev/null",
         "exit 0"])

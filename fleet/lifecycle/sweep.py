@@ -14,9 +14,11 @@ from pathlib import Path
 
 from fleet.backends.queueing import Queued
 from fleet.config.job import Job, with_extra_args
+from fleet.config.select import Selection, load_selected
 from fleet.errors import UsageError
 from fleet.facts.queue import QueuedRun, QueueLook
-from fleet.run import sweeps
+from fleet.nodeside.shared import nodemap
+from fleet.run import record, sweeps
 from fleet.run.sweeps import SweepRecord
 from fleet.timespan import parse_duration
 
@@ -101,11 +103,24 @@ def new_sweep(job: Job, inventory: Path, queue_host: str, kind: str,
 
 
 def seen(rec: SweepRecord, look: QueueLook) -> SweepRecord:
-    """The sweep's record with what this look saw of its runs, kept on this machine."""
+    """The sweep's record with what this look saw of its runs, kept on this machine; a run
+    seen on a host for the first time (or a new attempt's) gets a run record of its own, so
+    that `fleet logs`, `status`, `stop` and `ps` know it."""
     new = sweeps.merged(rec, {r: look.runs[r] for r in (q.run_id for q in rec.runs)
                               if r in look.runs})
-    if new != rec:
-        sweeps.save(new)
+    if new == rec:
+        return new
+    sweeps.save(new)
+    placed = [(old, now) for old, now in zip(rec.runs, new.runs, strict=True)
+              if now.host and now.host in rec.workdirs and now.started is not None
+              and (now.host, now.attempt) != (old.host, old.attempt if old.started else 0)]
+    if placed:
+        hosts = {h.name: h for h in load_selected(Path(rec.inventory), Selection()).hosts}
+        for _, r in placed:
+            if r.host in hosts:
+                record.save_queued(r.run_id, rec.job, r.started or time.time(), hosts[r.host],
+                                   nodemap.run_dir(rec.workdirs[r.host], r.run_id, r.host),
+                                   len(r.gpu_ids) or None)
     return new
 
 

@@ -53,6 +53,7 @@ class Agent:
         self.allowed = allowed
         self.gpus: tuple[int, ...] = ()  # as the last look saw them
         self.running: dict[str, tuple[int, ...]] = {}
+        self.starting: set[str] = set()  # told to start, not yet started or refused
         self.ends: dict[str, dict[str, Any]] = {}  # said, not acknowledged yet
         self.leases: dict[str, str] = {}  # run -> its lease's file name
         self.refused: dict[int, tuple[float, str]] = {}  # GPU -> (until, why), from a refusal
@@ -61,13 +62,18 @@ class Agent:
         self.me = pwd.getpwuid(os.geteuid()).pw_name
 
     # ---- this host's GPUs -----------------------------------------------------------------
-    def look(self) -> tuple[tuple[int, ...], list[int], dict[str, str]]:
-        """(every GPU, the free ones, why each other one is not)."""
+    def look(self) -> tuple[tuple[int, ...], list[int], dict[str, str], str]:
+        """(every GPU, the free ones, why each other one is not, nvidia-smi's word: "ok",
+        "none" where this host has no nvidia-smi (no GPU), "failed" where it did not answer:
+        then nothing here is free, as what fleet cannot see it does not call free)."""
         try:
             g = _run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"])
             a = _run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"])
-        except (OSError, subprocess.SubprocessError):
-            return (), [], {}
+        except FileNotFoundError:
+            self.gpus = ()
+            return (), [], {}, "none"
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return self.gpus, [], {}, "failed"
         gpus, by_uuid, apps = parse_smi(g, a)
         if self.allowed is not None:
             gpus = tuple(i for i in gpus if i in self.allowed)
@@ -81,10 +87,24 @@ class Agent:
             if i is not None and i not in ours:
                 held.setdefault(str(i), f"process {pid} of {_owner(pid)}")
         free = [i for i in gpus if i not in ours and str(i) not in held]
-        return gpus, free, held
+        return gpus, free, held, "ok"
 
     # ---- runs -----------------------------------------------------------------------------
-    def start(self, run: str, gpus: tuple[int, ...], everything: tuple[int, ...]) -> str:
+    def begin(self, link: QueueLink, run: str, gpus: tuple[int, ...]) -> None:
+        """start(), in a thread of its own (the beats go on meanwhile), and its word."""
+        try:
+            why = self.start(run, gpus)
+        except Exception as e:  # noqa: BLE001 - said to the runner, the agent goes on
+            why = f"its start failed on {self.host}: {type(e).__name__}"
+        finally:
+            with self.lock:
+                self.starting.discard(run)
+        if why:
+            link.send("refused", run=run, why="".join(c for c in why if c.isprintable())[:200])
+        else:
+            link.send("started", run=run, gpus=list(gpus), at=time.time())
+
+    def start(self, run: str, gpus: tuple[int, ...]) -> str:
         """Start a staged run on these GPUs; "" once started, else why not."""
         d = run_dir(self.workdir, run, self.host)
         spec_path = os.path.join(self.qdir, "runs", f"{run}.json")
@@ -98,21 +118,21 @@ class Agent:
             return f"its start on {self.host} is not this user's file"
         if spec.gpus and len(gpus) != spec.gpus:
             return "the runner named other GPUs than it needs"
-        if everything:
-            said = self.lease("take", ",".join(map(str, gpus)) if spec.gpus else "all",
-                              str(LEASE_S), f"fleet queue: {run}", f"{self.me}@{self.host}", run)
-            if not said.get("ok"):
-                why = _conflict(said)
-                with self.lock:
-                    for g in gpus:
-                        self.refused[g] = (time.time() + 30, why)
-                return why
-            self.leases[run] = str(said.get("name", ""))
+        # The run's lease, all its GPUs at once (a whole-host run: the host), before anything
+        said = self.lease("take", ",".join(map(str, gpus)) if spec.gpus else "all",
+                          str(LEASE_S), f"fleet queue: {run}", f"{self.me}@{self.host}", run)
+        if not said.get("ok"):
+            why = _conflict(said)
+            with self.lock:
+                for g in gpus or self.gpus:
+                    self.refused[g] = (time.time() + 30, why)
+            return why
+        self.leases[run] = str(said.get("name", ""))
         for name in CLEARED:  # an earlier attempt's, here
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(d, name))
         env = dict(os.environ)
-        if everything:
+        if gpus:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         t0 = time.time()
@@ -154,10 +174,13 @@ class Agent:
                               "metrics": last_metrics(_tail(os.path.join(d, NODE_LOG)), metrics)}
 
     def stop(self, run: str) -> None:
+        """The run's own stop.sh (its processes, nothing else), in a thread of its own."""
         d = run_dir(self.workdir, run, self.host)
         if run in self.running and os.path.isfile(os.path.join(d, "stop.sh")):
-            subprocess.run(["sh", os.path.join(d, "stop.sh"), "fleet sweep stop"], input="\n",
-                           text=True, capture_output=True, timeout=60, check=False)
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["sh", os.path.join(d, "stop.sh"), "fleet sweep stop"],
+                               input="\n", text=True, capture_output=True, timeout=60,
+                               check=False)
 
     def lease(self, *args: str) -> dict[str, Any]:
         try:
@@ -167,6 +190,30 @@ class Agent:
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return {"ok": False, "error": "the lease program failed"}
         return said if isinstance(said, dict) else {"ok": False}
+
+    def report(self) -> dict[str, Any]:
+        """What a hello or a beat says: this host's GPUs, and the runs it has."""
+        gpus, free, held, smi = self.look()
+        with self.lock:
+            running = {r: list(g) for r, g in self.running.items()}
+        return {"gpus": list(gpus), "free": free, "held": held, "running": running, "smi": smi}
+
+    def heard(self, link: QueueLink, kind: str, said: dict[str, Any]) -> None:
+        if kind == "start":
+            run = run_id(said["run"])
+            gpus = gpu_list(said["gpus"], self.gpus)
+            with self.lock:
+                if run in self.running or run in self.starting:
+                    return  # told twice: it is here already
+                self.starting.add(run)
+            threading.Thread(target=self.begin, args=(link, run, gpus), daemon=True).start()
+        elif kind == "stop":
+            threading.Thread(target=self.stop, args=(run_id(said["run"]),), daemon=True).start()
+        elif kind == "ack":
+            with self.lock:
+                self.ends.pop(str(said["run"]), None)
+        elif kind == "bye":
+            self.bye = True
 
     def give(self, run: str) -> None:
         name = self.leases.pop(run, "")
@@ -189,7 +236,11 @@ def _owner(pid: int) -> str:
 
 
 def _run(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
+    """A command's output; ValueError where it failed (FileNotFoundError: not there)."""
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    if r.returncode != 0:
+        raise ValueError(f"{argv[0]} exited {r.returncode}")
+    return r.stdout
 
 
 def _tail(path: str, size: int = 262144) -> str:
@@ -226,7 +277,7 @@ def main() -> None:
     while True:
         now = time.time()
         with agent.lock:
-            busy = bool(agent.running)
+            busy = bool(agent.running or agent.starting)
         if link is None:
             if (agent.bye or now - alone_since > ALONE_S) and not busy:
                 return
@@ -234,10 +285,7 @@ def main() -> None:
             if link is None:
                 time.sleep(1)
                 continue
-            gpus, free, held = agent.look()
-            with agent.lock:
-                running = {r: list(g) for r, g in agent.running.items()}
-            link.send("hello", host=host, gpus=list(gpus), free=free, held=held, running=running)
+            link.send("hello", host=host, **agent.report())
             beat = now
         if agent.bye and not busy:
             return
@@ -245,21 +293,7 @@ def main() -> None:
         try:
             if ready:
                 for kind, said in link.receive():
-                    if kind == "start":
-                        run = run_id(said["run"])
-                        gpus_now = agent.gpus or agent.look()[0]
-                        why = agent.start(run, gpu_list(said["gpus"], gpus_now), gpus_now)
-                        if why:
-                            link.send("refused", run=run, why=why)
-                        else:
-                            link.send("started", run=run, gpus=said["gpus"], at=time.time())
-                    elif kind == "stop":
-                        agent.stop(run_id(said["run"]))
-                    elif kind == "ack":
-                        with agent.lock:
-                            agent.ends.pop(str(said["run"]), None)
-                    elif kind == "bye":
-                        agent.bye = True
+                    agent.heard(link, kind, said)
             with agent.lock:
                 ends = list(agent.ends.values())
             for end in ends:
@@ -267,10 +301,7 @@ def main() -> None:
                     link.send("ended", **{k: v for k, v in end.items() if k != "said"})
                     end["said"] = True
             if time.time() - beat >= BEAT_S:
-                gpus, free, held = agent.look()
-                with agent.lock:
-                    running = {r: list(g) for r, g in agent.running.items()}
-                link.send("beat", free=free, held=held, running=running)
+                link.send("beat", **agent.report())
                 beat = time.time()
         except (OSError, BadWord, KeyError):
             link.close()

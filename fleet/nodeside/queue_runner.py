@@ -1,9 +1,8 @@
 """The queue's runner: one per user and queue host, started by `fleet submit` / `fleet sweep`
 and alive for as long as something is queued or running. It reads the runs the laptop queued
 (jobs/<run>.json), hears each host's agent (fleet/nodeside/queue_agent.py) over signed TCP
-links, tells them what to start where (all or nothing, by priority, longest expected first),
-and writes what it knows in state.json for the laptop to read. It holds no secret but the
-queue's key, which the laptop wrote here; it starts nothing itself. Standard library only.
+links, tells them what to start where (fleet/nodeside/shared/queue_rules.py: place) and writes
+what it knows in state.json. Its one secret is the queue's key; it starts nothing itself.
 
 argv: QUEUE_DIR ADDR (the address the other hosts reach this one by)."""
 
@@ -18,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from fleet.nodeside.shared.queue_files import names, run_ok, write_json
 from fleet.nodeside.shared.queue_link import QueueLink
 from fleet.nodeside.shared.queue_rules import (
     ENDED,
@@ -49,6 +49,9 @@ from fleet.nodeside.shared.watch_link import listen
 
 IDLE_S = 15.0  # nothing queued or running this long: the runner ends
 LOST_S = 30.0  # an agent silent this long is lost, and the runs it ran with it
+START_S = 90.0  # a run an agent was told to start and never confirmed goes back in the queue
+HELLO_S = 10.0  # a link that has not said hello by then is dropped
+MOST_LINKS = 512
 TICK_S = 0.5  # how often the queue's directory is read again
 KEEP_S = 30 * 86400  # an ended run stays in state.json this long
 
@@ -73,7 +76,7 @@ class Runner:
 
     # ---- the queue's directory ------------------------------------------------------------
     def scan(self) -> None:
-        for name in _names(os.path.join(self.qdir, "jobs")):
+        for name in names(os.path.join(self.qdir, "jobs")):
             run = name[:-5]
             if not name.endswith(".json") or run in self.specs:
                 continue
@@ -91,7 +94,7 @@ class Runner:
                                   "attempt": 1, "started": None, "ended": None, "code": None,
                                   "metrics": {}, "why": "", "lost": []}
                 self.changed = True
-        for name in _names(os.path.join(self.qdir, "cancel")):
+        for name in names(os.path.join(self.qdir, "cancel")):
             if name not in self.cancelled and run_ok(name):
                 self.cancelled.add(name)
                 self.cancel(name)
@@ -108,8 +111,12 @@ class Runner:
         self.changed = True
 
     def end(self, run: str, state: str, why: str, **facts: Any) -> None:
+        """The run's end, for good: its spec goes (no later runner queues it again)."""
         r = self.runs[run]
-        r.update(state=state, why=why, ended=facts.pop("ended", None) or time.time(), **facts)
+        r.update(state=state, why=why, ended=facts.pop("ended", None) or time.time(),
+                 closed=time.time(), **facts)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.qdir, "jobs", f"{run}.json"))
         self.changed = True
 
     # ---- the agents -----------------------------------------------------------------------
@@ -133,11 +140,17 @@ class Runner:
         agent["seen"] = now
         slots: Slots = agent["slots"]
         if kind in ("hello", "beat"):
-            slots.free = set(gpu_list(f["free"], slots.gpus))
+            slots.gpus = gpu_list(f["gpus"])
+            smi = f["smi"]
+            if smi not in ("ok", "none", "failed"):
+                raise BadWord("not nvidia-smi's word")
+            slots.free = set(gpu_list(f["free"], slots.gpus)) if smi != "failed" else set()
             slots.held = held_gpus(f["held"], slots.gpus)
             running = running_runs(f["running"], slots.gpus)
-            slots.whole = any(self.specs.get(r) is not None and self.specs[r].gpus == 0
-                              for r in running)
+            # where nvidia-smi did not answer nothing goes: what fleet cannot see is not free
+            slots.whole = smi == "failed" or any(
+                self.specs.get(r) is not None and self.specs[r].gpus == 0 for r in running)
+            self.reconcile(link, running, now)
         elif kind in ("started", "refused", "ended"):
             run = run_id(f["run"])
             r = self.runs.get(run)
@@ -147,6 +160,8 @@ class Runner:
                 r["started"] = when(f["at"])
                 r["gpus"] = list(gpu_list(f["gpus"], slots.gpus))
                 r["why"] = ""
+            elif kind == "refused" and self.stopped(run):
+                self.end(run, Q_STOPPED, "stopped before it started")
             elif kind == "refused":
                 r.update(state=QUEUED, host="", gpus=[], why=words(f["why"]))
             else:
@@ -159,13 +174,42 @@ class Runner:
                 link.send("ack", run=run)
             self.changed = True
 
+    def reconcile(self, link: QueueLink, running: dict[str, tuple[int, ...]], now: float) -> None:
+        """What a host's agent says it runs, against what this runner thinks: a run it runs
+        that was taken for lost (a slow host) is its again; a run it was told to start and
+        that it does not know after a while is queued again; one it started and no longer
+        knows (its agent began anew) is lost; a stopped sweep's run is told again to stop."""
+        host = link.host
+        for run, gpus in running.items():
+            r = self.runs.get(run)
+            if r is not None and r["state"] != RUNNING and host in r.get("lost", []):
+                r.update(state=RUNNING, host=host, gpus=list(gpus), why="",
+                         attempt=max(1, r["attempt"] - (r["state"] == QUEUED)),
+                         lost=[h for h in r["lost"] if h != host])
+                self.changed = True
+        for run, r in self.runs.items():
+            if r["host"] != host or r["state"] != RUNNING or run in running:
+                continue
+            if r["started"] is None and now - r.get("sent", now) > START_S:
+                r.update(state=QUEUED, host="", gpus=[], why=f"{host} never started it")
+                self.changed = True
+            elif r["started"] is not None:
+                self.drop(run, f"{host}'s agent no longer knows it")
+        for run, r in self.runs.items():
+            if (r["host"] == host and r["state"] == RUNNING and self.stopped(run)
+                    and now - r.get("stop_sent", 0) > 5):
+                r["stop_sent"] = now
+                link.send("stop", run=run, why="fleet sweep stop")
+
     def stopped(self, run: str) -> bool:
         return bool({run, self.runs[run].get("sweep")} & self.cancelled)
 
     def lose(self, now: float) -> None:
-        """Agents silent for LOST_S are gone, and with them the runs they ran (started again
-        where their job allows another attempt); so are runs on a host whose agent never came
-        back to this runner."""
+        """Agents silent for LOST_S are gone, and with them the runs they ran; so are runs on
+        a host whose agent never came back to this runner; links that never said hello go."""
+        for link in [k for k in self.links if not k.host and now - k.opened > HELLO_S]:
+            link.close()
+            self.links.remove(link)
         for host, agent in list(self.agents.items()):
             if now - agent["seen"] >= LOST_S:
                 agent["link"].close()
@@ -173,17 +217,20 @@ class Runner:
         if now - self.born < LOST_S:
             return
         for run, r in self.runs.items():
-            if r["state"] != RUNNING or r["host"] in self.agents:
-                continue
-            spec, host = self.specs.get(run), r["host"]
-            r["lost"] = [*r.get("lost", []), host]
-            why = f"{host} was lost (its agent silent {LOST_S:.0f} s)"
-            if spec is not None and r["attempt"] < spec.attempts and not self.stopped(run):
-                r.update(state=QUEUED, host="", gpus=[], started=None,
-                         attempt=r["attempt"] + 1, why=f"attempt {r['attempt'] + 1}: {why}")
-            else:
-                self.end(run, LOST, why)
-            self.changed = True
+            if r["state"] == RUNNING and r["host"] not in self.agents:
+                self.drop(run, f"{r['host']} was lost (its agent silent {LOST_S:.0f} s)")
+
+    def drop(self, run: str, why: str) -> None:
+        """A run that was running and is gone with its host: started again where its job
+        allows another attempt, else lost."""
+        r, spec = self.runs[run], self.specs.get(run)
+        r["lost"] = [*r.get("lost", []), r["host"]]
+        if spec is not None and r["attempt"] < spec.attempts and not self.stopped(run):
+            r.update(state=QUEUED, host="", gpus=[], started=None, attempt=r["attempt"] + 1,
+                     why=f"attempt {r['attempt'] + 1}: {why}")
+        else:
+            self.end(run, LOST, why)
+        self.changed = True
 
     def schedule(self) -> None:
         waiting = [self.specs[r] for r, v in self.runs.items()
@@ -200,7 +247,8 @@ class Runner:
                 and self.specs[run].gpus == 0 for run, r in self.runs.items())
             views[host] = Slots(s.gpus, s.free - taken, s.held, whole)
         for spec, host, gpus in place(waiting, views, self.hosts):
-            self.runs[spec.run].update(state=RUNNING, host=host, gpus=list(gpus), why="starting")
+            self.runs[spec.run].update(state=RUNNING, host=host, gpus=list(gpus), why="starting",
+                                       sent=time.time())
             self.agents[host]["link"].send("start", run=spec.run, gpus=list(gpus))
             self.changed = True
         ahead = 0
@@ -218,41 +266,18 @@ class Runner:
     def write(self, port: int) -> None:
         now = time.time()
         self.runs = {k: v for k, v in self.runs.items()
-                     if v["state"] not in ENDED or (v.get("ended") or now) > now - KEEP_S}
+                     if v["state"] not in ENDED or (v.get("closed") or now) > now - KEEP_S}
         agents = {h: {"seen": a["seen"], "gpus": list(a["slots"].gpus),
                       "free": sorted(a["slots"].free),
                       "held": {str(g): w for g, w in a["slots"].held.items()}}
                   for h, a in self.agents.items()}
-        _write(os.path.join(self.qdir, "state.json"), {
-            "v": 1, "pid": os.getpid(), "port": port, "now": now, "agents": agents,
-            "runs": self.runs})
-        self.changed = False
+        if write_json(os.path.join(self.qdir, "state.json"), {
+                "v": 1, "pid": os.getpid(), "port": port, "now": now, "agents": agents,
+                "runs": self.runs}):
+            self.changed = False  # else (a full disk) written again at the next change
 
     def active(self) -> bool:
         return any(r["state"] in (QUEUED, RUNNING) for r in self.runs.values())
-
-
-def run_ok(name: str) -> bool:
-    try:
-        run_id(name)
-    except BadWord:
-        return False
-    return True
-
-
-def _names(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as entries:
-            return [e.name for e in entries if e.is_file(follow_symlinks=False)][:100000]
-    except OSError:
-        return []
-
-
-def _write(path: str, said: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(said, f)
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -264,7 +289,7 @@ def main() -> None:
     server.setblocking(False)
     port = server.getsockname()[1]
     runner = Runner(qdir, token)
-    _write(os.path.join(qdir, "runner.json"), {"pid": os.getpid(), "port": port,
+    write_json(os.path.join(qdir, "runner.json"), {"pid": os.getpid(), "port": port,
                                               "addr": addr, "started": time.time()})
     last_scan = 0.0
     while True:
@@ -274,7 +299,12 @@ def main() -> None:
             if sock is server:
                 with contextlib.suppress(OSError):
                     conn, _ = server.accept()
-                    runner.links.append(QueueLink(conn, token, FROM_AGENT))
+                    if len(runner.links) >= MOST_LINKS:
+                        conn.close()
+                        continue
+                    link = QueueLink(conn, token, FROM_AGENT)
+                    link.opened = time.time()
+                    runner.links.append(link)
                 continue
             link = next(k for k in runner.links if k.sock is sock)
             try:

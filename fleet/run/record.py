@@ -183,6 +183,19 @@ def save(plan: Plan, parent: str = "") -> RunRecord:
     return rec
 
 
+def save_queued(run_id: str, job: str, started: float, host: Host, run_dir: str,
+                nproc: int | None) -> RunRecord:
+    """The record of a queued run once fleet saw where it runs (one node, started by the
+    queue's agent there): `fleet logs`, `status`, `stop` and `ps` find it like any run."""
+    rec = RunRecord(run_id=run_id, job=job, started=started,
+                    nodes=(NodeRecord(host, 0, run_dir, 0, nproc),))
+    d = state_dir() / run_id
+    d.mkdir(parents=True, exist_ok=True)
+    write_atomic(d / "run.json", json.dumps(dataclasses.asdict(rec), indent=2) + "\n")
+    mark_launched(d)
+    return rec
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace a file whole or not at all (a crash mid-write leaves the old one); readable by
     this user alone (a run record holds the run's secret)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.errors import RunNotFound, UsageError
@@ -31,6 +31,7 @@ class SweepRecord:
     submitted: float
     kind: str = "sweep"
     runs: tuple[QueuedRun, ...] = ()
+    workdirs: dict[str, str] = field(default_factory=dict)  # per host, as staged (home known)
 
 
 def sweeps_dir() -> Path:
@@ -89,12 +90,12 @@ def load(sweep_id: str | None = None) -> SweepRecord:
 
 
 def merged(rec: SweepRecord, seen: dict[str, QueuedRun]) -> SweepRecord:
-    """The record with what a look at the queue saw: an end already recorded stays (history),
-    a later attempt's state replaces an earlier one's."""
+    """The record with what a look at the queue saw: an end already recorded stays, whatever
+    a later look says (history; the runner starts a lost run again before it ends it)."""
     runs = []
     for old in rec.runs:
         new = seen.get(old.run_id)
-        if new is None or (old.ended_state and new.attempt <= old.attempt):
+        if new is None or old.ended_state:
             runs.append(old)
         else:
             runs.append(dataclasses.replace(new, params=old.params, gpus=old.gpus,

@@ -206,6 +206,9 @@ def gather(now: float, since: float) -> tuple[list[Span], list[str], dict[str, s
     does not know the GPUs of at all (a Slurm run's: its record keeps no end either), and the
     damaged records (each named with why), skipped."""
     records, damaged = all_runs()
+    found, bad = sweeps.all_sweeps()
+    queued = {q.run_id for s in found for q in s.runs}  # counted from their sweep's record
+    records = [r for r in records if (r.parent or r.run_id) not in queued]
     who = me()
     spans: list[Span] = []
     unknown: list[str] = []
@@ -233,7 +236,6 @@ def gather(now: float, since: float) -> tuple[list[Span], list[str], dict[str, s
             damaged[str(top.dir)] = str(e)
             continue
         spans += parts
-    found, bad = sweeps.all_sweeps()
     damaged.update({str(sweeps.sweeps_dir() / name): why for name, why in bad.items()})
     for s in found:
         spans += queued_spans(s, now)

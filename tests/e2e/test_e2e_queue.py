@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, _need_testbed
+from tests.e2e.test_e2e_up import assert_no_strays
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
@@ -137,3 +138,12 @@ def test_a_sweep_of_24_runs_packs_twelve_gpus_with_the_laptop_gone(
     text = cli("sweep", "status")
     assert text.returncode == 0, text.stderr
     assert "24 succeeded" in text.stdout, text.stdout
+    # each run is a fleet run of its own: its log, its state, in `fleet ps`
+    first = rec["runs"][0]
+    logs = cli("logs", first["run_id"])
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    assert f"gpus {first['gpu_ids'][0]}" in logs.stdout, logs.stdout
+    assert f"loss {100.0 / float(first['params']['secs']):.4f}" in logs.stdout, logs.stdout
+    ps = cli("ps")
+    assert ps.stdout.count(rec["sweep_id"]) == 24, ps.stdout
+    assert_no_strays(tb, 60)  # the runner and the agents ended by themselves

@@ -4,7 +4,6 @@ record as history (fleet/run/sweeps.py), and its words (fleet/lifecycle/sweepvie
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -104,10 +103,11 @@ def test_an_end_fleet_saw_is_history_a_later_attempt_is_news(
         "sw-2": QueuedRun("sw-2", state="running", host="node2", gpu_ids=(1,), started=5.0)})
     assert later.runs[0] == rec.runs[0]
     assert later.runs[1].state == "running" and later.runs[1].params == {"lr": "2"}
-    again = sweeps.merged(dataclasses.replace(later, runs=(
-        dataclasses.replace(later.runs[0], state="lost"), later.runs[1])),
-        {"sw-1": QueuedRun("sw-1", state="running", host="node2", attempt=2)})
-    assert again.runs[0].state == "running" and again.runs[0].attempt == 2
+    again = sweeps.merged(later, {"sw-2": QueuedRun("sw-2", state="queued", attempt=2,
+                                                    why="attempt 2: node2 was lost")})
+    assert again.runs[1].state == "queued" and again.runs[1].attempt == 2
+    forged = sweeps.merged(again, {"sw-1": QueuedRun("sw-1", state="failed", attempt=9)})
+    assert forged.runs[0] == rec.runs[0]  # an end fleet saw stays, whatever the attempt
     assert sweeps.load("s").sweep_id == "sw" and sweeps.load().sweep_id == "sw"
     with pytest.raises(RunNotFound):
         sweeps.load("nope")

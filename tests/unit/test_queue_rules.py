@@ -134,6 +134,7 @@ class FakeLink:
         self.told: list[tuple[str, dict[str, Any]]] = []
         self.host = ""
         self.closed = False
+        self.opened = 0.0
 
     def send(self, kind: str, **fields: Any) -> bool:
         self.told.append((kind, fields))
@@ -154,7 +155,7 @@ def runner_with(tmp_path: Any, specs: list[Spec]) -> queue_runner.Runner:
 
 def hello(r: queue_runner.Runner, link: FakeLink, host: str, free: list[int]) -> None:
     r.heard(link, "hello", {"host": host, "gpus": [0, 1], "free": free, "held": {},
-                            "running": {}})  # type: ignore[arg-type]
+                            "running": {}, "smi": "ok"})  # type: ignore[arg-type]
 
 
 def test_the_runner_starts_what_fits_and_records_the_end(tmp_path: Any) -> None:
@@ -222,3 +223,42 @@ def test_a_cancel_stops_what_waits_and_tells_the_agent_what_runs(tmp_path: Any) 
                             "metrics": {}})  # type: ignore[arg-type]
     assert r.runs["sw-1"]["state"] == "stopped"
     assert not r.active()
+
+
+def test_the_first_run_that_fits_nowhere_keeps_a_host_from_those_behind_it() -> None:
+    agents = {"a": Slots((0, 1), {1}), "b": Slots((0, 1), {0})}
+    got = place([spec("big", gpus=2, priority=5), spec("small", priority=0, submitted=2),
+                 spec("small2", priority=0, submitted=3)], agents, ["a", "b"])
+    # big fits nowhere and keeps a (the first with the most free); the small runs take b only
+    assert [(s.run, h) for s, h, _ in got] == [("small", "b")]
+
+
+def test_a_slow_host_taken_for_lost_gets_its_run_back_and_a_start_never_confirmed_requeues(
+        tmp_path: Any) -> None:
+    r = runner_with(tmp_path, [spec("sw-1", hosts=("a",), attempts=2),
+                               spec("sw-2", hosts=("a",))])
+    link = FakeLink()
+    hello(r, link, "a", [0, 1])
+    r.schedule()
+    r.heard(link, "started", {"run": "sw-1", "gpus": [0], "at": 10.0})  # type: ignore[arg-type]
+    # sw-2 was told to start and its agent never said: after START_S it waits again
+    r.runs["sw-2"]["sent"] -= queue_runner.START_S + 1
+    r.heard(link, "beat", {"gpus": [0, 1], "free": [1], "held": {}, "running": {"sw-1": [0]},
+                           "smi": "ok"})  # type: ignore[arg-type]
+    assert r.runs["sw-2"]["state"] == "queued"
+    r.born -= 100
+    r.lose(r.agents["a"]["seen"] + queue_runner.LOST_S + 1)
+    assert r.runs["sw-1"]["state"] == "queued" and r.runs["sw-1"]["attempt"] == 2
+    again = FakeLink()
+    r.heard(again, "hello", {"host": "a", "gpus": [0, 1], "free": [1], "held": {},
+                             "running": {"sw-1": [0]}, "smi": "ok"})  # type: ignore[arg-type]
+    assert (r.runs["sw-1"]["state"], r.runs["sw-1"]["attempt"]) == ("running", 1)
+
+
+def test_a_host_whose_nvidia_smi_failed_gets_nothing(tmp_path: Any) -> None:
+    r = runner_with(tmp_path, [spec("sw-1", gpus=0, hosts=("a",))])
+    link = FakeLink()
+    r.heard(link, "hello", {"host": "a", "gpus": [], "free": [], "held": {}, "running": {},
+                            "smi": "failed"})  # type: ignore[arg-type]
+    r.schedule()
+    assert link.told == [] and r.runs["sw-1"]["state"] == "queued"

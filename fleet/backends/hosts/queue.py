@@ -6,7 +6,7 @@ of it. Its looks are the runner's state.json, read and checked (fleet.facts.queu
 
 from __future__ import annotations
 
-import secrets
+import dataclasses
 import time
 from pathlib import Path
 
@@ -58,7 +58,7 @@ class HostsQueue:
         hosts = tuple(h.name for h in inventory.hosts)
         session = connect(inventory, console)
         try:
-            entries = stage(session, inventory, jobs, console)
+            entries, workdirs = stage(session, inventory, jobs, console)
             head = inventory.hosts[0].name
             key = self._key(session.transports[head])
             specs = [Spec(q.run_id, sweep.sweep_id, q.job.placement.gpus_per_node or 0,
@@ -91,14 +91,24 @@ class HostsQueue:
             session.close()
         console.info(f"sweep {sweep.sweep_id}: {len(runs)} run(s) queued; the runner on {head} "
                      f"({addr}:{port}) places them, with nothing more needed here")
-        return sweep
+        return dataclasses.replace(sweep, workdirs=workdirs)
 
     def _key(self, t: Transport) -> str:
-        """The queue's key: the running queue's own where there is one, else a new one."""
-        r = t.run(f"cat {quote(queue_dir(t) + '/key')} 2>/dev/null; exit 0", what="read the key")
+        """The queue's key, made once on the queue's host under its lock (two first submits
+        at once get the same one), read back, then sent to every host."""
+        q = quote(queue_dir(t))
+        python = quote(t.path(t.host.python))
+        r = t.run("\n".join([
+            f"q={q}", 'mkdir -p -m 700 "$q" && chmod 700 "$q" || exit 3',
+            'exec 8>>"$q/lock"', "command -v flock >/dev/null 2>&1 && flock -x 8",
+            '[ -s "$q/key" ] || { (umask 077; '
+            f"{python} -I -S -c 'import secrets; print(secrets.token_hex(32))' "
+            '> "$q/key.tmp") && mv -f "$q/key.tmp" "$q/key"; }',
+            'head -c 200 "$q/key"']), what="make the queue's key")
         have = r.out.strip()
-        return have if len(have) == 64 and all(c in "0123456789abcdef" for c in have) else (
-            secrets.token_hex(32))
+        if not r.ok or len(have) != 64 or any(c not in "0123456789abcdef" for c in have):
+            raise RemoteCommandError(t.host.name, "make the queue's key", r.code, r.out + r.err)
+        return have
 
     def _enqueue(self, t: Transport, sweep: str, addr: str) -> int:
         """Under the queue's lock: the sweep's runs into jobs/, and the runner started where
@@ -108,13 +118,14 @@ class HostsQueue:
         script = "\n".join([
             "set -u", f"q={q}", 'mkdir -p "$q/jobs" "$q/cancel"',
             'exec 8>>"$q/lock"', "command -v flock >/dev/null 2>&1 && flock -x 8",
-            f'mv -f "$q/incoming/"{quote(sweep)}/*.json "$q/jobs/" || exit 3',
-            f'rmdir "$q/incoming/"{quote(sweep)} 2>/dev/null',
+            *([f'i="$q/incoming/"{quote(sweep)}',
+               'if [ -d "$i" ]; then mv -f "$i"/*.json "$q/jobs/" || exit 3; rmdir "$i"; fi']
+              if sweep else []),
             "port() { sed -n 's/.*\"port\": *\\([0-9]*\\).*/\\1/p' \"$q/runner.json\" "
             "2>/dev/null; }",
             "pid=$(sed -n 's/.*\"pid\": *\\([0-9]*\\).*/\\1/p' \"$q/runner.json\" 2>/dev/null)",
-            'if [ -n "$pid" ] && tr "\\0" " " < "/proc/$pid/cmdline" 2>/dev/null | '
-            "grep -q queue_runner; then port; exit 0; fi",
+            'if [ -n "$pid" ] && [ -O "/proc/$pid" ] && tr "\\0" " " < "/proc/$pid/cmdline" '
+            '2>/dev/null | grep -qF "$q/queue_runner.py"; then port; exit 0; fi',
             'rm -f "$q/runner.json"',
             f'setsid {python} -I -S "$q/queue_runner.py" "$q" {quote(addr)} < /dev/null '
             '>> "$q/runner.log" 2>&1 8>&- &',
@@ -170,15 +181,38 @@ class HostsQueue:
         finally:
             t.close()
         deadline = time.monotonic() + CANCEL_WAIT_S
+        revived = False
         while True:
             seen = self.look()
             mine = [r for run, r in seen.runs.items() if run in names or _sweep_of(run, names)]
-            if not seen.alive or all(r.state in ENDED for r in mine):
+            if all(r.state in ENDED for r in mine):
                 return seen
+            if not seen.alive and not revived:
+                # its runner is gone (its host restarted): a new one hears the stop and tells
+                # the agents, which still run what they started
+                self._revive(inventory, console)
+                revived = True
             if time.monotonic() > deadline:
                 raise UsageError(f"the queue's runs did not all stop within {CANCEL_WAIT_S:.0f} "
                                  "s; `fleet sweep status` says where they are")
             time.sleep(1.0)
+
+    def _revive(self, inventory: Inventory, console: Console) -> None:
+        """A runner again, at the address the agents were given, and every agent told it."""
+        session = connect(inventory, console)
+        try:
+            head = session.transports[inventory.hosts[0].name]
+            r = head.run(f"cat {quote(queue_dir(head) + '/runner.addr')} 2>/dev/null; exit 0",
+                         what="read the runner's address")
+            words = r.out.split()
+            addr = words[0] if words and all(c.isalnum() or c in ".:-_" for c in words[0]) else (
+                master_address(inventory, None))
+            port = self._enqueue(head, "", addr)
+            all_ok("start the queue's agents", each(
+                ((h.name, h) for h in inventory.hosts),
+                lambda h: self._agent(session.transports[h.name], h, addr, port)))
+        finally:
+            session.close()
 
 
 def attempts(job: Job) -> int:

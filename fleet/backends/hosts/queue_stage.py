@@ -17,6 +17,7 @@ from fleet.config.job import Job, Launcher, Rendezvous, RendezvousBackend
 from fleet.console import Console
 from fleet.errors import ConfigError
 from fleet.facts.net import NodeNet
+from fleet.nodeside.shared.nodemap import RUNS
 from fleet.plan import NodePlan, Plan, make_plan
 from fleet.render import render_node
 from fleet.transport.sync import Entry
@@ -60,9 +61,9 @@ def host_nodes(plan: Plan, inventory: Inventory, job: Job, run_id: str,
 
 
 def stage(session: Session, inventory: Inventory, runs: list[Queued], console: Console
-          ) -> dict[str, list[Entry]]:
+          ) -> tuple[dict[str, list[Entry]], dict[str, str]]:
     """Probe, sync the code and data, write the first run's files; per host, the entries of
-    every run's files and start (sent by the caller with the queue's own)."""
+    every run's files and start (sent by the caller with the queue's own), and its workdir."""
     first = runs[0]
     plan = prepare_plan(session, inventory, first.job, first.run_id, console)
     homes = {n: t.home for n, t in session.transports.items()}
@@ -81,5 +82,6 @@ def stage(session: Session, inventory: Inventory, runs: list[Queued], console: C
             start = start_script(node.run_dir, q.run_id, t.path(node.host.python))
             entries[node.host.name].append(Entry(f"{node.run_dir}/{START}", 0o600,
                                                  data=(start + "\n").encode()))
-    return entries
+    workdirs = {n.host.name: n.run_dir.rsplit("/" + RUNS + "/", 1)[0] for n in staged.nodes}
+    return entries, workdirs
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 
 from fleet.nodeside.shared.queue_rules import QUEUE_LINE, BadWord, decode_word, encode_word
 from fleet.nodeside.shared.watch_rules import NONCE_BYTES, parse_nonce
@@ -24,12 +25,18 @@ class QueueLink:
         self.seq_in = self.seq_out = 0
         self.host = ""
         self.pending: list[tuple[str, dict[str, object]]] = []  # said before the nonce came
+        self.sending = threading.Lock()  # an agent's threads say things too
+        self.opened = 0.0  # when the runner accepted it
         sock.setblocking(False)
         self.sock.sendall(f"nonce {self.mine}\n".encode())
 
     def send(self, kind: str, **fields: object) -> bool:
         """Say it (once the other side's nonce came; kept until then); False where the link
         is gone."""
+        with self.sending:
+            return self._send(kind, fields)
+
+    def _send(self, kind: str, fields: dict[str, object]) -> bool:
         if not self.theirs:
             self.pending.append((kind, fields))
             return True

@@ -26,8 +26,8 @@ QUEUED, RUNNING, SUCCEEDED, FAILED, LOST, Q_STOPPED = (
 STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, LOST, Q_STOPPED)
 ENDED = (SUCCEEDED, FAILED, LOST, Q_STOPPED)
 # What each side may say, and the fields each kind carries.
-FROM_AGENT = {"hello": {"host", "gpus", "free", "held", "running"},
-              "beat": {"free", "held", "running"},
+FROM_AGENT = {"hello": {"host", "gpus", "free", "held", "running", "smi"},
+              "beat": {"gpus", "free", "held", "running", "smi"},
               "started": {"run", "gpus", "at"},
               "refused": {"run", "why"},
               "ended": {"run", "code", "started", "ended", "metrics"}}
@@ -237,20 +237,24 @@ def place(specs: list[Spec], agents: dict[str, Slots], host_order: list[str]
           ) -> list[tuple[Spec, str, tuple[int, ...]]]:
     """Where the waiting runs start now: in the queue's order, each on the host with the fewest
     free GPUs that still fits it (so that runs needing many GPUs find a host empty), ties in
-    the inventory's order. A run that fits nowhere waits; runs behind it that fit may start (a
-    run of lower priority never takes GPUs a run of higher priority could use now). The GPUs
-    given are taken out of `agents`."""
+    the inventory's order. The first run that fits nowhere keeps a host for itself (the one
+    with the most GPUs free of those it could ever fit on): runs behind it in the queue may
+    start on other hosts only, so that priority holds and a big run is not starved by small
+    ones. The GPUs given are taken out of `agents`."""
     out = []
+    kept: str | None = None
     for spec in order(specs):
         best = None
         for host in host_order:
             slots = agents.get(host)
-            if slots is None or host not in spec.hosts:
+            if slots is None or host not in spec.hosts or host == kept:
                 continue
             got = fits(spec, slots)
             if got is not None and (best is None or len(slots.free) < len(agents[best[0]].free)):
                 best = (host, got)
         if best is None:
+            if kept is None:
+                kept = _keep(spec, agents, host_order)
             continue
         host, got = best
         agents[host].free -= set(got)
@@ -258,6 +262,14 @@ def place(specs: list[Spec], agents: dict[str, Slots], host_order: list[str]
             agents[host].whole = True
         out.append((spec, host, got))
     return out
+
+
+def _keep(spec: Spec, agents: dict[str, Slots], host_order: list[str]) -> str | None:
+    """The host a run that fits nowhere now waits for: of those it could fit on once free, the
+    one with the most GPUs free."""
+    could = [h for h in host_order if h in spec.hosts and h in agents
+             and len(agents[h].gpus) >= spec.gpus]
+    return max(could, key=lambda h: len(agents[h].free), default=None)
 
 
 def waiting_why(spec: Spec, agents: dict[str, Slots]) -> str:
