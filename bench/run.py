@@ -18,7 +18,7 @@ from bench.common import ROOT, Config, Table, snapshot
 from tests.testbed import available
 
 BENCHMARKS = ("start", "fanout", "teardown", "end", "stop", "logs", "footprint", "sync", "data",
-              "restart", "scale", "doctor", "straggler")
+              "restart", "scale", "doctor", "straggler", "queue")
 
 
 def machine() -> str:
