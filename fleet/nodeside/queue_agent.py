@@ -54,6 +54,7 @@ class Agent:
         self.gpus: tuple[int, ...] = ()  # as the last look saw them
         self.running: dict[str, tuple[int, ...]] = {}
         self.starting: set[str] = set()  # told to start, not yet started or refused
+        self.ended_on: dict[str, tuple[int, ...]] = {}  # the GPUs of a run that ended
         self.ends: dict[str, dict[str, Any]] = {}  # said, not acknowledged yet
         self.leases: dict[str, str] = {}  # run -> its lease's file name
         self.refused: dict[int, tuple[float, str]] = {}  # GPU -> (until, why), from a refusal
@@ -169,7 +170,7 @@ class Agent:
                 code = int(f.read(8).strip())
         self.give(run)
         with self.lock:
-            self.running.pop(run, None)
+            self.ended_on[run] = self.running.pop(run, ())
             self.ends[run] = {"run": run, "code": code, "started": t0, "ended": t1,
                               "metrics": last_metrics(_tail(os.path.join(d, NODE_LOG)), metrics)}
 
@@ -194,8 +195,9 @@ class Agent:
     def report(self) -> dict[str, Any]:
         """What a hello or a beat says: this host's GPUs, and the runs it has."""
         gpus, free, held, smi = self.look()
-        with self.lock:
+        with self.lock:  # a run that ended and whose end is not acknowledged yet is still here
             running = {r: list(g) for r, g in self.running.items()}
+            running.update({r: list(self.ended_on.get(r, ())) for r in self.ends})
         return {"gpus": list(gpus), "free": free, "held": held, "running": running, "smi": smi}
 
     def heard(self, link: QueueLink, kind: str, said: dict[str, Any]) -> None:
@@ -212,6 +214,7 @@ class Agent:
         elif kind == "ack":
             with self.lock:
                 self.ends.pop(str(said["run"]), None)
+                self.ended_on.pop(str(said["run"]), None)
         elif kind == "bye":
             self.bye = True
 

@@ -175,10 +175,8 @@ class Runner:
             self.changed = True
 
     def reconcile(self, link: QueueLink, running: dict[str, tuple[int, ...]], now: float) -> None:
-        """What a host's agent says it runs, against what this runner thinks: a run it runs
-        that was taken for lost (a slow host) is its again; a run it was told to start and
-        that it does not know after a while is queued again; one it started and no longer
-        knows (its agent began anew) is lost; a stopped sweep's run is told again to stop."""
+        """What an agent runs, against what this runner thinks: a run taken for lost is its
+        again; one never started is queued again; one it no longer knows is gone (drop)."""
         host = link.host
         for run, gpus in running.items():
             r = self.runs.get(run)
@@ -188,18 +186,20 @@ class Runner:
                          lost=[h for h in r["lost"] if h != host])
                 self.changed = True
         for run, r in self.runs.items():
-            if r["host"] != host or r["state"] != RUNNING or run in running:
+            if r["host"] != host or r["state"] != RUNNING:
                 continue
-            if r["started"] is None and now - r.get("sent", now) > START_S:
+            if run in running:
+                r.pop("missing", None)
+                if self.stopped(run) and now - r.get("stop_sent", 0) > 5:  # told again
+                    r["stop_sent"] = now
+                    link.send("stop", run=run, why="fleet sweep stop")
+            elif r["started"] is None and now - r.get("sent", now) > START_S:
                 r.update(state=QUEUED, host="", gpus=[], why=f"{host} never started it")
                 self.changed = True
-            elif r["started"] is not None:
+            elif r["started"] is not None and r.setdefault("missing", 0) >= 2:  # 3 in a row
                 self.drop(run, f"{host}'s agent no longer knows it")
-        for run, r in self.runs.items():
-            if (r["host"] == host and r["state"] == RUNNING and self.stopped(run)
-                    and now - r.get("stop_sent", 0) > 5):
-                r["stop_sent"] = now
-                link.send("stop", run=run, why="fleet sweep stop")
+            elif r["started"] is not None:
+                r["missing"] += 1
 
     def stopped(self, run: str) -> bool:
         return bool({run, self.runs[run].get("sweep")} & self.cancelled)

@@ -262,3 +262,18 @@ def test_a_host_whose_nvidia_smi_failed_gets_nothing(tmp_path: Any) -> None:
                             "smi": "failed"})  # type: ignore[arg-type]
     r.schedule()
     assert link.told == [] and r.runs["sw-1"]["state"] == "queued"
+
+
+def test_a_run_missing_from_one_report_is_not_gone_three_in_a_row_is(tmp_path: Any) -> None:
+    r = runner_with(tmp_path, [spec("sw-1", hosts=("a",))])
+    link = FakeLink()
+    hello(r, link, "a", [0, 1])
+    r.schedule()
+    r.heard(link, "started", {"run": "sw-1", "gpus": [0], "at": 10.0})  # type: ignore[arg-type]
+    beat = {"gpus": [0, 1], "free": [1], "held": {}, "running": {}, "smi": "ok"}
+    for _ in range(2):  # its end is on its way behind a beat that no longer lists it
+        r.heard(link, "beat", beat)  # type: ignore[arg-type]
+    assert r.runs["sw-1"]["state"] == "running"
+    r.heard(link, "beat", beat)  # type: ignore[arg-type]
+    assert r.runs["sw-1"]["state"] == "lost"
+    assert r.runs["sw-1"]["why"] == "a's agent no longer knows it"
