@@ -17,24 +17,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, _need_testbed
-from tests.e2e.test_e2e_queue import H100, state, wait_until
+from tests.e2e.test_e2e_queue import H100, SLEEPER, state, wait_until
 from tests.e2e.test_e2e_up import assert_no_strays
 from tests.testbed import Testbed
 
 pytestmark = pytest.mark.e2e
 
-SLEEPER = """\
-import argparse, os, time
-p = argparse.ArgumentParser()
-p.add_argument("--secs", type=float, required=True)
-p.add_argument("--fail", default="no")
-a = p.parse_args()
-print("gpus", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
-time.sleep(a.secs)
-if a.fail == "yes":
-    raise SystemExit("failing on purpose")
-print(f"loss {100.0 / a.secs:.4f}", flush=True)
-"""
 QUIET_S = 60  # the runner ends 15 s after its last run, its agents when it says goodbye
 
 

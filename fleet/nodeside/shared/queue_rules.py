@@ -6,13 +6,12 @@ expected first); the GPUs a host has free, from nvidia-smi; a run's last metric 
 
 from __future__ import annotations
 
-import hmac
 import json
 import math
 import re
 from dataclasses import dataclass, field
 
-from fleet.nodeside.shared.watch_rules import sign
+from fleet.nodeside.shared.watch_rules import BadMessage, sign, signed_object
 
 QUEUE_LINE = 16384  # bytes of one message, its newline included: a longer line ends the link
 MAX_GPUS = 256  # GPUs of one host the queue places on
@@ -34,8 +33,7 @@ FROM_AGENT = {"hello": {"host", "gpus", "free", "held", "running", "smi"},
 FROM_RUNNER = {"start": {"run", "gpus"}, "stop": {"run", "why"}, "ack": {"run"}, "bye": set()}
 
 
-class BadWord(ValueError):
-    """A line that is no message of this queue: the link it came on is dropped."""
+BadWord = BadMessage  # a line that is no message of this queue: its link is dropped
 
 
 def encode_word(token: bytes, nonce: str, kind: str, seq: int, fields: dict[str, object]) -> bytes:
@@ -48,26 +46,12 @@ def encode_word(token: bytes, nonce: str, kind: str, seq: int, fields: dict[str,
 
 
 def decode_word(line: bytes, token: bytes, nonce: str, after: int,
-           kinds: dict[str, set[str]]) -> tuple[str, int, dict[str, object]]:
+                kinds: dict[str, set[str]]) -> tuple[str, int, dict[str, object]]:
     """(kind, number, fields) of a signed line, checked: at most QUEUE_LINE bytes, signed over
     this side's `nonce`, a JSON object of exactly its kind's fields, numbered above `after` (no
-    replay within a link). The fields' values are checked by the `*_fields` functions below.
-    BadWord otherwise."""
-    if len(line) > QUEUE_LINE or not line.endswith(b"\n"):
-        raise BadWord("a line too long or cut short")
-    try:
-        text = line[:-1].decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadWord("not UTF-8") from e
-    mac, sep, body = text.partition(" ")
-    if not sep or not hmac.compare_digest(mac.encode(), sign(token, nonce, body).encode()):
-        raise BadWord("a bad signature")
-    try:
-        got = json.loads(body)
-    except ValueError as e:
-        raise BadWord("not JSON") from e
-    if not isinstance(got, dict):
-        raise BadWord("not an object")
+    replay within a link). The fields' values are checked by the functions below. BadWord
+    otherwise."""
+    got = signed_object(line, token, nonce, QUEUE_LINE)
     kind, seq = got.pop("k", None), got.pop("s", None)
     if not isinstance(kind, str) or kind not in kinds or set(got) != kinds[kind]:
         raise BadWord("not a message's fields")

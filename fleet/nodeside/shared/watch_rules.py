@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleet.nodeside.shared.heal_rules import Heal, parse_heal
 
@@ -75,12 +76,10 @@ def _printable(text: str) -> bool:
     return all(c.isprintable() for c in text)
 
 
-def parse(line: bytes, token: bytes, nonce: str, nodes: frozenset[str], after: int) -> Message:
-    """A message from another watcher, checked: at most MAX_LINE bytes, signed with the run's
-    token over this side's `nonce`, a JSON object of exactly the fields its kind has, from one
-    of the run's `nodes`, numbered above `after` (no replay within a link). BadMessage
-    otherwise."""
-    if len(line) > MAX_LINE or not line.endswith(b"\n"):
+def signed_object(line: bytes, token: bytes, nonce: str, most: int) -> dict[str, Any]:
+    """The JSON object of a line `<hmac> <json>\n` of at most `most` bytes, signed with
+    `token` over this side's `nonce`; BadMessage otherwise (the watchers' and the queue's)."""
+    if len(line) > most or not line.endswith(b"\n"):
         raise BadMessage("a line too long or cut short")
     try:
         text = line[:-1].decode("utf-8")
@@ -95,6 +94,15 @@ def parse(line: bytes, token: bytes, nonce: str, nodes: frozenset[str], after: i
         raise BadMessage("not JSON") from e
     if not isinstance(got, dict):
         raise BadMessage("not an object")
+    return got
+
+
+def parse(line: bytes, token: bytes, nonce: str, nodes: frozenset[str], after: int) -> Message:
+    """A message from another watcher, checked: at most MAX_LINE bytes, signed with the run's
+    token over this side's `nonce`, a JSON object of exactly the fields its kind has, from one
+    of the run's `nodes`, numbered above `after` (no replay within a link). BadMessage
+    otherwise."""
+    got = signed_object(line, token, nonce, MAX_LINE)
     kind, node, seq = got.get("k"), got.get("n"), got.get("s")
     extra = {"end": {"c"}, "stop": {"why", "by"}, "heal": {"why", "by", "sp"}}.get(
         kind if isinstance(kind, str) else "", set())
