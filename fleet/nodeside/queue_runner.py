@@ -19,6 +19,7 @@ from typing import Any
 
 from fleet.nodeside.shared.queue_files import names, run_ok, write_json
 from fleet.nodeside.shared.queue_link import QueueLink
+from fleet.nodeside.shared.queue_plan import overrun, packed, views_of
 from fleet.nodeside.shared.queue_rules import (
     ENDED,
     FAILED,
@@ -237,16 +238,11 @@ class Runner:
                    if v["state"] == QUEUED and r in self.specs and not self.stopped(r)]
         if not waiting:
             return
-        views = {}
-        for host, agent in self.agents.items():
-            s: Slots = agent["slots"]
-            taken = {g for r in self.runs.values() if r["host"] == host and r["state"] == RUNNING
-                     for g in r["gpus"]}
-            whole = s.whole or any(
-                r["host"] == host and r["state"] == RUNNING and run in self.specs
-                and self.specs[run].gpus == 0 for run, r in self.runs.items())
-            views[host] = Slots(s.gpus, s.free - taken, s.held, whole)
-        for spec, host, gpus in place(waiting, views, self.hosts):
+        extra = overrun(self.runs, self.specs)
+        views = views_of({h: a["slots"] for h, a in self.agents.items()}, self.runs, self.specs,
+                         time.time(), extra)
+        plan = packed(waiting, views, self.hosts, extra)
+        for spec, host, gpus in place(waiting, views, self.hosts) if plan is None else plan:
             self.runs[spec.run].update(state=RUNNING, host=host, gpus=list(gpus), why="starting",
                                        sent=time.time())
             self.agents[host]["link"].send("start", run=spec.run, gpus=list(gpus))

@@ -23,7 +23,7 @@ from fleet.render import render_node
 from fleet.transport.sync import Entry
 
 START = "queue-start.sh"  # in a staged run's directory: what the agent runs to start it
-QUEUED_LAUNCHERS = (Launcher.TORCHRUN, Launcher.LEGACY)
+QUEUED_LAUNCHERS = (Launcher.TORCHRUN, Launcher.LEGACY, Launcher.COMMAND)
 
 
 def queue_job(job: Job) -> Job:
@@ -36,7 +36,11 @@ def queue_job(job: Job) -> Job:
                           "arranges; run it with `fleet up`")
     if job.launcher not in QUEUED_LAUNCHERS:
         raise ConfigError(job.path, "launcher", f'launcher = "{job.launcher.value}" is not '
-                          "queued yet: the queue starts torchrun itself (torchrun or legacy)")
+                          "queued yet (torchrun, legacy or command are)")
+    if any("{master_port}" in w for w in (*job.command, *job.args)):
+        raise ConfigError(job.path, "command", "a queued run shares its host with others: it "
+                          "cannot have a fixed port ({master_port}); let the job pick a free "
+                          "one (port 0)")
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         if name in job.env:
             raise ConfigError(job.path, f"env.{name}", "the queue chooses a run's GPUs: "

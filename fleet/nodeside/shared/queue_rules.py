@@ -196,6 +196,7 @@ class Slots:
     free: set[int]
     held: dict[int, str] = field(default_factory=dict)
     whole: bool = False  # a run of the whole host is on it: nothing else goes there
+    busy: dict[int, float] = field(default_factory=dict)  # GPU -> its run's time left, expected
 
 
 def order(specs: list[Spec]) -> list[Spec]:
