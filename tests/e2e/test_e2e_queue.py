@@ -154,5 +154,6 @@ def sweep_and_check(cli: CLI, tb: Testbed, path: Path) -> None:
     assert logs.returncode == 0, logs.stdout + logs.stderr
     assert f"gpus {first['gpu_ids'][0]}" in logs.stdout, logs.stdout
     assert f"loss {100.0 / float(first['params']['secs']):.4f}" in logs.stdout, logs.stdout
-    ps = cli("ps")
+    ps = cli("ps", "--all")
     assert ps.stdout.count(rec["sweep_id"]) == 24, ps.stdout
+    assert ps.stdout.count("succeeded") == 24, ps.stdout
