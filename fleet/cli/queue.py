@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 FOLLOW_EVERY_S = 2.0
 PriorityOpt = Annotated[int, typer.Option(
     "--priority", min=-1000, max=1000,
-    help="Higher runs first (default 0); a run of lower priority only takes GPUs no waiting "
-         "run of higher priority fits on.")]
+    help="Higher runs first (default 0); a run of lower priority never takes what a waiting "
+         "run of higher priority could use.")]
 DetachOpt = Annotated[bool, typer.Option(
     "--detach", "-d", help="Return once queued: the queue goes on without this machine.")]
 
