@@ -189,6 +189,23 @@ def test_a_failing_run_does_not_stop_the_others(tb: Testbed, tmp_path: Path) -> 
     assert_no_strays(tb, QUIET_S)
 
 
+def test_submit_queues_one_run_with_its_arguments(tb: Testbed, tmp_path: Path) -> None:
+    cli = CLI(tmp_path)
+    tb.inventory(job(tmp_path).parent / "inv.toml")
+    r = cli("submit", str(tmp_path / "job.toml"), "--priority", "5", "--", "--secs", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = r.stdout.split()[1].rstrip(":")
+    sid = run.rsplit("-", 1)[0]
+    wait_until("it ended", lambda: ended(tb, sid, 1), 120)
+    status = json.loads(cli("sweep", "status", sid, "--json").stdout)
+    assert [x["state"] for x in status["runs"]] == ["succeeded"], status
+    assert status["kind"] == "submit" and status["runs"][0]["priority"] == 5, status
+    assert status["runs"][0]["metrics"] == {"loss": 33.3333}, status
+    logs = cli("logs", run)
+    assert "loss 33.3333" in logs.stdout, logs.stdout + logs.stderr
+    assert_no_strays(tb, QUIET_S)
+
+
 def test_a_host_lost_mid_sweep_has_its_runs_started_again(tb: Testbed, tmp_path: Path) -> None:
     """Last in this file: node3 does not come back."""
     cli = CLI(tmp_path)
