@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import fleet
 from fleet.config.inventory import Host
 from fleet.run import record
 
@@ -45,6 +46,7 @@ COMPLETE = {"_FLEET_COMPLETE": "complete_bash", "COMP_CWORD": "1", "COMP_WORDS":
 COMPLETE_RUN = {"_FLEET_COMPLETE": "complete_bash", "COMP_CWORD": "2",
                 "COMP_WORDS": "fleet status "}
 RUN_ID = "mnist-20250101-120000-49b0"
+FLEET_DIR = str(Path(fleet.__file__).resolve().parent)
 
 
 def env(tmp: Path, **more: str) -> dict[str, str]:
@@ -169,8 +171,11 @@ def interrupted(tmp: Path, args: list[str], after: float,
 
 def said_once(r: subprocess.CompletedProcess[str]) -> None:
     frames = re.findall(r'File "([^"]+)"', r.stderr)
-    if "init_import_site" in r.stderr or (frames and all(f.startswith("<frozen ") for f in frames)):
-        return  # Python itself was still starting (site, io, runpy): no line of fleet had run
+    if "init_import_site" in r.stderr or (frames and not any(
+            f.startswith(FLEET_DIR) for f in frames)):
+        # Python itself was still starting (site, io, runpy, a meta path finder of the venv's
+        # such as setuptools' _distutils_hack finding `fleet`): no line of fleet had run
+        return
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) <= 1, r
     assert r.returncode in (0, 130, -signal.SIGINT), r  # -SIGINT: before Python took signals
 

@@ -32,6 +32,7 @@ from fleet.transport.transfer.verdict import STALL_S, STUCK_S, TAKES_S
 START_S = 30.0  # a receiver that has not said it started by then: the node is not answering
 LINK_S = ferry.CONNECT_S + 10.0
 EXIT_S = 5.0  # a receiver that said it is done exits within this
+TAMPER_GRACE_S = 5.0  # for the nodes before one that found altered data to say their own look
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,26 @@ class Transfer:
 
     def _lost(self, name: str) -> None:
         """A receiver ended before the end: the transfer cannot complete, so it ends now for
-        every node (one waiting on the lost one would wait for its stall deadline)."""
+        every node (one waiting on the lost one would wait for its stall deadline). One that
+        found what reached it altered first lets the nodes before it in its chain finish
+        their own look at the same bytes (at most TAMPER_GRACE_S): the first of a chain to
+        find it names the one that altered it, and closing them sooner would blame an
+        innocent relay (verdict.check_tampered)."""
         with self.changed:
             if self.cause is not None or self.finished:
                 return
             self.cause = name
+            error = self.states[name].error
+            if error is not None and error.get("tampered"):
+                before = [n for route in self.routes if name in route
+                          for n in route[:route.index(name)]]
+                deadline = time.monotonic() + TAMPER_GRACE_S
+                while any(not (self.states[n].ended or self.states[n].done
+                               or self.states[n].error) for n in before):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.changed.wait(left)
         self.close()
 
     def _placed(self, i: int, name: str) -> dict[tuple[int, str], str]:
