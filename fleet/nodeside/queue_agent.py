@@ -267,7 +267,8 @@ def connect(qdir: str, token: bytes) -> QueueLink | None:
 
 def main() -> None:
     qdir, host, workdir, lease_dir, given = sys.argv[1:6]
-    one = os.open(os.path.join(qdir, "agent.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    # one a host (hosts that share a home share the queue's directory: a lock of its own each)
+    one = os.open(os.path.join(qdir, f"agent-{host}.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(one, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -146,11 +146,12 @@ class HostsQueue:
         script = "\n".join([
             f"q={q}", f"printf '%s %s\\n' {quote(addr)} {port} > \"$q/runner.addr.tmp\"",
             'mv -f "$q/runner.addr.tmp" "$q/runner.addr"',
-            'if command -v flock >/dev/null 2>&1 && ! flock -n "$q/agent.lock" true; then '
+            f"h={quote(host.name)}",
+            'if command -v flock >/dev/null 2>&1 && ! flock -n "$q/agent-$h.lock" true; then '
             "exit 0; fi",
-            f'setsid {quote(t.path(host.python))} -I -S "$q/queue_agent.py" "$q" '
-            f'{quote(host.name)} {workdir} {quote(LEASE_DIR)} {quote(allowed)} < /dev/null '
-            '>> "$q/agent.log" 2>&1 &'])
+            f'setsid {quote(t.path(host.python))} -I -S "$q/queue_agent.py" "$q" "$h" '
+            f'{workdir} {quote(LEASE_DIR)} {quote(allowed)} < /dev/null '
+            '>> "$q/agent-$h.log" 2>&1 &'])
         t.run(script, timeout=30, what="start the queue's agent").check(host.name)
 
     # ---- looks ----------------------------------------------------------------------------
