@@ -120,6 +120,7 @@ def _submitted(rec: SweepRecord, runs: list, console: Console) -> None:  # type:
 def _follow(rec: SweepRecord, console: Console) -> None:
     """Until every run ended: each start and end said as it is seen; Ctrl-C stops the sweep."""
     from fleet.lifecycle import sweep as sweeps_
+    from fleet.lifecycle.sweepview import line
 
     q = _queue(Path(rec.inventory))
     said: dict[str, str] = {}
@@ -129,7 +130,7 @@ def _follow(rec: SweepRecord, console: Console) -> None:
             for r in rec.runs:
                 if said.get(r.run_id) != r.state:
                     said[r.run_id] = r.state
-                    echo(_line(r))
+                    echo(line(r))
             if sweeps_.done(rec):
                 break
             time.sleep(FOLLOW_EVERY_S)
@@ -140,12 +141,6 @@ def _follow(rec: SweepRecord, console: Console) -> None:
     if any(r.state != "succeeded" for r in rec.runs):
         raise typer.Exit(ExitCode.FAILED)
     return None
-
-
-def _line(r: object) -> str:
-    from fleet.lifecycle.sweepview import line
-
-    return line(r)  # type: ignore[arg-type]
 
 
 def _status(sweep_id: str | None, as_json: bool) -> None:

@@ -17,7 +17,7 @@ from fleet.backends.queueing import Queued
 from fleet.config.inventory import Host, Inventory
 from fleet.config.job import Job
 from fleet.config.restart import Ending
-from fleet.config.select import load_selected
+from fleet.config.select import Selection, load_selected
 from fleet.console import Console
 from fleet.errors import RemoteCommandError, UsageError, host_error
 from fleet.facts.leases import LEASE_DIR
@@ -44,11 +44,8 @@ class HostsQueue:
     def __init__(self, inventory: Path) -> None:
         self.path = inventory
 
-    def inventory(self, job_selection: object = None) -> Inventory:
-        from fleet.config.select import Selection
-
-        sel = job_selection if isinstance(job_selection, Selection) else Selection()
-        return load_selected(self.path, sel)
+    def inventory(self, selection: Selection = Selection()) -> Inventory:  # noqa: B008
+        return load_selected(self.path, selection)
 
     # ---- submit ---------------------------------------------------------------------------
     def submit(self, sweep: SweepRecord, runs: list[Queued], console: Console) -> SweepRecord:
