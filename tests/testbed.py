@@ -590,7 +590,7 @@ class Testbed:
     def close(self) -> None:
         every = self._every()
         for h in every:
-            if h.init_pid:
+            if self._init_is_live(h):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(h.init_pid, signal.SIGKILL)  # the whole host
         for ns in self._netns:
@@ -649,14 +649,23 @@ class Testbed:
         """SIGKILL the host's PID 1: every process of the host dies with it, as in a power
         cut (the network namespace, its links and files stay)."""
         h = self.host(name)
-        if h.init_pid:
+        if self._init_is_live(h):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(h.init_pid, signal.SIGKILL)
             _wait_gone(h.init_pid, timeout)
         if h.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 h.proc.wait(timeout=timeout)
-        h.sshd_pid = 0
+        # Its PIDs are free for the machine to give again (pid_max wraps within a CI run):
+        # kept, a later close() or exec() would signal or enter another test's process.
+        h.init_pid = h.sshd_pid = 0
+
+    @staticmethod
+    def _init_is_live(h: TbHost) -> bool:
+        """h.init_pid is still the host's init: a child of the host's launcher (this process's
+        own child, unreaped while it runs, so neither PID can have been given to another)."""
+        return bool(h.init_pid and h.proc is not None and h.proc.poll() is None
+                    and h.init_pid in _children(h.proc.pid))
 
     def cpu_cgroup(self, name: str) -> Path:
         """Host `name`'s own cgroup of the cgroup v1 cpu controller (CPU_CGROUP), as a

@@ -411,6 +411,18 @@ def test_kill_sshd_then_host() -> None:
         assert h.proc is not None and h.proc.poll() is not None
         assert tb.pids(h.ns) == []
         assert ssh(tb, h, "true").returncode == 255
+        # The dead host's PIDs are the machine's to give again (pid_max wraps within a CI
+        # run): nothing of the testbed enters or signals them afterwards.
+        assert h.init_pid == 0 and h.sshd_pid == 0
+        assert tb.exec("node1", "true").returncode != 0
+        bystander = subprocess.Popen(["sleep", "3598.25"])  # as if given the dead init's PID
+        try:
+            h.init_pid = bystander.pid
+            tb.close()
+            assert bystander.poll() is None, "close() signalled a PID the host no longer owns"
+        finally:
+            bystander.kill()
+            bystander.wait(timeout=10)
 
 
 # One TCP transfer: its receiver counts the bytes to the sender's EOF.
