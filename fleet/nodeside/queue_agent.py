@@ -172,6 +172,7 @@ class Agent:
         with self.lock:
             self.ended_on[run] = self.running.pop(run, ())
             self.ends[run] = {"run": run, "code": code, "started": t0, "ended": t1,
+                              "stopped": os.path.exists(os.path.join(d, "stopped")),
                               "metrics": last_metrics(_tail(os.path.join(d, NODE_LOG)), metrics)}
 
     def stop(self, run: str) -> None:

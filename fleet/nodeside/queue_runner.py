@@ -167,7 +167,8 @@ class Runner:
                 r.update(state=QUEUED, host="", gpus=[], why=words(f["why"]))
             else:
                 code = exit_code(f["code"])
-                state = Q_STOPPED if self.stopped(run) else SUCCEEDED if code == 0 else FAILED
+                stopped = self.stopped(run) or f["stopped"] is True  # its stop.sh ran: fleet stop
+                state = Q_STOPPED if stopped else SUCCEEDED if code == 0 else FAILED
                 self.end(run, state, "" if state == SUCCEEDED else (
                     f"exit code {code}" if code is not None else "ended without an exit code"),
                     code=code, started=when(f["started"]), ended=when(f["ended"]),

@@ -1,10 +1,10 @@
 """The queue in a lab's life, through the real CLI on three real sshd hosts with two stand-in
 GPUs each and a colleague, alice, who queues runs of her own: two submitters at once never
 share a GPU; her lease and her process are never run over (and `fleet queue` says what waits
-for them); a sweep stopped leaves nothing behind; a failing run does not stop the others; a
-host lost mid-sweep has its runs said lost and started again elsewhere under [restart]. Every
-test ends with nothing of fleet's left on any host (the runner and the agents end by
-themselves once nothing is queued)."""
+for them); a sweep stopped leaves nothing behind (and a run stopped alone is stopped, not
+failed); a failing run does not stop the others; a host lost mid-sweep has its runs said lost
+and started again elsewhere under [restart]. Every test ends with nothing of fleet's left on
+any host (the runner and the agents end by themselves once nothing is queued)."""
 
 from __future__ import annotations
 
@@ -163,6 +163,17 @@ def test_a_sweep_stopped_leaves_nothing_behind(tb: Testbed, tmp_path: Path) -> N
     wait_until("six running", lambda: sum(
         x["state"] == "running" and x["started"] is not None
         for x in runs_of(tb, sweep_id(r.stdout)).values()) == 6, 90)
+    # One run stopped on its own (`fleet stop RUN`, its record made by a look): it is stopped,
+    # not failed, though its exit code is the 143 of a TERM; the others run on.
+    assert cli("sweep", "status").returncode == 0
+    one = next(k for k, x in runs_of(tb, sweep_id(r.stdout)).items() if x["state"] == "running")
+    alone = cli("stop", one, timeout=120)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    wait_until("its end heard", lambda: runs_of(tb, sweep_id(r.stdout))[one]["state"] != "running",
+               60)
+    runs = runs_of(tb, sweep_id(r.stdout))
+    assert runs[one]["state"] == "stopped" and runs[one]["code"] == 143, runs[one]
+    assert sum(x["state"] == "running" for x in runs.values()) >= 6, runs
     stop = cli("sweep", "stop", sweep_id(r.stdout), timeout=150)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     status = json.loads(cli("sweep", "status", "--json").stdout)

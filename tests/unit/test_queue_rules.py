@@ -169,7 +169,7 @@ def test_the_runner_starts_what_fits_and_records_the_end(tmp_path: Any) -> None:
     assert r.runs["sw-3"]["why"].startswith("waits for 1 free GPU(s) on one host: a: 0 free")
     r.heard(link, "started", {"run": "sw-1", "gpus": [0], "at": 10.0})  # type: ignore[arg-type]
     r.heard(link, "ended", {"run": "sw-1", "code": 0, "started": 10.0, "ended": 20.0,
-                            "metrics": {"loss": 0.5}})  # type: ignore[arg-type]
+                            "metrics": {"loss": 0.5}, "stopped": False})  # type: ignore[arg-type]
     assert r.runs["sw-1"]["state"] == "succeeded" and r.runs["sw-1"]["metrics"] == {"loss": 0.5}
     assert link.told[-1] == ("ack", {"run": "sw-1"})
     r.schedule()
@@ -178,7 +178,7 @@ def test_the_runner_starts_what_fits_and_records_the_end(tmp_path: Any) -> None:
     other = FakeLink()
     hello(r, other, "b", [0])
     r.heard(other, "ended", {"run": "sw-2", "code": 1, "started": 1.0, "ended": 2.0,
-                             "metrics": {}})  # type: ignore[arg-type]
+                             "metrics": {}, "stopped": False})  # type: ignore[arg-type]
     assert r.runs["sw-2"]["state"] == "running"
     with pytest.raises(BadWord):  # a GPU the host does not have
         r.heard(link, "started", {"run": "sw-2", "gpus": [7], "at": 1.0})  # type: ignore[arg-type]
@@ -220,9 +220,24 @@ def test_a_cancel_stops_what_waits_and_tells_the_agent_what_runs(tmp_path: Any) 
     assert r.runs["sw-2"]["state"] == "stopped"
     assert link.told[-1] == ("stop", {"run": "sw-1", "why": "fleet sweep stop"})
     r.heard(link, "ended", {"run": "sw-1", "code": 143, "started": 1.0, "ended": 2.0,
-                            "metrics": {}})  # type: ignore[arg-type]
+                            "metrics": {}, "stopped": False})  # type: ignore[arg-type]
     assert r.runs["sw-1"]["state"] == "stopped"
     assert not r.active()
+
+
+def test_a_run_its_own_stop_ended_is_stopped_not_failed(tmp_path: Any) -> None:
+    """`fleet stop RUN` on a queued run: its stop.sh ran on the host (the agent saw its mark),
+    so its 143 is a stop, not a failure; a 143 without that mark is a failure."""
+    r = runner_with(tmp_path, [spec("sw-1", hosts=("a",)), spec("sw-2", hosts=("a",))])
+    link = FakeLink()
+    hello(r, link, "a", [0, 1])
+    r.schedule()
+    for run, stopped in (("sw-1", True), ("sw-2", "yes")):  # a non-bool is no stop
+        r.heard(link, "started", {"run": run, "gpus": [0], "at": 1.0})  # type: ignore[arg-type]
+        r.heard(link, "ended", {"run": run, "code": 143, "started": 1.0, "ended": 2.0,
+                                "metrics": {}, "stopped": stopped})  # type: ignore[arg-type]
+    assert (r.runs["sw-1"]["state"], r.runs["sw-2"]["state"]) == ("stopped", "failed")
+    assert r.runs["sw-1"]["code"] == 143
 
 
 def test_the_first_run_that_fits_nowhere_keeps_a_host_from_those_behind_it() -> None:

@@ -29,7 +29,7 @@ FROM_AGENT = {"hello": {"host", "gpus", "free", "held", "running", "smi"},
               "beat": {"gpus", "free", "held", "running", "smi"},
               "started": {"run", "gpus", "at"},
               "refused": {"run", "why"},
-              "ended": {"run", "code", "started", "ended", "metrics"}}
+              "ended": {"run", "code", "started", "ended", "metrics", "stopped"}}
 FROM_RUNNER = {"start": {"run", "gpus"}, "stop": {"run", "why"}, "ack": {"run"}, "bye": set()}
 
 
