@@ -4,8 +4,8 @@ host's GPUs are free (no process on them, no lease in the way), and starts only 
 staged here (runs/<run>/<host>/queue-start.sh), on the GPUs the runner named, under a run
 lease taken for all of them at once (fleet/nodeside/lease.py: another user's lease or another
 run's refuses it); when a run ends it gives the lease back and says how it ended. It ends once
-the runner said goodbye (or is gone for ALONE_S) and nothing of its own runs. Standard
-library only.
+the runner said goodbye (or is gone for ALONE_S) and nothing of its own runs. Its book keeps
+what it waits on until the runner heard its end: the next agent here adopts it. Stdlib only.
 
 argv: QUEUE_DIR HOST WORKDIR LEASE_DIR GPUS (the GPUs the queue may use here: "all" or
 "0,2"; the runner's address is in QUEUE_DIR/runner.addr)."""
@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from fleet.nodeside.shared.nodemap import EXIT_CODE, NODE_LOG, run_dir
+from fleet.nodeside.shared.queue_files import parse_book, write_json
 from fleet.nodeside.shared.queue_link import QueueLink
 from fleet.nodeside.shared.queue_rules import (
     FROM_RUNNER,
@@ -59,6 +60,8 @@ class Agent:
         self.leases: dict[str, str] = {}  # run -> its lease's file name
         self.refused: dict[int, tuple[float, str]] = {}  # GPU -> (until, why), from a refusal
         self.lock = threading.Lock()
+        self.book = os.path.join(qdir, f"agent-{host}.runs.json")
+        self.kept: dict[str, dict[str, Any]] = {}  # the book: run -> how to wait on it
         self.bye = False
         self.me = pwd.getpwuid(os.geteuid()).pw_name
 
@@ -145,26 +148,48 @@ class Agent:
             return f"its start failed on {self.host} (exit {r.returncode})"
         with self.lock:
             self.running[run] = gpus
+        self.keep(run, {"gpus": list(gpus), "pid": int(words[0]), "start": int(words[1]),
+                        "t0": t0, "lease": self.leases[run], "metrics": spec.metrics})
         threading.Thread(target=self.wait, args=(run, d, int(words[0]), int(words[1]), t0,
                                                  spec.metrics), daemon=True).start()
         return ""
 
+    def keep(self, run: str, entry: dict[str, Any] | None) -> None:
+        """The book: a run this agent waits on, or (None) one whose end the runner heard."""
+        with self.lock:
+            self.kept.pop(run, None) if entry is None else self.kept.update({run: entry})
+            write_json(self.book, self.kept)
+
+    def adopt(self) -> None:
+        """The runs in the book of the agent before this one here (it died; they may live):
+        waited on again, with their leases; one that ended meanwhile has its end said."""
+        try:
+            with open(self.book, encoding="utf-8") as f:
+                book = parse_book(f.read(1 << 22))
+        except OSError:
+            return
+        for run, e in book.items():
+            with self.lock:
+                self.running[run], self.leases[run] = tuple(e["gpus"]), e["lease"]
+            self.keep(run, e)
+            threading.Thread(target=self.wait, args=(
+                run, run_dir(self.workdir, run, self.host), e["pid"], e["start"], e["t0"],
+                e["metrics"]), daemon=True).start()
+
     def wait(self, run: str, d: str, pid: int, start: int, t0: float,
              metrics: dict[str, str]) -> None:
         """Until the run's wrapper ends (its lock let go, else looked at twice a second)."""
-        try:
+        with contextlib.suppress(OSError):
             fd = os.open(os.path.join(d, "lock"), os.O_RDONLY)
             if os.path.exists(os.path.join(d, "locked")):
                 fcntl.flock(fd, fcntl.LOCK_SH)
             os.close(fd)
-        except OSError:
-            pass
-        while True:
-            ended, code = part_ended(d, pid, start)
-            if ended:
-                break
+        while not (got := part_ended(d, pid, start))[0]:
             time.sleep(0.5)
+        code = got[1]
         t1 = time.time()
+        with contextlib.suppress(OSError):  # when its wrapper wrote it (an adopted run's end)
+            t1 = min(t1, max(t0, os.stat(os.path.join(d, EXIT_CODE)).st_mtime))
         if code is None:
             with contextlib.suppress(OSError, ValueError), open(os.path.join(d, EXIT_CODE)) as f:
                 code = int(f.read(8).strip())
@@ -216,6 +241,7 @@ class Agent:
             with self.lock:
                 self.ends.pop(str(said["run"]), None)
                 self.ended_on.pop(str(said["run"]), None)
+            self.keep(str(said["run"]), None)
         elif kind == "bye":
             self.bye = True
 
@@ -278,6 +304,7 @@ def main() -> None:
         token = f.read().strip().encode()
     allowed = None if given == "all" else {int(g) for g in given.split(",") if g.isdigit()}
     agent = Agent(qdir, host, workdir, lease_dir, allowed)
+    agent.adopt()
     link, alone_since, beat = None, time.time(), 0.0
     while True:
         now = time.time()

@@ -156,7 +156,9 @@ class Runner:
             run = run_id(f["run"])
             r = self.runs.get(run)
             if r is None or r["host"] != link.host or r["state"] != RUNNING:
-                return  # not what this runner told that host to run (an older word)
+                if kind == "ended":  # an older word (a run since lost, or ended): forgotten
+                    link.send("ack", run=run)
+                return  # not what this runner told that host to run
             if kind == "started":
                 r["started"] = when(f["at"])
                 r["gpus"] = list(gpu_list(f["gpus"], slots.gpus))

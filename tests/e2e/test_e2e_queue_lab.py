@@ -3,8 +3,9 @@ GPUs each and a colleague, alice, who queues runs of her own: two submitters at 
 share a GPU; her lease and her process are never run over (and `fleet queue` says what waits
 for them); a sweep stopped leaves nothing behind (and a run stopped alone is stopped, not
 failed); a failing run does not stop the others; a host lost mid-sweep has its runs said lost
-and started again elsewhere under [restart]. Every test ends with nothing of fleet's left on
-any host (the runner and the agents end by themselves once nothing is queued)."""
+and started again elsewhere under [restart]; an agent that died is followed by one that
+adopts its runs. Every test ends with nothing of fleet's left on any host (the runner and the
+agents end by themselves once nothing is queued)."""
 
 from __future__ import annotations
 
@@ -214,6 +215,34 @@ def test_submit_queues_one_run_with_its_arguments(tb: Testbed, tmp_path: Path) -
     assert status["runs"][0]["metrics"] == {"loss": 33.3333}, status
     logs = cli("logs", run)
     assert "loss 33.3333" in logs.stdout, logs.stdout + logs.stderr
+    assert_no_strays(tb, QUIET_S)
+
+
+def test_an_agent_that_died_is_followed_by_one_that_adopts_its_runs(
+        tb: Testbed, tmp_path: Path) -> None:
+    """The agent dies (not its host, nor its runs): the next submit starts a new one, which
+    waits on the runs the old one left, gives their leases back and says their ends."""
+    cli = CLI(tmp_path)
+    tb.inventory(job(tmp_path).parent / "inv.toml")
+    r = cli("sweep", str(tmp_path / "job.toml"), "--grid", "secs=30,31", "--detach")
+    assert r.returncode == 0, r.stdout + r.stderr
+    sid = sweep_id(r.stdout)
+    wait_until("both running", lambda: sum(
+        x["started"] is not None for x in runs_of(tb, sid).values()) == 2, 90)
+    host = next(iter(runs_of(tb, sid).values()))["host"]
+    agents = tb.exec(host, "pgrep", "-f", "queue_agent.py").stdout.split()
+    assert len(agents) == 1, agents
+    tb.kill_in(host, int(agents[0]))
+    more = cli("submit", str(tmp_path / "job.toml"), "--", "--secs", "1")
+    assert more.returncode == 0, more.stdout + more.stderr
+    wait_until("the sweep ended", lambda: ended(tb, sid, 2), 120)
+    runs = runs_of(tb, sid)
+    for k, x in runs.items():
+        assert (x["state"], x["attempt"], x.get("lost", [])) == ("succeeded", 1, []), (k, x)
+    assert sorted(x["metrics"]["loss"] for x in runs.values()) == [3.2258, 3.3333], runs
+    leases = tb.dir / f"vartmp-{host}" / "fleet-leases"
+    wait_until("their run leases given back", lambda: not [
+        p for p in leases.glob("*.lease") if json.loads(p.read_text()).get("run")], 30)
     assert_no_strays(tb, QUIET_S)
 
 

@@ -1,6 +1,6 @@
 """The queue's files on a host (fleet/nodeside/queue_runner.py): the names in one of its
 directories, bounded; a JSON file replaced whole, readable by its owner alone; a name that may
-be a run's or a sweep's id."""
+be a run's or a sweep's id; an agent's book of the runs it waits on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from fleet.nodeside.shared.queue_rules import BadWord, run_id
+from fleet.nodeside.shared.queue_rules import BadWord, gpu_list, run_id
 
 MOST_NAMES = 100000
 
@@ -46,3 +46,36 @@ def write_json(path: str, said: dict[str, Any]) -> bool:
     except OSError:
         return False
     return True
+
+
+def parse_book(text: str) -> dict[str, dict[str, Any]]:
+    """An agent's book (queue_agent.py: run -> its GPUs, its wrapper's pid and start time, when
+    it started, its lease's name, its metrics' patterns), read as any host file is: an entry
+    that does not parse is left out, each kept one has exactly these fields."""
+    try:
+        book = json.loads(text)
+    except ValueError:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for run, e in book.items() if isinstance(book, dict) else ():
+        try:
+            out[run_id(run)] = {
+                "gpus": list(gpu_list(e["gpus"])), "pid": _int(e["pid"]),
+                "start": _int(e["start"]), "t0": float(e["t0"]), "lease": str(e["lease"]),
+                "metrics": _texts(e["metrics"])}
+        except (BadWord, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _int(value: object) -> int:
+    if type(value) is not int or not 0 < value < 1 << 62:
+        raise ValueError("not a positive integer")
+    return value
+
+
+def _texts(value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError("not names and patterns")
+    return dict(value)
