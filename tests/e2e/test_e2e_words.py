@@ -175,5 +175,7 @@ def test_a_fleet_stop_reads_as_a_stop_in_the_attached_stream(cli: CLI, tb2: Test
     for node in ("node1", "node2"):
         mine = "\n".join(line for line in logs.stdout.splitlines() if line.startswith(node))
         assert f"[fleet] stopping run {run_id} on this node (fleet stop)" in mine, logs.stdout
-        assert "SignalException" in mine and "Traceback (most recent call last)" in mine, mine
+        # torchrun's own words of the stop, kept out of the stream (its traceback only where
+        # it outlives its workers' end: on a loaded machine the stop's KILL may come first)
+        assert re.search(r"death signal|closing signal|SignalException", mine), mine
     assert_nothing_left(tb2, run_id)
