@@ -26,7 +26,8 @@ GOOD = {"gpus": [1], "pid": 4242, "start": 99, "t0": 10.5, "lease": "a.lease",
 
 def test_a_book_reads_back_and_what_does_not_parse_is_left_out() -> None:
     bad = [{**GOOD, "pid": "4242"}, {**GOOD, "pid": -1}, {**GOOD, "pid": True},
-           {**GOOD, "gpus": [1, 1]}, {**GOOD, "t0": "soon"}, {**GOOD, "metrics": []},
+           {**GOOD, "gpus": [1, 1]}, {**GOOD, "t0": "soon"}, {**GOOD, "t0": float("nan")},
+           {**GOOD, "t0": True}, {**GOOD, "metrics": []},
            {**GOOD, "metrics": {"loss": 1}}, {k: v for k, v in GOOD.items() if k != "lease"}, "run"]
     book = {"sw-1": GOOD, "../etc": GOOD, **{f"sw-b{i}": e for i, e in enumerate(bad)}}
     assert parse_book(json.dumps(book)) == {"sw-1": GOOD}

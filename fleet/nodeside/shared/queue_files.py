@@ -61,7 +61,7 @@ def parse_book(text: str) -> dict[str, dict[str, Any]]:
         try:
             out[run_id(run)] = {
                 "gpus": list(gpu_list(e["gpus"])), "pid": _int(e["pid"]),
-                "start": _int(e["start"]), "t0": float(e["t0"]), "lease": str(e["lease"]),
+                "start": _int(e["start"]), "t0": _when(e["t0"]), "lease": str(e["lease"]),
                 "metrics": _texts(e["metrics"])}
         except (BadWord, KeyError, TypeError, ValueError):
             continue
@@ -72,6 +72,12 @@ def _int(value: object) -> int:
     if type(value) is not int or not 0 < value < 1 << 62:
         raise ValueError("not a positive integer")
     return value
+
+
+def _when(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e11:
+        raise ValueError("not a time")
+    return float(value)
 
 
 def _texts(value: object) -> dict[str, str]:
