@@ -161,21 +161,23 @@ def test_a_sweep_stopped_leaves_nothing_behind(tb: Testbed, tmp_path: Path) -> N
     r = cli("sweep", str(tmp_path / "job.toml"), "--grid", "secs=300,301,302,303,304,305,306,307",
             "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
-    wait_until("six running", lambda: sum(
-        x["state"] == "running" and x["started"] is not None
-        for x in runs_of(tb, sweep_id(r.stdout)).values()) == 6, 90)
-    # One run stopped on its own (`fleet stop RUN`, its record made by a look): it is stopped,
-    # not failed, though its exit code is the 143 of a TERM; the others run on.
-    assert cli("sweep", "status").returncode == 0
-    one = next(k for k, x in runs_of(tb, sweep_id(r.stdout)).items() if x["state"] == "running")
-    alone = cli("stop", one, timeout=120)
+    sid = sweep_id(r.stdout)
+    try:  # the sweep stopped whatever fails on the way: the next tests need the GPUs
+        wait_until("six running", lambda: sum(
+            x["state"] == "running" and x["started"] is not None
+            for x in runs_of(tb, sid).values()) == 6, 90)
+        # One run stopped on its own (`fleet stop RUN`, its record made by a look): it is
+        # stopped, not failed, though it ended non-zero (torchrun's 1, or a TERM's 143).
+        assert cli("sweep", "status").returncode == 0
+        one = next(k for k, x in runs_of(tb, sid).items() if x["state"] == "running")
+        alone = cli("stop", one, timeout=120)
+        wait_until("its end heard", lambda: runs_of(tb, sid)[one]["state"] != "running", 60)
+        runs = runs_of(tb, sid)
+    finally:
+        stop = cli("sweep", "stop", sid, timeout=150)
     assert alone.returncode == 0, alone.stdout + alone.stderr
-    wait_until("its end heard", lambda: runs_of(tb, sweep_id(r.stdout))[one]["state"] != "running",
-               60)
-    runs = runs_of(tb, sweep_id(r.stdout))
-    assert runs[one]["state"] == "stopped" and runs[one]["code"] == 143, runs[one]
-    assert sum(x["state"] == "running" for x in runs.values()) >= 6, runs
-    stop = cli("sweep", "stop", sweep_id(r.stdout), timeout=150)
+    assert runs[one]["state"] == "stopped" and runs[one]["code"] != 0, runs[one]
+    assert sum(x["state"] == "running" for x in runs.values()) >= 5, runs  # the others ran on
     assert stop.returncode == 0, stop.stdout + stop.stderr
     status = json.loads(cli("sweep", "status", "--json").stdout)
     assert [x["state"] for x in status["runs"]] == ["stopped"] * 8, status
@@ -242,7 +244,7 @@ def test_an_agent_that_died_is_followed_by_one_that_adopts_its_runs(
     assert sorted(x["metrics"]["loss"] for x in runs.values()) == [3.2258, 3.3333], runs
     leases = tb.dir / f"vartmp-{host}" / "fleet-leases"
     wait_until("their run leases given back", lambda: not [
-        p for p in leases.glob("*.lease") if json.loads(p.read_text()).get("run")], 30)
+        p for p in leases.glob("*.lease") if json.loads(p.read_text()).get("run") in runs], 30)
     assert_no_strays(tb, QUIET_S)
 
 
