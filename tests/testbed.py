@@ -80,6 +80,7 @@ USER_ID = 4242  # uid and gid of the non-root login user (Testbed(user=...))
 PREPARE_AT_ONCE = 8  # hosts whose links and files are made at the same time
 FAKE_SMI_STATE = ".tb-nvidia-smi.json"  # in a host's private /tmp (see fake_nvidia_smi.py)
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # the cgroup v1 cpu controller's hierarchy (cpu_quota)
+SHARES_MAX = 262144  # cgroup v1's largest cpu.shares (cpu_machine's weight)
 MOVE_PASSES = 50  # passes over a host's processes to move them all into or out of a cgroup
 
 # PID 1 of every host: starts its command (sshd -D) and reaps every child, orphans included,
@@ -219,6 +220,7 @@ class Testbed:
         self._made_dirs: list[str] = []  # by mount_tmpfs, deepest first
         self._fake_smi: set[str] = set()  # hosts with the stand-in nvidia-smi on their PATH
         self._cgroups: dict[str, Path] = {}  # each host's own cpu cgroup (cpu_cgroup)
+        self._machines: dict[str, float] = {}  # the CPUs of each host given its own (cpu_machine)
 
     # ---- addressing --------------------------------------------------------------------------
     @property
@@ -696,19 +698,36 @@ class Testbed:
         of the host's own cgroup (cpu_cgroup), cpu.cfs_quota_us = fraction * cpu.cfs_period_us,
         which its processes, those running and those started later, are subject to in the
         cgroup they already live in. Yields the cgroup (its cpu.stat counts the periods
-        throttled). On exit, after a failure too, the limit is lifted (the processes stay in
-        the host's cgroup, without one)."""
+        throttled). On exit, after a failure too, the limit before it is put back: none, or
+        cpu_machine's (the processes stay in the host's cgroup)."""
         if not 0 < fraction <= 64 or not 1000 <= period_us <= 1_000_000:
             raise ValueError(f"cpu_quota({fraction}, period_us={period_us}): a fraction of a "
                              "CPU in (0, 64], a period of 1 ms to 1 s")
         cg = self.cpu_cgroup(name)
+        before = [(cg / f).read_text().strip() for f in ("cpu.cfs_period_us", "cpu.cfs_quota_us")]
         try:
-            (cg / "cpu.cfs_quota_us").write_text("-1")  # no quota in force while the period changes
-            (cg / "cpu.cfs_period_us").write_text(str(period_us))
-            (cg / "cpu.cfs_quota_us").write_text(str(max(1000, int(fraction * period_us))))
+            _set_quota(cg, period_us, max(1000, int(fraction * period_us)))
             yield cg
         finally:
-            (cg / "cpu.cfs_quota_us").write_text("-1")
+            _set_quota(cg, int(before[0]), int(before[1]))
+
+    def cpu_machine(self, name: str, cpus: float, period_us: int = 100_000) -> Path:
+        """Host `name` a machine of `cpus` CPUs of its own, until close(): its cgroup (cpu_cgroup)
+        held to `cpus` (its quota) and given the largest weight (cpu.shares), so that it gets
+        what it asks for up to that, whatever else this machine runs at the time (other tests,
+        other testbeds), and never more. Hosts made so keep one speed under any load beside
+        them, as separate machines do; a host that shares the machine's CPUs by weight alone
+        slows with the load, and its peers with it. cpu_quota lowers the limit for a while and
+        puts this one back. Their sum must leave this machine room for the rest."""
+        room = (os.cpu_count() or 1) / 2 - sum(v for h, v in self._machines.items() if h != name)
+        if not 0 < cpus <= room:
+            raise ValueError(f"cpu_machine({name}, {cpus}): the testbed's machines may take half "
+                             f"of this machine's {os.cpu_count()} CPUs at most ({room:g} left)")
+        cg = self.cpu_cgroup(name)
+        _set_quota(cg, period_us, max(1000, int(cpus * period_us)))
+        (cg / "cpu.shares").write_text(str(SHARES_MAX))
+        self._machines[name] = cpus
+        return cg
 
     def cpu_seconds(self, name: str) -> float:
         """CPU seconds (user + system) used so far by the processes of host `name` alive now:
@@ -1028,6 +1047,13 @@ def _children(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             kids.append(int(entry.name))
     return sorted(kids)
+
+
+def _set_quota(cg: Path, period_us: int, quota_us: int) -> None:
+    """A cpu cgroup's period and quota (-1: none): no quota in force while the period changes."""
+    (cg / "cpu.cfs_quota_us").write_text("-1")
+    (cg / "cpu.cfs_period_us").write_text(str(period_us))
+    (cg / "cpu.cfs_quota_us").write_text(str(quota_us))
 
 
 def cpu_quota_available() -> str | None:
