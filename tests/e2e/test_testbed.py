@@ -261,8 +261,8 @@ def test_a_host_made_a_machine_keeps_its_cpu_under_load() -> None:
     """cpu_machine: a busy host of a quarter of a CPU gets that quarter while ten busy loops
     outside it, each in a session of its own (the kernel's autogroups weigh each session as
     one, as each other testbed's host is), share this machine's CPUs (by weight alone it would
-    get about 2/11 of 2 CPUs: 0.18), and no more; a quota set for a while is lifted back to it; the testbed's machines may not
-    take more than half of this machine's CPUs."""
+    get about 2/11 of 2 CPUs: 0.18), and no more; a quota set for a while is lifted back to it;
+    the testbed's machines may not take more than half of this machine's CPUs."""
     _need_testbed()
     if cpu_quota_available() is not None:
         pytest.skip(str(cpu_quota_available()))
