@@ -220,7 +220,6 @@ class Testbed:
         self._made_dirs: list[str] = []  # by mount_tmpfs, deepest first
         self._fake_smi: set[str] = set()  # hosts with the stand-in nvidia-smi on their PATH
         self._cgroups: dict[str, Path] = {}  # each host's own cpu cgroup (cpu_cgroup)
-        self._machines: dict[str, float] = {}  # the CPUs of each host given its own (cpu_machine)
 
     # ---- addressing --------------------------------------------------------------------------
     @property
@@ -711,23 +710,37 @@ class Testbed:
         finally:
             _set_quota(cg, int(before[0]), int(before[1]))
 
-    def cpu_machine(self, name: str, cpus: float, period_us: int = 100_000) -> Path:
-        """Host `name` a machine of `cpus` CPUs of its own, until close(): its cgroup (cpu_cgroup)
-        held to `cpus` (its quota) and given the largest weight (cpu.shares), so that it gets
-        what it asks for up to that, whatever else this machine runs at the time (other tests,
-        other testbeds), and never more. Hosts made so keep one speed under any load beside
-        them, as separate machines do; a host that shares the machine's CPUs by weight alone
-        slows with the load, and its peers with it. cpu_quota lowers the limit for a while and
-        puts this one back. Their sum must leave this machine room for the rest."""
-        room = (os.cpu_count() or 1) / 2 - sum(v for h, v in self._machines.items() if h != name)
-        if not 0 < cpus <= room:
-            raise ValueError(f"cpu_machine({name}, {cpus}): the testbed's machines may take half "
-                             f"of this machine's {os.cpu_count()} CPUs at most ({room:g} left)")
-        cg = self.cpu_cgroup(name)
-        _set_quota(cg, period_us, max(1000, int(cpus * period_us)))
-        (cg / "cpu.shares").write_text(str(SHARES_MAX))
-        self._machines[name] = cpus
-        return cg
+    @contextlib.contextmanager
+    def cpu_machine(self, names: list[str], cpus: float, period_us: int = 100_000
+                    ) -> Iterator[None]:
+        """Hosts `names` each a machine of `cpus` CPUs of its own while it lasts: each one's
+        cgroup (cpu_cgroup) held to `cpus` (its quota) and given the largest weight
+        (cpu.shares), so that it gets what it asks for up to that whatever else this machine
+        runs at the time (other tests, other testbeds), and never more. Hosts made so keep one
+        speed under a load that comes and goes beside them, as separate machines do; hosts that
+        share this machine's CPUs by weight alone slow down with the load, all alike. What they
+        get is taken from the rest of the suite: together they may have a third of this
+        machine's CPUs at most, and only for the minutes that need it. cpu_quota lowers one's
+        limit for a while and puts this one back; on exit, after a failure too, the hosts share
+        by weight again."""
+        room = (os.cpu_count() or 1) / 3
+        if not names or not 0 < cpus * len(names) <= room:
+            raise ValueError(f"cpu_machine({names}, {cpus}): the testbed's machines may take a "
+                             f"third of this machine's {os.cpu_count()} CPUs at most ({room:g})")
+        before = {}
+        try:
+            for name in names:
+                cg = self.cpu_cgroup(name)
+                before[name] = [(cg / f).read_text().strip()
+                                for f in ("cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.shares")]
+                _set_quota(cg, period_us, max(1000, int(cpus * period_us)))
+                (cg / "cpu.shares").write_text(str(SHARES_MAX))
+            yield
+        finally:
+            for name, (period, quota, shares) in before.items():
+                cg = self.cpu_cgroup(name)
+                (cg / "cpu.shares").write_text(shares)
+                _set_quota(cg, int(period), int(quota))
 
     def cpu_seconds(self, name: str) -> float:
         """CPU seconds (user + system) used so far by the processes of host `name` alive now:

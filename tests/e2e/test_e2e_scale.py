@@ -61,33 +61,39 @@ def test_up_status_exec_gpus_stop_on_64_hosts(cli: CLI, tb: Testbed, tmp_path: P
     lost_links(up.stdout + up.stderr)
     assert up.returncode == 0, up.stdout + up.stderr
     run_id = run_id_of(up.stderr)
-    for h in tb.hosts:  # every host runs it, seen from the host itself
-        assert tb.run_processes(h.name, run_id), f"nothing of {run_id} on {h.name}"
+    stopped = False
+    try:
+        for h in tb.hosts:  # every host runs it, seen from the host itself
+            assert tb.run_processes(h.name, run_id), f"nothing of {run_id} on {h.name}"
 
-    st = cli("status", run_id, timeout=300)
-    lost_links(st.stdout + st.stderr)
-    assert st.returncode == 0, st.stdout + st.stderr
-    assert sorted(running(st.stdout)) == sorted(h.name for h in tb.hosts), st.stdout
+        st = cli("status", run_id, timeout=300)
+        lost_links(st.stdout + st.stderr)
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert sorted(running(st.stdout)) == sorted(h.name for h in tb.hosts), st.stdout
 
-    ex = cli("exec", str(tmp_path / "inv.toml"), "--", "cat", "/proc/sys/kernel/hostname",
-             timeout=300)
-    lost_links(ex.stdout + ex.stderr)
-    assert ex.returncode == 0, ex.stdout + ex.stderr
-    assert f"fleet: {N} of {N} host(s) exited 0" in ex.stderr, ex.stderr
-    assert sorted(re.findall(r"^node\d+$", ex.stdout, re.M)) == sorted(h.name for h in tb.hosts)
+        ex = cli("exec", str(tmp_path / "inv.toml"), "--", "cat", "/proc/sys/kernel/hostname",
+                 timeout=300)
+        lost_links(ex.stdout + ex.stderr)
+        assert ex.returncode == 0, ex.stdout + ex.stderr
+        assert f"fleet: {N} of {N} host(s) exited 0" in ex.stderr, ex.stderr
+        assert sorted(re.findall(r"^node\d+$", ex.stdout, re.M)) == sorted(h.name for h in tb.hosts)
 
-    gpus = cli("gpus", str(tmp_path / "inv.toml"), timeout=300)
-    lost_links(gpus.stdout + gpus.stderr)
-    assert gpus.returncode == 0, gpus.stdout + gpus.stderr
-    assert len(re.findall(r"^node\d+\s+-\s+no nvidia-smi here", gpus.stdout, re.M)) == N, \
-        gpus.stdout
+        gpus = cli("gpus", str(tmp_path / "inv.toml"), timeout=300)
+        lost_links(gpus.stdout + gpus.stderr)
+        assert gpus.returncode == 0, gpus.stdout + gpus.stderr
+        assert len(re.findall(r"^node\d+\s+-\s+no nvidia-smi here", gpus.stdout, re.M)) == N, \
+            gpus.stdout
 
-    stop = cli("stop", run_id, timeout=300)
-    lost_links(stop.stdout + stop.stderr)
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert_nothing_left(tb, run_id, timeout=60)
-    after = cli("status", run_id, timeout=300)
-    assert not running(after.stdout), after.stdout
+        stop = cli("stop", run_id, timeout=300)
+        lost_links(stop.stdout + stop.stderr)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        stopped = True
+        assert_nothing_left(tb, run_id, timeout=60)
+        after = cli("status", run_id, timeout=300)
+        assert not running(after.stdout), after.stdout
+    finally:  # a failure on the way must not leave 64 hosts held for the next test
+        if not stopped:
+            cli("stop", run_id, timeout=300)
 
 
 def test_fail_fast_on_64_hosts_stops_every_other_host(cli: CLI, tb: Testbed,

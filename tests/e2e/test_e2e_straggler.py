@@ -1,10 +1,11 @@
 """Stragglers and `fleet top`, end to end through the real CLI on four real sshd hosts of this
 module's own testbed, one rank a host, running tests/e2e/straggler_job.py (compute, then a Gloo
 all_reduce, step after step) under `fleet up` with `[watchdog] straggler = 1.3`:
-- each host a machine of a quarter of a CPU of its own (Testbed.cpu_machine), so that the hosts
-  keep one speed whatever the rest of the suite runs beside them (where they shared this
-  machine's CPUs by weight, a load that came after the measure slowed every host alike, and the
-  throttled one was no longer the slowest);
+- once the job steps, each host a machine of 0.15 of a CPU of its own (Testbed.cpu_machine) for
+  as long as the test looks for the straggler, so that the hosts keep one speed whatever the
+  rest of the suite runs beside them (where they shared this machine's CPUs by weight, a load
+  that came after the measure slowed every host alike, and the throttled one was no longer the
+  slowest);
 - node3's every process held by a CPU quota (Testbed.cpu_quota: the quota of the host's own
   cgroup of the cgroup v1 cpu controller) to two thirds of the CPU it used unthrottled, so that
   every step is about 1.5x slower: its rank is named by `fleet top --once` (its last line) and
@@ -36,7 +37,7 @@ from tests.testbed import Testbed, cpu_quota_available
 pytestmark = pytest.mark.e2e
 
 JOB = Path(__file__).with_name("straggler_job.py")
-HOST_CPUS = 0.25  # each host's own CPU (four of them: half of a 2-CPU machine)
+HOST_CPUS = 0.15  # each host's own CPU while the test looks (four: under a third of 2 CPUs)
 SLOWER = 1.5  # the throttled host gets 1/SLOWER of the CPU it used unthrottled
 NAMED_WITHIN_S = 90  # `top --once` is asked again until it names a rank, this long at most
 FILLED_S = 25  # the ranks' sampling window (20 s) filled, and a little more
@@ -50,15 +51,14 @@ ROW = re.compile(r"^\s+(\S+)\s+node rank (\d+) \(ranks? [\d-]+\)\s+(\S+)")
 @pytest.fixture(scope="module")
 def tb() -> Iterator[Testbed]:
     """Four hosts, each in its own cpu cgroup from the start (as each machine's job is in a
-    container's or Slurm's), a machine of HOST_CPUS, where a lower quota is then set and lifted
-    in place."""
+    container's or Slurm's), where limits are then set and lifted in place."""
     _need_testbed()
     why = cpu_quota_available()
     if why is not None:
         pytest.fail(f"the straggler tests cannot slow a host: {why}")
     with Testbed(4) as bed:
         for h in bed.hosts:
-            bed.cpu_machine(h.name, HOST_CPUS)
+            bed.cpu_cgroup(h.name)
         yield bed
 
 
@@ -212,36 +212,38 @@ def test_the_throttled_hosts_rank_is_named(tb: Testbed, cli: CLI, tmp_path: Path
         rank_of = up.stepping()
         run_id = up.run_id()
         rank = rank_of["node3"]
-        t0, c0 = time.monotonic(), tb.cpu_seconds("node3")
-        time.sleep(5)
-        used = (tb.cpu_seconds("node3") - c0) / (time.monotonic() - t0)
-        clean = len(up.step_times("node3"))
-        held = min(used, HOST_CPUS) / SLOWER
-        with tb.cpu_quota("node3", held) as cg:
-            deadline = time.monotonic() + NAMED_WITHIN_S
+        with tb.cpu_machine([h.name for h in tb.hosts], HOST_CPUS):
+            time.sleep(2)  # the hosts at their speed
+            t0, c0 = time.monotonic(), tb.cpu_seconds("node3")
+            time.sleep(5)
+            used = (tb.cpu_seconds("node3") - c0) / (time.monotonic() - t0)
+            clean = len(up.step_times("node3"))
+            held = min(used, HOST_CPUS) / SLOWER
+            with tb.cpu_quota("node3", held) as cg:
+                deadline = time.monotonic() + NAMED_WITHIN_S
 
-            def why() -> str:
-                return (f"node3 ({used:.2f} CPU unthrottled, held to {held:.2f}): step "
-                        f"times {up.step_times('node3', since=clean)} after "
-                        f"{up.step_times('node3')[:clean]}; {(cg / 'cpu.stat').read_text()}")
+                def why() -> str:
+                    return (f"node3 ({used:.2f} CPU unthrottled, held to {held:.2f}): step "
+                            f"times {up.step_times('node3', since=clean)} after "
+                            f"{up.step_times('node3')[:clean]}; {(cg / 'cpu.stat').read_text()}")
 
-            shown = named_in_text(cli, run_id, rank, deadline, why)
-            assert f"rank {rank} (node3) is the straggler: " in shown, shown
-            # JSON's own bound: the text look may have taken most of the first (the window, and
-            # so the score, moves between two looks on a loaded machine).
-            top = named_in_json(cli, run_id, rank, time.monotonic() + NAMED_WITHIN_S, why)
-            named = top["straggler"]
-            assert (named["rank"], named["host"]) == (rank, "node3"), top
-            assert named["score"] >= 1.3 and 0 < named["others_wait"] < 1, top
-            assert named["line"].startswith(f"rank {rank} (node3) is the straggler: "), top
-            assert named["line"].endswith("; node3 CPU throttled " + f"{named['throttled']:.0%}"
-                                          " of the time") and named["throttled"] > 0.05, top
-            # fleet up reads the ranks every 5 s and names one seen 3 looks in a row: a warning.
-            warning = f"fleet: straggler: rank {rank} (node3) is the straggler: "
-            deadline = time.monotonic() + 60
-            while warning not in up.err.read_text():
-                assert up.proc.poll() is None and time.monotonic() < deadline, up.said()
-                time.sleep(1)
+                shown = named_in_text(cli, run_id, rank, deadline, why)
+                assert f"rank {rank} (node3) is the straggler: " in shown, shown
+                # JSON's own bound: the text look may have taken most of the first (the window, and
+                # so the score, moves between two looks on a loaded machine).
+                top = named_in_json(cli, run_id, rank, time.monotonic() + NAMED_WITHIN_S, why)
+                named = top["straggler"]
+                assert (named["rank"], named["host"]) == (rank, "node3"), top
+                assert named["score"] >= 1.3 and 0 < named["others_wait"] < 1, top
+                assert named["line"].startswith(f"rank {rank} (node3) is the straggler: "), top
+                assert named["line"].endswith("; node3 CPU throttled " + f"{named['throttled']:.0%}"
+                                              " of the time") and named["throttled"] > 0.05, top
+                # fleet up reads the ranks every 5 s and names one seen 3 looks in a row: a warning.
+                warning = f"fleet: straggler: rank {rank} (node3) is the straggler: "
+                deadline = time.monotonic() + 60
+                while warning not in up.err.read_text():
+                    assert up.proc.poll() is None and time.monotonic() < deadline, up.said()
+                    time.sleep(1)
         up.stop(cli, tb, run_id)
     finally:
         up.abandon(cli, run_id)

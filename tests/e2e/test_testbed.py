@@ -261,8 +261,9 @@ def test_a_host_made_a_machine_keeps_its_cpu_under_load() -> None:
     """cpu_machine: a busy host of a quarter of a CPU gets that quarter while ten busy loops
     outside it, each in a session of its own (the kernel's autogroups weigh each session as
     one, as each other testbed's host is), share this machine's CPUs (by weight alone it would
-    get about 2/11 of 2 CPUs: 0.18), and no more; a quota set for a while is lifted back to it;
-    the testbed's machines may not take more than half of this machine's CPUs."""
+    get about 2/11 of 2 CPUs: 0.18), and no more; a quota set for a while is lifted back to it,
+    and on exit the host shares by weight again; the testbed's machines may not take more than a
+    third of this machine's CPUs."""
     _need_testbed()
     if cpu_quota_available() is not None:
         pytest.skip(str(cpu_quota_available()))
@@ -270,24 +271,28 @@ def test_a_host_made_a_machine_keeps_its_cpu_under_load() -> None:
     with Testbed(1) as tb:
         # started from outside (nsenter): moved into the host's cgroup when it is made
         busy = tb.start_as("node1", "root", "sh", "-c", "while :; do :; done")
+        cg = tb.cpu_cgroup("node1")
         try:
-            cg = tb.cpu_machine("node1", 0.25)
-            assert (cg / "cpu.cfs_quota_us").read_text() == "25000\n"
-            with pytest.raises(ValueError, match="half of this machine's"):
-                tb.cpu_machine("node1", (os.cpu_count() or 1) / 2 + 0.25)
-            loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True)
-                     for _ in range(10)]
-            time.sleep(1)  # the loops running
-            used = []
-            for _ in range(2):
-                t0, c0 = time.monotonic(), tb.cpu_seconds("node1")
-                time.sleep(3)
-                used.append((tb.cpu_seconds("node1") - c0) / (time.monotonic() - t0))
-            assert all(0.2 <= u <= 0.3 for u in used), used
-            with tb.cpu_quota("node1", 0.1):
-                assert (cg / "cpu.cfs_quota_us").read_text() == "10000\n"
-            assert (cg / "cpu.cfs_quota_us").read_text() == "25000\n"
-            assert (cg / "cpu.shares").read_text() == "262144\n"
+            too_much = tb.cpu_machine(["node1"], (os.cpu_count() or 1) / 3 + 0.25)
+            with pytest.raises(ValueError, match="a third of this machine's"), too_much:
+                pass
+            with tb.cpu_machine(["node1"], 0.25):
+                assert (cg / "cpu.cfs_quota_us").read_text() == "25000\n"
+                assert (cg / "cpu.shares").read_text() == "262144\n"
+                loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"],
+                                          start_new_session=True) for _ in range(10)]
+                time.sleep(1)  # the loops running
+                used = []
+                for _ in range(2):
+                    t0, c0 = time.monotonic(), tb.cpu_seconds("node1")
+                    time.sleep(3)
+                    used.append((tb.cpu_seconds("node1") - c0) / (time.monotonic() - t0))
+                assert all(0.2 <= u <= 0.3 for u in used), used
+                with tb.cpu_quota("node1", 0.1):
+                    assert (cg / "cpu.cfs_quota_us").read_text() == "10000\n"
+                assert (cg / "cpu.cfs_quota_us").read_text() == "25000\n"
+            assert (cg / "cpu.cfs_quota_us").read_text() == "-1\n"
+            assert (cg / "cpu.shares").read_text() == "1024\n"
         finally:
             for loop in loops:
                 loop.kill()
