@@ -117,8 +117,9 @@ def test_dump_keeps_a_hostile_nodes_files_inside_the_record(cli: CLI, tb2: Testb
 def test_watchdog_keeps_a_hostile_nodes_files_inside_the_record(cli: CLI, tb2: Testbed,
                                                                 tmp_path: Path) -> None:
     # Long enough for torchrun's silent start (its import of torch) on a loaded machine: the
-    # watchdog must find the ranks running, their files written.
-    job = hostile(cli, tb2, tmp_path, 29582, "[watchdog]\nhang_timeout = 20\n")
+    # watchdog must find the ranks running, their files written (20 s, more under load now).
+    bound = tb2.silence_bound("node2", floor=20)
+    job = hostile(cli, tb2, tmp_path, 29582, f"[watchdog]\nhang_timeout = {bound}\n")
     r = cli("up", str(job), timeout=240)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "no node has printed anything for" in r.stderr
