@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from fleet.nodeside.shared.nodemap import EXIT_CODE, NODE_LOG, run_dir
-from fleet.nodeside.shared.queue_files import parse_book, write_json
+from fleet.nodeside.shared.queue_files import parse_book, tail, write_json
 from fleet.nodeside.shared.queue_link import QueueLink
 from fleet.nodeside.shared.queue_rules import (
     FROM_RUNNER,
@@ -198,7 +198,7 @@ class Agent:
             self.ended_on[run] = self.running.pop(run, ())
             self.ends[run] = {"run": run, "code": code, "started": t0, "ended": t1,
                               "stopped": os.path.exists(os.path.join(d, "stopped")),
-                              "metrics": last_metrics(_tail(os.path.join(d, NODE_LOG)), metrics)}
+                              "metrics": last_metrics(tail(os.path.join(d, NODE_LOG)), metrics)}
 
     def stop(self, run: str) -> None:
         """The run's own stop.sh (its processes, nothing else), in a thread of its own."""
@@ -225,6 +225,21 @@ class Agent:
             running = {r: list(g) for r, g in self.running.items()}
             running.update({r: list(self.ended_on.get(r, ())) for r in self.ends})
         return {"gpus": list(gpus), "free": free, "held": held, "running": running, "smi": smi}
+
+    def tell(self, link: QueueLink, beat: float) -> float:
+        """The ends not said yet, and a beat when due (returns the last beat's time): at once
+        after an end, which frees its GPUs, so the runner need not wait for the next beat."""
+        with self.lock:
+            ends = list(self.ends.values())
+        freed = False
+        for end in ends:
+            if not end.get("said"):
+                link.send("ended", **{k: v for k, v in end.items() if k != "said"})
+                end["said"] = freed = True
+        if freed or time.time() - beat >= BEAT_S:
+            link.send("beat", **self.report())
+            return time.time()
+        return beat
 
     def heard(self, link: QueueLink, kind: str, said: dict[str, Any]) -> None:
         if kind == "start":
@@ -273,15 +288,6 @@ def _run(argv: list[str]) -> str:
     return r.stdout
 
 
-def _tail(path: str, size: int = 262144) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def connect(qdir: str, token: bytes) -> QueueLink | None:
     try:
         with open(os.path.join(qdir, "runner.addr"), encoding="ascii") as f:
@@ -326,15 +332,7 @@ def main() -> None:
             if ready:
                 for kind, said in link.receive():
                     agent.heard(link, kind, said)
-            with agent.lock:
-                ends = list(agent.ends.values())
-            for end in ends:
-                if not end.get("said"):
-                    link.send("ended", **{k: v for k, v in end.items() if k != "said"})
-                    end["said"] = True
-            if time.time() - beat >= BEAT_S:
-                link.send("beat", **agent.report())
-                beat = time.time()
+            beat = agent.tell(link, beat)
         except (OSError, BadWord, KeyError):
             link.close()
             link, alone_since = None, time.time()

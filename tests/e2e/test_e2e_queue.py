@@ -134,7 +134,11 @@ def sweep_and_check(cli: CLI, tb: Testbed, path: Path) -> None:
     lengths = [x["ended"] - x["started"] for x in runs.values()]
     makespan = max(x["ended"] for x in runs.values()) - min(x["started"] for x in runs.values())
     bound = ideal(lengths, 11)  # the best packing of the same lengths, searched (or less)
-    print(f"makespan {makespan:.1f} s, ideal packing {bound:.1f} s: {makespan / bound:.3f}x")
+    gaps = sorted(b[0] - a[1] for spans in by_gpu.values()
+                  for a, b in zip(spans, spans[1:], strict=False))
+    print(f"makespan {makespan:.1f} s, ideal packing {bound:.1f} s: {makespan / bound:.3f}x; "
+          f"a GPU idle between runs {gaps[len(gaps) // 2]:.2f} s (median), {gaps[-1]:.2f} s at "
+          f"most")
     assert makespan <= 1.15 * bound, (makespan, bound, sorted(lengths))
     # each run saw the GPU it was given
     status = cli("sweep", "status", "--json")

@@ -79,3 +79,23 @@ def test_the_runner_forgets_an_end_that_is_no_longer_news(tmp_path: Any) -> None
                             "metrics": {}, "stopped": False})  # type: ignore[arg-type]
     assert r.runs["sw-1"]["state"] == "queued"  # never told to run there: nothing changes
     assert link.told == [("ack", {"run": "sw-1"})]  # and the agent may forget it
+
+
+def test_an_end_is_said_with_a_beat_at_once_so_its_gpus_are_free_now(tmp_path: Path) -> None:
+    """The runner places on the GPUs an agent last called free: the beat after an end says the
+    ended run's GPUs are free at once (a GPU waited up to a beat, 2 s, between runs before)."""
+    agent = queue_agent.Agent(str(tmp_path), "a", str(tmp_path / "w"), str(tmp_path / "l"), None)
+    link: Any = FakeLink()
+    now = time.time()
+    assert agent.tell(link, now) == now and link.told == []  # nothing new, no beat due
+    agent.ends["sw-1"] = {"run": "sw-1", "code": 0, "started": now - 9, "ended": now - 1,
+                          "stopped": False, "metrics": {}}
+    agent.ended_on["sw-1"] = (2,)
+    beat = agent.tell(link, now)
+    assert [k for k, _ in link.told] == ["ended", "beat"] and beat >= now
+    assert link.told[0][1]["run"] == "sw-1" and "said" not in link.told[0][1]
+    assert link.told[1][1]["running"] == {"sw-1": [2]}  # until the runner acknowledges it
+    link.told.clear()
+    assert agent.tell(link, beat) == beat and link.told == []  # said once
+    assert agent.tell(link, beat - queue_agent.BEAT_S) > beat
+    assert [k for k, _ in link.told] == ["beat"]  # and the beats go on

@@ -48,6 +48,16 @@ def write_json(path: str, said: dict[str, Any]) -> bool:
     return True
 
 
+def tail(path: str, size: int = 262144) -> str:
+    """The last `size` bytes of a file as text ("" where it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def parse_book(text: str) -> dict[str, dict[str, Any]]:
     """An agent's book (queue_agent.py: run -> its GPUs, its wrapper's pid and start time, when
     it started, its lease's name, its metrics' patterns), read as any host file is: an entry
