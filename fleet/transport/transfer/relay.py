@@ -121,23 +121,29 @@ class Transfer:
         found what reached it altered first lets the nodes before it in its chain finish
         their own look at the same bytes (at most TAMPER_GRACE_S): the first of a chain to
         find it names the one that altered it, and closing them sooner would blame an
-        innocent relay (verdict.check_tampered)."""
+        innocent relay (verdict.check_tampered). One that could not pass the data on lets
+        the nodes after it say why (one that found it altered among them)."""
         with self.changed:
             if self.cause is not None or self.finished:
                 return
             self.cause = name
-            error = self.states[name].error
-            if error is not None and error.get("tampered"):
-                before = [n for route in self.routes if name in route
-                          for n in route[:route.index(name)]]
-                deadline = time.monotonic() + TAMPER_GRACE_S
-                while any(not (self.states[n].ended or self.states[n].done
-                               or self.states[n].error) for n in before):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.changed.wait(left)
+            error = self.states[name].error or {}
+            if error.get("tampered") or error.get("relay") == "out":
+                self._settle([n for route in self.routes if name in route
+                              for n in (route[:route.index(name)] if error.get("tampered")
+                                        else route[route.index(name) + 1:])])
         self.close()
+
+    def _settle(self, names: list[str]) -> None:
+        """Until each of these nodes has said its end (ended, done or its error), at most
+        TAMPER_GRACE_S; with self.changed held."""
+        deadline = time.monotonic() + TAMPER_GRACE_S
+        while any(not (self.states[n].ended or self.states[n].done or self.states[n].error)
+                  for n in names):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.changed.wait(left)
 
     def _placed(self, i: int, name: str) -> dict[tuple[int, str], str]:
         """Every file node i should have placed, with the hash it reported: equal to this
@@ -257,7 +263,9 @@ class Transfer:
             write(ferry.frame(b"Z", b""))
             word({"end": True})
         except OSError as e:
-            self._check()  # a node's own error says more than the broken pipe
+            with self.changed:  # a node's own error says more than the broken pipe: heard out
+                self._settle(self.order)
+            self._check()
             raise HostError("sending data", {h.name: f"the transfer broke: {e}"
                                              for h in heads}) from e
         finally:
