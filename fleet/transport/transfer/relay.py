@@ -32,7 +32,7 @@ from fleet.transport.transfer.verdict import STALL_S, STUCK_S, TAKES_S
 START_S = 30.0  # a receiver that has not said it started by then: the node is not answering
 LINK_S = ferry.CONNECT_S + 10.0
 EXIT_S = 5.0  # a receiver that said it is done exits within this
-TAMPER_GRACE_S = 5.0  # for the nodes before one that found altered data to say their own look
+TAMPER_GRACE_S = 5.0  # for the nodes of a broken stream to say their own word (_settle)
 
 
 @dataclass(frozen=True)
